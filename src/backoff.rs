@@ -1,0 +1,180 @@
+//! Waiting arithmetic: sleeps between acquisition attempts and deadlines. Pure functions, so the
+//! edge cases (huge durations, zero ranges) are unit-tested without a server.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::LockOptions;
+
+/// Growth factor of adaptive backoff per consecutive failed attempt.
+const GROWTH: f64 = 1.5;
+/// Adaptive backoff jitter: the sleep is multiplied by a factor in `1 ± JITTER`.
+const JITTER: f64 = 0.2;
+/// Adaptive backoff starts from at least this, so a zero minimum does not spin.
+const ADAPTIVE_FLOOR_MS: f64 = 1.0;
+
+/// The deadline `timeout` after `now`, or `None` when it cannot be represented (for example
+/// `Duration::MAX`), which means "no deadline".
+pub(crate) fn deadline_after(now: Instant, timeout: Duration) -> Option<Instant> {
+    now.checked_add(timeout)
+}
+
+/// How long to sleep after the `failed_attempts`-th consecutive failure (0-based), given a
+/// uniformly distributed `random` in `[0, 1)`.
+///
+/// Uniform mode: anywhere in the busy-wait range. Adaptive mode: `max(min, 1 ms) × 1.5^N`,
+/// ±20 %, clamped to the range.
+pub(crate) fn sleep_time(options: &LockOptions, failed_attempts: u32, random: f64) -> Duration {
+    let (min, max) = options.busy_wait_sleep_time();
+    let (min_ms, max_ms) = (min.as_secs_f64() * 1e3, max.as_secs_f64() * 1e3);
+    let random = if random.is_finite() {
+        random.clamp(0.0, 1.0)
+    } else {
+        0.5
+    };
+    let millis = if options.adaptive_backoff() {
+        // 1.5^200 is finite (~1e35); beyond that the clamp to `max` decides anyway.
+        let exponent = i32::try_from(failed_attempts.min(200)).unwrap_or(200);
+        let grown = min_ms.max(ADAPTIVE_FLOOR_MS) * GROWTH.powi(exponent);
+        let jittered = grown * (1.0 + JITTER * (2.0 * random - 1.0));
+        jittered.clamp(min_ms, max_ms)
+    } else {
+        min_ms + (max_ms - min_ms) * random
+    };
+    // Finite and within [0, 365 days] by construction.
+    Duration::try_from_secs_f64(millis / 1e3).unwrap_or(max)
+}
+
+/// An acquisition attempt always gets at least this long to answer (unless `expiry` is shorter),
+/// even when the caller's deadline is nearer: a free lock must not be reported busy just because
+/// the round trip outlasted a tiny timeout.
+const MIN_ATTEMPT_WAIT: Duration = Duration::from_secs(1);
+
+/// Until when the caller waits for the reply of an attempt sent at `started`.
+///
+/// Never longer than `expiry` (a reply that late could not hold the lock for long anyway); with
+/// a deadline, no longer than the deadline or [`MIN_ATTEMPT_WAIT`], whichever is later.
+pub(crate) fn attempt_wait_limit(
+    started: Instant,
+    deadline: Option<Instant>,
+    expiry: Duration,
+) -> Instant {
+    let longest = started + expiry;
+    match deadline {
+        Some(deadline) => longest.min(deadline.max(started + MIN_ATTEMPT_WAIT)),
+        None => longest,
+    }
+}
+
+/// `sleep`, shortened so it ends no later than `deadline`.
+pub(crate) fn sleep_until_deadline(
+    sleep: Duration,
+    now: Instant,
+    deadline: Option<Instant>,
+) -> Duration {
+    match deadline {
+        Some(deadline) => sleep.min(deadline.saturating_duration_since(now)),
+        None => sleep,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    fn options(min: Duration, max: Duration, adaptive: bool) -> LockOptions {
+        LockOptions::builder()
+            .busy_wait_sleep_time(min, max)
+            .adaptive_backoff(adaptive)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn uniform_sleep_spans_the_range() {
+        let options = options(ms(10), ms(800), false);
+        assert_eq!(sleep_time(&options, 0, 0.0), ms(10));
+        assert_eq!(sleep_time(&options, 7, 0.5), ms(405));
+        assert_eq!(sleep_time(&options, 0, 1.0), ms(800));
+    }
+
+    #[test]
+    fn adaptive_sleep_grows_by_half_per_failure() {
+        let options = options(ms(10), ms(800), true);
+        // random 0.5 means no jitter
+        assert_eq!(sleep_time(&options, 0, 0.5), ms(10));
+        assert_eq!(sleep_time(&options, 1, 0.5), ms(15));
+        assert_eq!(sleep_time(&options, 2, 0.5), Duration::from_micros(22_500));
+        assert_eq!(sleep_time(&options, 20, 0.5), ms(800));
+        assert_eq!(sleep_time(&options, u32::MAX, 0.5), ms(800));
+    }
+
+    #[test]
+    fn adaptive_jitter_is_twenty_percent_within_the_range() {
+        let options = options(ms(10), ms(800), true);
+        assert_eq!(sleep_time(&options, 4, 0.0), Duration::from_micros(40_500));
+        assert_eq!(sleep_time(&options, 4, 1.0), Duration::from_micros(60_750));
+        // Jitter never goes below min.
+        assert_eq!(sleep_time(&options, 0, 0.0), ms(10));
+    }
+
+    #[test]
+    fn adaptive_with_zero_minimum_does_not_spin() {
+        let options = options(Duration::ZERO, ms(100), true);
+        assert_eq!(sleep_time(&options, 0, 0.5), ms(1));
+        assert_eq!(sleep_time(&options, 3, 0.5), Duration::from_micros(3_375));
+    }
+
+    #[test]
+    fn out_of_range_random_input_is_tamed() {
+        let options = options(ms(10), ms(20), false);
+        assert_eq!(sleep_time(&options, 0, f64::NAN), ms(15));
+        assert_eq!(sleep_time(&options, 0, 5.0), ms(20));
+        assert_eq!(sleep_time(&options, 0, -1.0), ms(10));
+    }
+
+    #[test]
+    fn huge_timeouts_mean_no_deadline() {
+        let now = Instant::now();
+        assert_eq!(deadline_after(now, Duration::MAX), None);
+        assert_eq!(deadline_after(now, ms(5)), Some(now + ms(5)));
+        assert_eq!(deadline_after(now, Duration::ZERO), Some(now));
+    }
+
+    #[test]
+    fn attempts_wait_at_least_a_second_and_at_most_expiry() {
+        let now = Instant::now();
+        let expiry = Duration::from_secs(30);
+        assert_eq!(attempt_wait_limit(now, None, expiry), now + expiry);
+        assert_eq!(attempt_wait_limit(now, Some(now), expiry), now + ms(1_000));
+        assert_eq!(
+            attempt_wait_limit(now, Some(now + ms(5_000)), expiry),
+            now + ms(5_000)
+        );
+        assert_eq!(
+            attempt_wait_limit(now, Some(now + ms(60_000)), expiry),
+            now + expiry
+        );
+        assert_eq!(attempt_wait_limit(now, Some(now), ms(200)), now + ms(200));
+    }
+
+    #[test]
+    fn sleeps_never_pass_the_deadline() {
+        let now = Instant::now();
+        assert_eq!(
+            sleep_until_deadline(ms(50), now, Some(now + ms(20))),
+            ms(20)
+        );
+        assert_eq!(sleep_until_deadline(ms(5), now, Some(now + ms(20))), ms(5));
+        assert_eq!(
+            sleep_until_deadline(ms(5), now + ms(30), Some(now)),
+            Duration::ZERO
+        );
+        assert_eq!(sleep_until_deadline(ms(50), now, None), ms(50));
+    }
+}

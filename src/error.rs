@@ -1,0 +1,184 @@
+//! The crate's error type.
+
+use std::time::Duration;
+
+/// How many characters of a lock name appear in messages and traces. Names can be up to
+/// MongoDB's document size, and a megabyte-long log line helps nobody.
+const SHOWN_NAME_CHARS: usize = 100;
+
+/// Shortens `name` for display, marking the cut.
+pub(crate) fn shown_name(name: &str) -> String {
+    match name.char_indices().nth(SHOWN_NAME_CHARS) {
+        Some((cut, _)) => format!("{}…", &name[..cut]),
+        None => name.to_owned(),
+    }
+}
+
+/// Everything that can go wrong when using a lock.
+///
+/// Marked `#[non_exhaustive]`: new failure kinds may be added in minor releases.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operation did not complete within its time limit.
+    ///
+    /// Returned by [`acquire_timeout`](crate::MongoDistributedLock::acquire_timeout) when the
+    /// lock stayed busy until the deadline, and by any operation whose request to MongoDB got no
+    /// reply in time. Retrying later is reasonable.
+    #[error(
+        "timed out after {waited:?} waiting to {operation} lock {:?}",
+        shown_name(name)
+    )]
+    Timeout {
+        /// What was being attempted ("acquire", "release", ...).
+        operation: &'static str,
+        /// The lock's name.
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// An option (or argument) is out of range. The message names the offending option and
+    /// value; fix the configuration, retrying will not help.
+    #[error("invalid lock options: {0}")]
+    InvalidOptions(String),
+
+    /// The collection name cannot hold locks: MongoDB would reject it.
+    #[error("invalid collection name {collection:?}: {reason}")]
+    InvalidCollectionName {
+        /// The rejected name.
+        collection: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// The lock was lost (its lease expired, or another client removed or took it) before it
+    /// was released. Work done under the lock since then may have overlapped with another
+    /// holder's; use fencing tokens to make protected writes safe.
+    #[error("lock {:?} was lost before it was released", shown_name(name))]
+    LockLost {
+        /// The lock's name.
+        name: String,
+    },
+
+    /// The MongoDB driver reported an error (network, server selection, authorization, write
+    /// concern, ...). Inspect it for details; transient errors can be retried.
+    #[error("MongoDB error: {0}")]
+    Mongo(#[from] mongodb::error::Error),
+
+    /// MongoDB answered with something this crate does not understand, for example a lock
+    /// document it did not write itself. The message describes what was found.
+    #[error("unexpected reply from MongoDB: {0}")]
+    UnexpectedReply(String),
+
+    /// The operation must run inside a Tokio runtime (the lease and the driver need one).
+    #[error("no Tokio runtime: locks must be used from within a Tokio runtime")]
+    NoRuntime,
+
+    /// A background task of this lock ended before it could report back, typically because its
+    /// Tokio runtime is shutting down.
+    #[error("the lock's background task ended early: {0}")]
+    BackgroundTaskEnded(&'static str),
+}
+
+impl Error {
+    /// Whether the operation ran out of time ([`Error::Timeout`]).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+
+    /// Whether the lock had been lost before it was released ([`Error::LockLost`]).
+    pub fn is_lock_lost(&self) -> bool {
+        matches!(self, Error::LockLost { .. })
+    }
+
+    /// Whether the configuration is at fault ([`Error::InvalidOptions`] or
+    /// [`Error::InvalidCollectionName`]).
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidOptions(_) | Error::InvalidCollectionName { .. }
+        )
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Duplicate key (E11000).
+const DUPLICATE_KEY: i32 = 11000;
+
+/// Whether a driver error is a duplicate-key error: two clients upserted the same `_id` at once
+/// and the server did not retry it. The lock then has another holder; the attempt failed.
+pub(crate) fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
+    error_code(error) == Some(DUPLICATE_KEY)
+}
+
+/// The server's error code carried by a driver error, if any.
+pub(crate) fn error_code(error: &mongodb::error::Error) -> Option<i32> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match error.kind.as_ref() {
+        ErrorKind::Command(command) => Some(command.code),
+        ErrorKind::Write(WriteFailure::WriteError(write)) => Some(write.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(concern)) => Some(concern.code),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use mongodb::bson::doc;
+    use mongodb::error::{CommandError, ErrorKind, WriteError, WriteFailure};
+
+    pub(crate) fn command_error(code: i32) -> mongodb::error::Error {
+        let command: CommandError =
+            mongodb::bson::from_document(doc! { "code": code, "codeName": "X", "errmsg": "x" })
+                .expect("valid command error document");
+        ErrorKind::Command(command).into()
+    }
+
+    fn write_error(code: i32) -> mongodb::error::Error {
+        let write: WriteError =
+            mongodb::bson::from_document(doc! { "code": code, "errmsg": "E11000 duplicate key" })
+                .expect("valid write error document");
+        ErrorKind::Write(WriteFailure::WriteError(write)).into()
+    }
+
+    #[test]
+    fn duplicate_key_is_recognised_as_write_and_command_error() {
+        assert!(is_duplicate_key(&write_error(11000)));
+        assert!(is_duplicate_key(&command_error(11000)));
+    }
+
+    #[test]
+    fn other_errors_are_not_duplicate_keys() {
+        assert!(!is_duplicate_key(&write_error(121)));
+        assert!(!is_duplicate_key(&command_error(13)));
+        let io = mongodb::error::Error::from(std::io::Error::other("reset"));
+        assert!(!is_duplicate_key(&io));
+        assert_eq!(error_code(&io), None);
+    }
+
+    #[test]
+    fn long_names_are_shortened_in_messages() {
+        let name = "é".repeat(1_000);
+        let message = Error::LockLost { name: name.clone() }.to_string();
+        assert!(message.len() < 400, "{message}");
+        assert!(message.contains('…'));
+        assert_eq!(shown_name("short"), "short");
+        assert_eq!(shown_name(&"a".repeat(100)), "a".repeat(100));
+    }
+
+    #[test]
+    fn helpers_classify_variants() {
+        let timeout = Error::Timeout {
+            operation: "acquire",
+            name: "n".into(),
+            waited: Duration::from_millis(5),
+        };
+        assert!(timeout.is_timeout() && !timeout.is_lock_lost());
+        assert!(Error::LockLost { name: "n".into() }.is_lock_lost());
+        assert!(Error::InvalidOptions("expiry".into()).is_invalid_input());
+    }
+}

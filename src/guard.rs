@@ -1,0 +1,117 @@
+//! The guard of a held lock.
+
+use std::sync::Arc;
+
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use crate::lease::{Lease, ReleaseReply};
+use crate::lock::LockInner;
+use crate::{Error, FencingToken, Result};
+
+/// Proof that the lock is held; returned by the `acquire*` methods of
+/// [`MongoDistributedLock`](crate::MongoDistributedLock).
+///
+/// While the guard lives, a background task renews the lease every
+/// [`extension_cadence`](crate::LockOptions::extension_cadence). If the lease cannot be renewed
+/// (the document was deleted or taken over, or no renewal was confirmed in time) the [`lost`]
+/// channel turns `true` — before the lease ends on the server, so before anyone else can acquire
+/// the lock (see the crate docs for the assumptions). Stop touching the protected resource when
+/// that happens.
+///
+/// Release the lock with [`release`](Self::release). Dropping the guard releases it in the
+/// background on the runtime it was acquired on; if that runtime has shut down, the lease simply
+/// expires after `expiry`. A service that is shutting down should therefore release explicitly.
+///
+/// Locks are not re-entrant: acquiring the same name again while holding this guard waits like
+/// any other caller.
+///
+/// [`lost`]: Self::lost
+#[must_use = "dropping the guard releases the lock at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct LockGuard {
+    lock: Arc<LockInner>,
+    fencing_token: FencingToken,
+    lost: watch::Receiver<bool>,
+    /// Sending asks the lease task to release and answer; dropping asks it to release anyway.
+    stop: oneshot::Sender<ReleaseReply>,
+}
+
+impl LockGuard {
+    /// Starts the lease task for a freshly acquired lock.
+    pub(crate) fn start(
+        runtime: &Handle,
+        lock: Arc<LockInner>,
+        lock_id: String,
+        request_sent_at: Instant,
+        fencing_token: FencingToken,
+    ) -> Self {
+        let (lost_sender, lost) = watch::channel(false);
+        let (stop, stop_requests) = oneshot::channel();
+        let lease = Lease {
+            runtime: runtime.clone(),
+            lock: Arc::clone(&lock),
+            lock_id,
+            confirmed_at: request_sent_at,
+            lost: lost_sender,
+            unanswered: None,
+        };
+        runtime.spawn(lease.run(stop_requests));
+        LockGuard {
+            lock,
+            fencing_token,
+            lost,
+            stop,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.lock.name
+    }
+
+    /// This acquisition's fencing token: larger than that of every earlier acquisition of the
+    /// same name.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing_token
+    }
+
+    /// A channel whose value is `false` until the lock is known or presumed lost, then `true`.
+    ///
+    /// Await `changed()` on it in a `tokio::select!` next to the work the lock protects. After
+    /// the guard is released or dropped the channel closes, keeping its last value.
+    pub fn lost(&self) -> watch::Receiver<bool> {
+        self.lost.clone()
+    }
+
+    /// Whether the lock is known or presumed lost.
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Stops renewing and releases the lock: one update, filtered on this acquisition's lock id,
+    /// that ends the lease now. The document stays (the TTL index removes it later) so the next
+    /// acquisition's fencing token is larger.
+    ///
+    /// # Errors
+    /// - [`Error::LockLost`] if the lock had been lost before the release (the update is still
+    ///   sent, and never touches another holder's lock).
+    /// - [`Error::Mongo`] if the update failed, [`Error::Timeout`] if it got no reply within
+    ///   `expiry`. The lease then ends by itself at its expiry at the latest.
+    /// - [`Error::BackgroundTaskEnded`] if the runtime the lock was acquired on has shut down.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the release is carried out by the lease's background task, which finishes it
+    /// even if this future is dropped.
+    pub async fn release(self) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        if self.stop.send(reply).is_err() {
+            return Err(Error::BackgroundTaskEnded("lease"));
+        }
+        answer
+            .await
+            .unwrap_or(Err(Error::BackgroundTaskEnded("release")))
+    }
+}

@@ -1,0 +1,44 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+
+mod backoff;
+mod error;
+mod fencing;
+mod guard;
+mod lease;
+mod lock;
+mod options;
+mod provider;
+mod schema;
+mod ttl_index;
+
+pub use error::{Error, Result};
+pub use fencing::FencingToken;
+pub use guard::LockGuard;
+pub use lock::{DEFAULT_COLLECTION, MongoDistributedLock};
+pub use options::{LockOptions, LockOptionsBuilder};
+pub use provider::Provider;
+
+/// Public types are `Send + Sync` (guards also `'static`), and the futures of every async method
+/// are `Send`, so they can be spawned. Checked at compile time.
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<MongoDistributedLock>();
+    send_sync::<LockGuard>();
+    send_sync::<Provider>();
+    send_sync::<LockOptions>();
+    send_sync::<Error>();
+    send_sync::<FencingToken>();
+
+    fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
+        send(&lock.acquire());
+        send(&lock.acquire_timeout(std::time::Duration::ZERO));
+        send(&lock.try_acquire());
+        send(&lock.try_acquire_timeout(std::time::Duration::ZERO));
+        send(&guard.release());
+    }
+    let _ = futures;
+}

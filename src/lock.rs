@@ -1,0 +1,331 @@
+//! The exclusive lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongodb::bson::{Document, doc};
+use mongodb::options::ReturnDocument;
+use mongodb::{Collection, Database};
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, timeout_at};
+use tracing::Instrument;
+
+use crate::backoff;
+use crate::error::{is_duplicate_key, shown_name};
+use crate::schema::{self, AttemptReply};
+use crate::ttl_index;
+use crate::{Error, FencingToken, LockGuard, LockOptions, Result};
+
+/// The default collection, shared with DistributedLock.MongoDB.
+pub const DEFAULT_COLLECTION: &str = "distributed_locks";
+
+/// A named mutual-exclusion lock stored in a MongoDB collection.
+///
+/// Cheap to clone (the clones share one lock definition); `Send + Sync`. Creating one talks to
+/// no server. See the [crate docs](crate) for how it works and what it guarantees.
+///
+/// ```no_run
+/// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
+/// use distributed_lock_mongodb::MongoDistributedLock;
+///
+/// let lock = MongoDistributedLock::new("nightly-report", &database);
+/// let guard = lock.acquire().await?;
+/// // ... only one instance runs this at a time ...
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MongoDistributedLock {
+    inner: Arc<LockInner>,
+}
+
+/// What a lock and its guards share.
+#[derive(Clone, Debug)]
+pub(crate) struct LockInner {
+    pub(crate) name: String,
+    pub(crate) database: Database,
+    pub(crate) collection: Collection<Document>,
+    pub(crate) options: LockOptions,
+}
+
+impl MongoDistributedLock {
+    /// A lock called `name` in `database`'s `distributed_locks` collection, with default
+    /// options. The name is the document's `_id`, verbatim and case-sensitive; any string works.
+    pub fn new(name: impl Into<String>, database: &Database) -> Self {
+        MongoDistributedLock {
+            inner: Arc::new(LockInner {
+                name: name.into(),
+                database: database.clone(),
+                collection: database.collection(DEFAULT_COLLECTION),
+                options: LockOptions::default(),
+            }),
+        }
+    }
+
+    /// Stores the lock in `collection` instead of `distributed_locks`. An invalid name is
+    /// reported by the first `acquire*` call ([`Error::InvalidCollectionName`]).
+    pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
+        let inner = Arc::make_mut(&mut self.inner);
+        inner.collection = inner.database.collection(&collection.into());
+        self
+    }
+
+    /// Replaces the options.
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        Arc::make_mut(&mut self.inner).options = options;
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The lock's options.
+    pub fn options(&self) -> &LockOptions {
+        &self.inner.options
+    }
+
+    /// Waits until the lock is acquired.
+    ///
+    /// Attempts alternate with sleeps in the busy-wait range (see [`LockOptions`]). Each attempt
+    /// is one `findAndModify`.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidCollectionName`] before anything is sent, for a collection name MongoDB
+    ///   would reject.
+    /// - [`Error::Mongo`] if an attempt fails in the driver (it already retries retryable writes
+    ///   once); the lock is not held then.
+    /// - [`Error::Timeout`] if an attempt gets no reply within `expiry`.
+    /// - [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: every attempt runs to completion in a spawned task, and if it won the lock
+    /// after this future was dropped, it releases the lock at once.
+    pub async fn acquire(&self) -> Result<LockGuard> {
+        self.wait_for(None, "acquire").await?.ok_or_else(|| {
+            // Unreachable without a deadline, but never worth a panic.
+            Error::BackgroundTaskEnded("acquire")
+        })
+    }
+
+    /// Waits at most `timeout` for the lock. A zero timeout makes exactly one attempt; one too
+    /// large to represent (such as `Duration::MAX`) waits forever. The sleep before the last
+    /// attempt is shortened so that attempt starts at the deadline; an attempt in flight then
+    /// still gets at least a second (at most `expiry`) to answer.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the lock stayed busy until the deadline; otherwise as
+    /// [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
+        let started = Instant::now();
+        let deadline = backoff::deadline_after(started, timeout);
+        self.wait_for(deadline, "acquire")
+            .await?
+            .ok_or_else(|| Error::Timeout {
+                operation: "acquire",
+                name: self.inner.name.clone(),
+                waited: started.elapsed(),
+            })
+    }
+
+    /// Makes one attempt; `Ok(None)` if the lock is held by someone else.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.try_acquire_timeout(Duration::ZERO).await
+    }
+
+    /// Like [`acquire_timeout`](Self::acquire_timeout), but `Ok(None)` when the deadline passes.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        let deadline = backoff::deadline_after(Instant::now(), timeout);
+        self.wait_for(deadline, "try_acquire").await
+    }
+
+    /// Attempts until acquired or `deadline` (`None`: never) has passed.
+    async fn wait_for(
+        &self,
+        deadline: Option<Instant>,
+        operation: &'static str,
+    ) -> Result<Option<LockGuard>> {
+        let span = tracing::debug_span!(
+            "acquire",
+            lock = %shown_name(&self.inner.name),
+            collection = %self.inner.collection.name(),
+            operation,
+            outcome = tracing::field::Empty,
+            fencing_token = tracing::field::Empty,
+        );
+        let result = self.attempt_until(deadline).instrument(span.clone()).await;
+        match &result {
+            Ok(Some(guard)) => {
+                span.record("outcome", "acquired");
+                span.record("fencing_token", guard.fencing_token().get());
+            }
+            Ok(None) => {
+                span.record("outcome", "not acquired");
+            }
+            Err(error) => {
+                span.record("outcome", tracing::field::display(error));
+            }
+        }
+        result
+    }
+
+    async fn attempt_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
+        validate_collection_name(self.inner.collection.name())?;
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let mut failed_attempts = 0_u32;
+        loop {
+            if let Some(guard) = self.attempt(&runtime, deadline).await? {
+                return Ok(Some(guard));
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                return Ok(None);
+            }
+            let sleep = backoff::sleep_time(&self.inner.options, failed_attempts, rand::random());
+            tokio::time::sleep(backoff::sleep_until_deadline(sleep, now, deadline)).await;
+            failed_attempts = failed_attempts.saturating_add(1);
+        }
+    }
+
+    /// One attempt, run in its own task; `Ok(None)` if the lock is busy or the deadline passed
+    /// while waiting for the reply.
+    async fn attempt(
+        &self,
+        runtime: &Handle,
+        deadline: Option<Instant>,
+    ) -> Result<Option<LockGuard>> {
+        let started = Instant::now();
+        let (reply, outcome) = oneshot::channel();
+        runtime.spawn(run_attempt(Arc::clone(&self.inner), runtime.clone(), reply));
+        let limit = backoff::attempt_wait_limit(started, deadline, self.inner.options.expiry());
+        match timeout_at(limit, outcome).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::BackgroundTaskEnded("acquire attempt")),
+            Err(_elapsed) if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
+                Ok(None)
+            }
+            Err(_elapsed) => Err(Error::Timeout {
+                operation: "acquire",
+                name: self.inner.name.clone(),
+                waited: started.elapsed(),
+            }),
+        }
+    }
+}
+
+/// Sends one acquisition attempt and hands the outcome to `reply`.
+///
+/// If the caller stopped waiting, the guard of a won lock comes back from `send` (or is dropped
+/// with the channel) and its drop releases the lock: nothing stays held until expiry.
+async fn run_attempt(
+    lock: Arc<LockInner>,
+    runtime: Handle,
+    reply: oneshot::Sender<Result<Option<LockGuard>>>,
+) {
+    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    let sent_at = Instant::now();
+    let result = lock
+        .collection
+        .find_one_and_update(
+            doc! { schema::ID: &lock.name },
+            schema::acquire_update(&lock_id, lock.options.expiry_millis()),
+        )
+        .upsert(true)
+        .return_document(ReturnDocument::After)
+        .write_concern(lock.options.write_concern().clone())
+        .await;
+    let outcome = match result {
+        Ok(Some(document)) => match schema::read_attempt_reply(&document, &lock_id) {
+            AttemptReply::Acquired(token) => {
+                let guard = LockGuard::start(
+                    &runtime,
+                    Arc::clone(&lock),
+                    lock_id,
+                    sent_at,
+                    FencingToken::new(token.unwrap_or_default()),
+                );
+                ttl_index::ensure(&runtime, &lock.collection);
+                let options = &lock.options;
+                let local_deadline = sent_at + options.expiry() - options.safety_margin();
+                match token {
+                    // A reply slower than the lease may come after the lease ended on the server
+                    // and someone else took over: never hand out such a guard. Dropping it
+                    // releases whatever is left of the lease.
+                    _ if Instant::now() >= local_deadline => Ok(None),
+                    Some(_) => Ok(Some(guard)),
+                    // We wrote the token ourselves, so this cannot happen on a conforming
+                    // server; the dropped guard releases the lock.
+                    None => Err(Error::UnexpectedReply(format!(
+                        "the acquired lock document has no numeric fencingToken: {document}"
+                    ))),
+                }
+            }
+            AttemptReply::Busy => Ok(None),
+        },
+        Ok(None) => Err(Error::UnexpectedReply(
+            "findAndModify with upsert returned no document".to_owned(),
+        )),
+        // Two concurrent upserts of a new name that the server did not retry: the other won.
+        Err(error) if is_duplicate_key(&error) => Ok(None),
+        Err(error) => Err(Error::Mongo(error)),
+    };
+    let _ = reply.send(outcome);
+}
+
+/// Rejects collection names MongoDB would refuse, before anything is sent.
+pub(crate) fn validate_collection_name(collection: &str) -> Result<()> {
+    let reason = if collection.is_empty() {
+        "it is empty"
+    } else if collection.contains('\0') {
+        "it contains a NUL character"
+    } else if collection.contains('$') {
+        "it contains '$'"
+    } else if collection.starts_with('.') {
+        "it starts with '.'"
+    } else if collection.starts_with("system.") {
+        "the 'system.' prefix is reserved"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidCollectionName {
+        collection: collection.to_owned(),
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collection_names_mongodb_rejects_are_refused() {
+        for bad in ["", "a\0b", "$x", "a$b", ".x", "system.locks"] {
+            let error = validate_collection_name(bad).unwrap_err();
+            assert!(
+                matches!(&error, Error::InvalidCollectionName { collection, .. } if collection == bad),
+                "{error}"
+            );
+        }
+        for good in ["distributed_locks", "locks.v2", "ünïcode", "a b"] {
+            validate_collection_name(good).unwrap();
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The lock document and the commands that change it.
+//!
+//! The layout is DistributedLock.MongoDB's, so .NET and Rust services can share locks:
+//! `{ _id: <name>, lockId: <string>, expiresAt: <date>, acquiredAt: <date>, fencingToken: <long> }`
+//! and no other field.
+
+use mongodb::bson::{Bson, Document, doc};
+
+pub(crate) const ID: &str = "_id";
+pub(crate) const LOCK_ID: &str = "lockId";
+pub(crate) const EXPIRES_AT: &str = "expiresAt";
+pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
+pub(crate) const FENCING_TOKEN: &str = "fencingToken";
+
+/// Name of the TTL index on `expiresAt`.
+pub(crate) const TTL_INDEX_NAME: &str = "expiresAt_ttl";
+
+/// The pipeline update of an acquisition attempt, run with `find_one_and_update` on
+/// `{_id: name}`, `upsert: true`, returning the document after the update.
+///
+/// When the stored lease is missing or over (`expiresAt <= $$NOW`; a missing or non-date value
+/// sorts below every date) the attempt writes our `lockId`, a fresh lease and the next fencing
+/// token; otherwise every field is written back unchanged. The caller then compares the returned
+/// `lockId` with its own. The fencing token is `max(previous + 1, $$NOW in ms × 1000)`, where a
+/// previous value that is not a number counts as 0.
+pub(crate) fn acquire_update(lock_id: &str, expiry_millis: i64) -> Vec<Document> {
+    let free = doc! { "$lte": [format!("${EXPIRES_AT}"), "$$NOW"] };
+    let keep_or = |field: &str, taken: Bson| -> Bson {
+        Bson::Document(doc! { "$cond": [free.clone(), taken, format!("${field}")] })
+    };
+    let previous_token = doc! {
+        "$convert": {
+            "input": format!("${FENCING_TOKEN}"),
+            "to": "long",
+            "onError": 0_i64,
+            "onNull": 0_i64,
+        }
+    };
+    let next_token = doc! {
+        "$max": [
+            { "$add": [previous_token, 1_i64] },
+            { "$multiply": [{ "$toLong": "$$NOW" }, 1000_i64] },
+        ]
+    };
+    vec![doc! {
+        "$set": {
+            LOCK_ID: keep_or(LOCK_ID, lock_id.into()),
+            EXPIRES_AT: keep_or(EXPIRES_AT, lease_end(expiry_millis)),
+            ACQUIRED_AT: keep_or(ACQUIRED_AT, "$$NOW".into()),
+            FENCING_TOKEN: keep_or(FENCING_TOKEN, next_token.into()),
+        }
+    }]
+}
+
+/// `$$NOW + expiry`, computed by the server.
+fn lease_end(expiry_millis: i64) -> Bson {
+    Bson::Document(doc! { "$add": ["$$NOW", expiry_millis] })
+}
+
+/// Matches our lease only while it is live, so a late renewal never revives an expired lease
+/// that somebody else may already have taken.
+pub(crate) fn renew_filter(name: &str, lock_id: &str) -> Document {
+    doc! {
+        ID: name,
+        LOCK_ID: lock_id,
+        "$expr": { "$gt": [format!("${EXPIRES_AT}"), "$$NOW"] },
+    }
+}
+
+/// Extends the lease to `$$NOW + expiry`.
+pub(crate) fn renew_update(expiry_millis: i64) -> Vec<Document> {
+    vec![doc! { "$set": { EXPIRES_AT: lease_end(expiry_millis) } }]
+}
+
+/// Matches our lease whether or not it is still live: releasing an expired lease is harmless,
+/// and the `lockId` condition keeps us away from anyone else's.
+pub(crate) fn release_filter(name: &str, lock_id: &str) -> Document {
+    doc! { ID: name, LOCK_ID: lock_id }
+}
+
+/// Ends the lease now and forgets the holder, but keeps the document (and so its fencing
+/// counter); the TTL index removes it later.
+pub(crate) fn release_update() -> Vec<Document> {
+    vec![
+        doc! { "$set": { EXPIRES_AT: "$$NOW" } },
+        doc! { "$unset": LOCK_ID },
+    ]
+}
+
+/// Reads a stored number written as Int32, Int64 or Double (servers and other clients may narrow
+/// or widen it). Anything else, and doubles that are not whole or out of range, give `None`.
+pub(crate) fn read_i64(value: &Bson) -> Option<i64> {
+    match *value {
+        Bson::Int32(v) => Some(i64::from(v)),
+        Bson::Int64(v) => Some(v),
+        // i64::MAX as f64 rounds up to 2^63, hence the strict upper bound.
+        Bson::Double(v) if v.fract() == 0.0 && v >= i64::MIN as f64 && v < i64::MAX as f64 => {
+            Some(v as i64)
+        }
+        _ => None,
+    }
+}
+
+/// The outcome of an acquisition attempt, read from the document it returned.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AttemptReply {
+    /// The document carries our `lockId`, with this fencing token (`None` if unreadable).
+    Acquired(Option<i64>),
+    /// Somebody else holds the lock.
+    Busy,
+}
+
+pub(crate) fn read_attempt_reply(document: &Document, lock_id: &str) -> AttemptReply {
+    match document.get_str(LOCK_ID) {
+        Ok(stored) if stored == lock_id => {
+            AttemptReply::Acquired(document.get(FENCING_TOKEN).and_then(read_i64))
+        }
+        _ => AttemptReply::Busy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_read_tolerantly() {
+        assert_eq!(read_i64(&Bson::Int32(7)), Some(7));
+        assert_eq!(read_i64(&Bson::Int64(1 << 40)), Some(1 << 40));
+        assert_eq!(read_i64(&Bson::Double(12.0)), Some(12));
+        assert_eq!(read_i64(&Bson::Double(12.5)), None);
+        assert_eq!(read_i64(&Bson::Double(f64::NAN)), None);
+        assert_eq!(read_i64(&Bson::Double(1e300)), None);
+        assert_eq!(read_i64(&Bson::String("12".into())), None);
+        assert_eq!(read_i64(&Bson::Null), None);
+    }
+
+    #[test]
+    fn attempt_reply_compares_lock_ids() {
+        let ours = doc! { "_id": "n", "lockId": "a", "fencingToken": 5_i64 };
+        assert_eq!(
+            read_attempt_reply(&ours, "a"),
+            AttemptReply::Acquired(Some(5))
+        );
+        assert_eq!(read_attempt_reply(&ours, "b"), AttemptReply::Busy);
+        let no_holder = doc! { "_id": "n", "fencingToken": 5_i64 };
+        assert_eq!(read_attempt_reply(&no_holder, "a"), AttemptReply::Busy);
+        let odd_token = doc! { "_id": "n", "lockId": "a", "fencingToken": "x" };
+        assert_eq!(
+            read_attempt_reply(&odd_token, "a"),
+            AttemptReply::Acquired(None)
+        );
+    }
+
+    #[test]
+    fn acquire_update_writes_only_the_dotnet_fields() {
+        let pipeline = acquire_update("id", 1_000);
+        assert_eq!(pipeline.len(), 1);
+        let set = pipeline[0].get_document("$set").unwrap();
+        let fields: Vec<&str> = set.keys().map(String::as_str).collect();
+        assert_eq!(fields, [LOCK_ID, EXPIRES_AT, ACQUIRED_AT, FENCING_TOKEN]);
+    }
+}

@@ -1,0 +1,164 @@
+//! The TTL index that removes lock documents some time after their lease ended.
+//!
+//! Created in the background after the first successful acquisition per collection in the
+//! process, so it never delays or fails an acquisition. The registry is keyed by database and
+//! collection name, because a `mongodb::Client` has no public identity: a process that talks to
+//! two clusters with identically named databases and collections creates the index on the first
+//! one only (create it yourself on the other, or use distinct names).
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use mongodb::bson::{Document, doc};
+use mongodb::options::IndexOptions;
+use mongodb::{Collection, IndexModel, Namespace};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use crate::error::error_code;
+use crate::schema::{EXPIRES_AT, TTL_INDEX_NAME};
+
+/// How long to wait before trying again after an unexpected failure.
+const RETRY_AFTER: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IndexState {
+    Creating,
+    Ready,
+    RetryAfter(Instant),
+}
+
+static REGISTRY: LazyLock<Mutex<HashMap<Namespace, IndexState>>> = LazyLock::new(Mutex::default);
+
+fn registry() -> MutexGuard<'static, HashMap<Namespace, IndexState>> {
+    // The map stays consistent even if a holder panicked; never propagate poisoning.
+    REGISTRY
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Starts creating the TTL index on `collection` unless that is done, under way, or failed
+/// less than a minute ago.
+pub(crate) fn ensure(runtime: &Handle, collection: &Collection<Document>) {
+    let namespace = collection.namespace();
+    {
+        let mut registry = registry();
+        match registry.get(&namespace) {
+            Some(IndexState::Creating | IndexState::Ready) => return,
+            Some(IndexState::RetryAfter(at)) if Instant::now() < *at => return,
+            _ => {}
+        }
+        registry.insert(namespace.clone(), IndexState::Creating);
+    }
+    let collection = collection.clone();
+    runtime.spawn(async move {
+        // If the runtime shuts down mid-creation, the next acquisition tries again.
+        let mut pending = PendingEntry(Some(namespace));
+        let state = create(&collection).await;
+        if let Some(namespace) = pending.0.take() {
+            registry().insert(namespace, state);
+        }
+    });
+}
+
+/// Forgets a `Creating` entry whose task was dropped before it finished.
+struct PendingEntry(Option<Namespace>);
+
+impl Drop for PendingEntry {
+    fn drop(&mut self) {
+        if let Some(namespace) = self.0.take() {
+            registry().remove(&namespace);
+        }
+    }
+}
+
+async fn create(collection: &Collection<Document>) -> IndexState {
+    let index = IndexModel::builder()
+        .keys(doc! { EXPIRES_AT: 1 })
+        .options(
+            IndexOptions::builder()
+                .name(TTL_INDEX_NAME.to_owned())
+                .expire_after(Duration::ZERO)
+                .build(),
+        )
+        .build();
+    let Err(error) = collection.create_index(index).await else {
+        return IndexState::Ready;
+    };
+    match classify(error_code(&error)) {
+        Failure::Exists => IndexState::Ready,
+        Failure::Unauthorized => {
+            report_missing_permission(collection).await;
+            IndexState::Ready
+        }
+        Failure::Other => {
+            tracing::warn!(
+                collection = %collection.name(),
+                %error,
+                "could not create the TTL index on expiresAt; trying again after a later acquisition"
+            );
+            IndexState::RetryAfter(Instant::now() + RETRY_AFTER)
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    /// An index of that name or on that key exists already (possibly with other options).
+    Exists,
+    /// Not allowed to create indexes: retrying will not help.
+    Unauthorized,
+    Other,
+}
+
+/// 85 IndexOptionsConflict, 86 IndexKeySpecsConflict, 68 IndexAlreadyExists, 13 Unauthorized.
+fn classify(code: Option<i32>) -> Failure {
+    match code {
+        Some(85 | 86 | 68) => Failure::Exists,
+        Some(13) => Failure::Unauthorized,
+        _ => Failure::Other,
+    }
+}
+
+/// Without permission to create indexes, look for an equivalent one and warn if there is none.
+async fn report_missing_permission(collection: &Collection<Document>) {
+    let found = match collection.list_indexes().await {
+        Ok(cursor) => cursor
+            .try_any(|index| {
+                let is_ttl_on_expiry = index.keys == doc! { EXPIRES_AT: 1 }
+                    && index
+                        .options
+                        .as_ref()
+                        .is_some_and(|options| options.expire_after.is_some());
+                async move { is_ttl_on_expiry }
+            })
+            .await
+            .unwrap_or(false),
+        Err(_) => false,
+    };
+    if !found {
+        tracing::warn!(
+            collection = %collection.name(),
+            "not authorized to create the TTL index on expiresAt and none exists: released \
+             and expired lock documents will not be deleted automatically (create \
+             {{expiresAt: 1}} with expireAfterSeconds: 0, or run a periodic cleanup)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn existing_index_codes_mean_done() {
+        for code in [85, 86, 68] {
+            assert_eq!(classify(Some(code)), Failure::Exists);
+        }
+        assert_eq!(classify(Some(13)), Failure::Unauthorized);
+        assert_eq!(classify(Some(11600)), Failure::Other);
+        assert_eq!(classify(None), Failure::Other);
+    }
+}

@@ -1,0 +1,121 @@
+//! Shared helpers for the integration tests. Each test binary talks to its own embedded server
+//! (or to `MONGODB_URI`), and each test uses its own lock names and collections.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+pub mod server;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distributed_lock_mongodb::{LockOptions, MongoDistributedLock};
+use mongodb::bson::{Document, doc};
+use mongodb::event::EventHandler;
+use mongodb::event::command::CommandEvent;
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Collection, Database};
+
+pub const DATABASE: &str = "distributed_lock_tests";
+
+/// A fresh client (clients belong to the runtime that created them; each test has its own).
+pub async fn client() -> Client {
+    Client::with_uri_str(server::uri())
+        .await
+        .expect("valid MongoDB URI")
+}
+
+pub async fn database() -> Database {
+    client().await.database(DATABASE)
+}
+
+/// A name no other test (or earlier run against a persistent server) uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A client whose command names are recorded, for counting round trips.
+pub async fn counting_database() -> (Database, Arc<Mutex<Vec<String>>>) {
+    let commands = Arc::new(Mutex::new(Vec::new()));
+    let mut options = ClientOptions::parse(server::uri())
+        .await
+        .expect("valid MongoDB URI");
+    let recorded = Arc::clone(&commands);
+    options.command_event_handler = Some(EventHandler::callback(move |event| {
+        if let CommandEvent::Started(started) = event {
+            recorded.lock().unwrap().push(started.command_name.clone());
+        }
+    }));
+    let client = Client::with_options(options).expect("valid client options");
+    (client.database(DATABASE), commands)
+}
+
+pub fn options(expiry_ms: u64, cadence_ms: u64) -> LockOptions {
+    LockOptions::builder()
+        .expiry(Duration::from_millis(expiry_ms))
+        .extension_cadence(Duration::from_millis(cadence_ms))
+        .busy_wait_sleep_time(Duration::from_millis(5), Duration::from_millis(20))
+        .build()
+        .expect("valid options")
+}
+
+/// A lock with a unique name in a unique collection.
+pub async fn fresh_lock(
+    prefix: &str,
+    options: LockOptions,
+) -> (MongoDistributedLock, Collection<Document>) {
+    let database = database().await;
+    let collection = unique("locks");
+    let lock = MongoDistributedLock::new(unique(prefix), &database)
+        .with_collection(collection.as_str())
+        .with_options(options);
+    (lock, database.collection(&collection))
+}
+
+/// Like [`fresh_lock`], in a collection where the lock's TTL index cannot be created (an index
+/// of the same name on another key is in the way), so released and expired documents stay put
+/// even on the embedded server, whose TTL deletion is otherwise instant.
+pub async fn fresh_lock_without_ttl(
+    prefix: &str,
+    options: LockOptions,
+) -> (MongoDistributedLock, Collection<Document>) {
+    let (lock, collection) = fresh_lock(prefix, options).await;
+    let placeholder = mongodb::IndexModel::builder()
+        .keys(doc! { "placeholder": 1 })
+        .options(
+            mongodb::options::IndexOptions::builder()
+                .name("expiresAt_ttl".to_owned())
+                .build(),
+        )
+        .build();
+    collection
+        .create_index(placeholder)
+        .await
+        .expect("create placeholder index");
+    (lock, collection)
+}
+
+/// The stored lock document.
+pub async fn lock_document(collection: &Collection<Document>, name: &str) -> Option<Document> {
+    collection
+        .find_one(doc! { "_id": name })
+        .await
+        .expect("find_one")
+}
+
+/// Polls `condition` every 10 ms until it holds or `limit` passes; returns whether it held.
+pub async fn eventually<F, Fut>(limit: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
