@@ -126,12 +126,12 @@ pub(crate) fn error_code(error: &mongodb::error::Error) -> Option<i32> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use mongodb::bson::doc;
     use mongodb::error::{CommandError, ErrorKind, WriteError, WriteFailure};
 
-    pub(crate) fn command_error(code: i32) -> mongodb::error::Error {
+    fn command_error(code: i32) -> mongodb::error::Error {
         let command: CommandError =
             mongodb::bson::from_document(doc! { "code": code, "codeName": "X", "errmsg": "x" })
                 .expect("valid command error document");
