@@ -177,4 +177,79 @@ mod tests {
         );
         assert_eq!(sleep_until_deadline(ms(50), now, None), ms(50));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const YEAR_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+
+        fn any_duration() -> impl Strategy<Value = Duration> {
+            prop_oneof![
+                (0..YEAR_MS).prop_map(Duration::from_millis),
+                any::<u64>().prop_map(Duration::from_nanos),
+                (any::<u64>(), 0..1_000_000_000_u32).prop_map(|(s, n)| Duration::new(s, n)),
+                Just(Duration::MAX),
+                Just(Duration::ZERO),
+            ]
+        }
+
+        fn any_options() -> impl Strategy<Value = LockOptions> {
+            (0..YEAR_MS, 0..YEAR_MS, any::<bool>()).prop_map(|(a, b, adaptive)| {
+                let (min, max) = (a.min(b), a.max(b).max(1));
+                LockOptions::builder()
+                    .busy_wait_sleep_time(Duration::from_millis(min), Duration::from_millis(max))
+                    .adaptive_backoff(adaptive)
+                    .build()
+                    .expect("a valid range")
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn sleeps_stay_within_the_busy_wait_range(
+                options in any_options(),
+                failed in any::<u32>(),
+                random in any::<f64>(),
+            ) {
+                let sleep = sleep_time(&options, failed, random);
+                let (min, max) = options.busy_wait_sleep_time();
+                // Sub-microsecond float rounding is the only slack.
+                prop_assert!(sleep + Duration::from_micros(1) >= min, "{sleep:?} < {min:?}");
+                prop_assert!(sleep <= max + Duration::from_micros(1), "{sleep:?} > {max:?}");
+            }
+
+            #[test]
+            fn waiting_never_passes_a_deadline_or_overflows(
+                options in any_options(),
+                failed in any::<u32>(),
+                random in any::<f64>(),
+                timeout in any_duration(),
+                elapsed in any_duration(),
+            ) {
+                let start = Instant::now();
+                let deadline = deadline_after(start, timeout);
+                prop_assert_eq!(deadline.is_some(), start.checked_add(timeout).is_some());
+                // Wherever "now" is relative to the deadline (if representable).
+                if let Some(now) = start.checked_add(elapsed.min(Duration::from_secs(YEAR_MS / 1000))) {
+                    let sleep = sleep_until_deadline(sleep_time(&options, failed, random), now, deadline);
+                    if let Some(deadline) = deadline {
+                        prop_assert!(now + sleep <= deadline.max(now));
+                    }
+                }
+            }
+
+            #[test]
+            fn attempt_limits_are_bounded_by_expiry(
+                expiry_ms in 100..YEAR_MS,
+                timeout in any_duration(),
+            ) {
+                let expiry = Duration::from_millis(expiry_ms);
+                let started = Instant::now();
+                let limit = attempt_wait_limit(started, deadline_after(started, timeout), expiry);
+                prop_assert!(limit <= started + expiry);
+                prop_assert!(limit >= started + expiry.min(MIN_ATTEMPT_WAIT));
+            }
+        }
+    }
 }

@@ -30,7 +30,8 @@ pub enum Error {
         shown_name(name)
     )]
     Timeout {
-        /// What was being attempted ("acquire", "release", ...).
+        /// What timed out: `"acquire"` (the lock stayed busy), `"release"`, or
+        /// `"acquisition attempt (no reply from MongoDB)"`.
         operation: &'static str,
         /// The lock's name.
         name: String,

@@ -17,6 +17,9 @@ use crate::schema::{self, AttemptReply};
 use crate::ttl_index;
 use crate::{Error, FencingToken, LockGuard, LockOptions, Result};
 
+/// The `operation` of an [`Error::Timeout`] when an acquisition attempt got no reply in time.
+const NO_REPLY: &str = "acquisition attempt (no reply from MongoDB)";
+
 /// The default collection, shared with DistributedLock.MongoDB.
 pub const DEFAULT_COLLECTION: &str = "distributed_locks";
 
@@ -98,7 +101,8 @@ impl MongoDistributedLock {
     ///   would reject.
     /// - [`Error::Mongo`] if an attempt fails in the driver (it already retries retryable writes
     ///   once); the lock is not held then.
-    /// - [`Error::Timeout`] if an attempt gets no reply within `expiry`.
+    /// - [`Error::Timeout`] if an attempt gets no reply within `expiry` (the lock is then not
+    ///   held: a late win is released at once).
     /// - [`Error::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
@@ -117,8 +121,9 @@ impl MongoDistributedLock {
     /// still gets at least a second (at most `expiry`) to answer.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when the lock stayed busy until the deadline; otherwise as
-    /// [`acquire`](Self::acquire).
+    /// [`Error::Timeout`] when the lock stayed busy until the deadline, or when an attempt got
+    /// no reply in time (at least a second, at most `expiry`; `operation` then says so);
+    /// otherwise as [`acquire`](Self::acquire).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
@@ -137,7 +142,7 @@ impl MongoDistributedLock {
     /// Makes one attempt; `Ok(None)` if the lock is held by someone else.
     ///
     /// # Errors
-    /// As [`acquire`](Self::acquire).
+    /// As [`try_acquire_timeout`](Self::try_acquire_timeout).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
@@ -145,10 +150,13 @@ impl MongoDistributedLock {
         self.try_acquire_timeout(Duration::ZERO).await
     }
 
-    /// Like [`acquire_timeout`](Self::acquire_timeout), but `Ok(None)` when the deadline passes.
+    /// Like [`acquire_timeout`](Self::acquire_timeout), but `Ok(None)` when the lock stays busy
+    /// until the deadline.
     ///
     /// # Errors
-    /// As [`acquire`](Self::acquire).
+    /// [`Error::Timeout`] only when an attempt got no reply in time (at least a second, at most
+    /// `expiry`): an unreachable server is not reported as a busy lock. Otherwise as
+    /// [`acquire`](Self::acquire).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
@@ -205,8 +213,7 @@ impl MongoDistributedLock {
         }
     }
 
-    /// One attempt, run in its own task; `Ok(None)` if the lock is busy or the deadline passed
-    /// while waiting for the reply.
+    /// One attempt, run in its own task; `Ok(None)` if the lock is busy.
     async fn attempt(
         &self,
         runtime: &Handle,
@@ -219,11 +226,9 @@ impl MongoDistributedLock {
         match timeout_at(limit, outcome).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(Error::BackgroundTaskEnded("acquire attempt")),
-            Err(_elapsed) if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
-                Ok(None)
-            }
+            // No reply is not "busy": report it, whatever the caller's deadline.
             Err(_elapsed) => Err(Error::Timeout {
-                operation: "acquire",
+                operation: NO_REPLY,
                 name: self.inner.name.clone(),
                 waited: started.elapsed(),
             }),

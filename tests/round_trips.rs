@@ -48,7 +48,7 @@ async fn an_uncontended_cycle_is_two_commands_and_the_ttl_index_is_created_once(
         Some(Duration::ZERO)
     );
 
-    commands.lock().unwrap().clear();
+    commands.clear();
     for _ in 0..3 {
         let guard = provider
             .create_lock(common::unique("b"))
@@ -61,7 +61,7 @@ async fn an_uncontended_cycle_is_two_commands_and_the_ttl_index_is_created_once(
         .with_collection(collection.as_str());
     direct.acquire().await.unwrap().release().await.unwrap();
 
-    let sent = commands.lock().unwrap().clone();
+    let sent = commands.started();
     assert_eq!(
         sent,
         ["findAndModify", "update"].repeat(4),
@@ -85,11 +85,6 @@ async fn index_creation_is_attempted_once_per_collection() {
         })
         .await
     );
-    let creations = commands
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|c| *c == "createIndexes")
-        .count();
+    let creations = commands.count("createIndexes");
     assert_eq!(creations, 1);
 }

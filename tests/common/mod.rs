@@ -3,8 +3,11 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod proxy;
 pub mod server;
+pub mod workers;
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,20 +36,61 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
-/// A client whose command names are recorded, for counting round trips.
-pub async fn counting_database() -> (Database, Arc<Mutex<Vec<String>>>) {
-    let commands = Arc::new(Mutex::new(Vec::new()));
+/// The commands a client sent, from the driver's command events.
+#[derive(Default)]
+pub struct CommandLog {
+    started: Mutex<Vec<String>>,
+    in_flight: AtomicI64,
+}
+
+impl CommandLog {
+    /// Names of the commands started so far, in order.
+    pub fn started(&self) -> Vec<String> {
+        self.started.lock().unwrap().clone()
+    }
+
+    pub fn count(&self, name: &str) -> usize {
+        self.started
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| *c == name)
+            .count()
+    }
+
+    pub fn clear(&self) {
+        self.started.lock().unwrap().clear();
+    }
+
+    /// Commands started but not yet answered.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// A client whose commands are recorded, for counting round trips.
+pub async fn counting_database() -> (Database, Arc<CommandLog>) {
+    let log = Arc::new(CommandLog::default());
     let mut options = ClientOptions::parse(server::uri())
         .await
         .expect("valid MongoDB URI");
-    let recorded = Arc::clone(&commands);
-    options.command_event_handler = Some(EventHandler::callback(move |event| {
-        if let CommandEvent::Started(started) = event {
-            recorded.lock().unwrap().push(started.command_name.clone());
+    let recorder = Arc::clone(&log);
+    options.command_event_handler = Some(EventHandler::callback(move |event| match event {
+        CommandEvent::Started(started) => {
+            recorder.in_flight.fetch_add(1, Ordering::SeqCst);
+            recorder
+                .started
+                .lock()
+                .unwrap()
+                .push(started.command_name.clone());
         }
+        CommandEvent::Succeeded(_) | CommandEvent::Failed(_) => {
+            recorder.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        _ => {}
     }));
     let client = Client::with_options(options).expect("valid client options");
-    (client.database(DATABASE), commands)
+    (client.database(DATABASE), log)
 }
 
 pub fn options(expiry_ms: u64, cadence_ms: u64) -> LockOptions {
@@ -100,6 +144,36 @@ pub async fn lock_document(collection: &Collection<Document>, name: &str) -> Opt
         .find_one(doc! { "_id": name })
         .await
         .expect("find_one")
+}
+
+/// The server's clock and the lock's stored `expiresAt`, read in one command so both refer to
+/// the same server instant. `expiresAt` is `None` when there is no lock document.
+pub async fn server_now_and_expiry(
+    collection: &Collection<Document>,
+    name: &str,
+) -> (mongodb::bson::DateTime, Option<mongodb::bson::DateTime>) {
+    use futures::TryStreamExt;
+    // $documents would be neater but needs MongoDB 5.1; a $facet over the collection works on 4.2.
+    let rows: Vec<Document> = collection
+        .aggregate([
+            doc! { "$facet": { "lock": [{ "$match": { "_id": name } }, { "$project": { "expiresAt": 1 } }] } },
+            doc! { "$project": { "now": "$$NOW", "lock": 1 } },
+        ])
+        .await
+        .expect("aggregate")
+        .try_collect()
+        .await
+        .expect("aggregate cursor");
+    let row = rows.first().expect("one row");
+    let now = *row.get_datetime("now").expect("server time");
+    let expires_at = row
+        .get_array("lock")
+        .ok()
+        .and_then(|lock| lock.first())
+        .and_then(|lock| lock.as_document())
+        .and_then(|lock| lock.get_datetime("expiresAt").ok())
+        .copied();
+    (now, expires_at)
 }
 
 /// Polls `condition` every 10 ms until it holds or `limit` passes; returns whether it held.

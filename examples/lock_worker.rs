@@ -1,0 +1,171 @@
+//! A lock-using worker process, used by the crash-recovery and cross-process exclusion tests and
+//! handy for experiments with several processes:
+//!
+//! ```text
+//! lock_worker hold <collection> <name> <expiry_ms> <cadence_ms>
+//!     acquire, print "acquired <token>", then hold (renewing) until killed
+//! lock_worker contend <collection> <name> <resource_collection> <tasks> <rounds>
+//!     <tasks> tasks each acquire <rounds> times; every holder bumps a holder count on the
+//!     resource document, makes a fenced write with its token, logs the token in
+//!     <resource_collection>_log under a sequence number, and drops the count again;
+//!     prints "done acquisitions=<n> rejected=<n>"
+//! ```
+//!
+//! Uses `MONGODB_URI` (the tests pass theirs), or starts the embedded test server.
+
+#[path = "../tests/common/server.rs"]
+mod server;
+
+use std::time::Duration;
+
+use distributed_lock_mongodb::{FencingToken, LockOptions, MongoDistributedLock};
+use mongodb::bson::{Document, doc};
+use mongodb::options::ReturnDocument;
+use mongodb::{Client, Collection, Database};
+
+const DATABASE: &str = "distributed_lock_tests";
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let database = Client::with_uri_str(server::uri())
+        .await?
+        .database(DATABASE);
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["hold", collection, name, expiry_ms, cadence_ms] => {
+            hold(
+                &database,
+                collection,
+                name,
+                expiry_ms.parse()?,
+                cadence_ms.parse()?,
+            )
+            .await
+        }
+        ["contend", collection, name, resource, tasks, rounds] => {
+            contend(
+                &database,
+                collection,
+                name,
+                resource,
+                tasks.parse()?,
+                rounds.parse()?,
+            )
+            .await
+        }
+        _ => Err(format!("usage: see the header of examples/lock_worker.rs; got {args:?}").into()),
+    }
+}
+
+async fn hold(
+    database: &Database,
+    collection: &str,
+    name: &str,
+    expiry_ms: u64,
+    cadence_ms: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let options = LockOptions::builder()
+        .expiry(Duration::from_millis(expiry_ms))
+        .extension_cadence(Duration::from_millis(cadence_ms))
+        .build()?;
+    let lock = MongoDistributedLock::new(name, database)
+        .with_collection(collection)
+        .with_options(options);
+    let guard = lock.acquire().await?;
+    println!("acquired {}", guard.fencing_token());
+    let mut lost = guard.lost();
+    lost.wait_for(|lost| *lost).await?;
+    Err("the lock was lost while holding it".into())
+}
+
+async fn contend(
+    database: &Database,
+    collection: &str,
+    name: &str,
+    resource: &str,
+    tasks: usize,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(10))
+        .busy_wait_sleep_time(Duration::from_millis(20), Duration::from_millis(400))
+        .adaptive_backoff(true)
+        .build()?;
+    let lock = MongoDistributedLock::new(name, database)
+        .with_collection(collection)
+        .with_options(options);
+    // The log is separate from the resource document: one growing array would make every
+    // update slower on the embedded server.
+    let log = database.collection::<Document>(&format!("{resource}_log"));
+    let resource = database.collection::<Document>(resource);
+    let workers: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (lock, resource, log) = (lock.clone(), resource.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut rejected = 0_usize;
+                for _ in 0..rounds {
+                    let guard = lock.acquire_timeout(Duration::from_secs(600)).await?;
+                    if !protected_work(&resource, &log, guard.fencing_token()).await? {
+                        rejected += 1;
+                    }
+                    guard.release().await?;
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(rejected)
+            })
+        })
+        .collect();
+    let mut rejected = 0;
+    for worker in workers {
+        rejected += worker.await?.map_err(|e| e.to_string())?;
+    }
+    println!("done acquisitions={} rejected={rejected}", tasks * rounds);
+    Ok(())
+}
+
+/// Enter (count a holder, remember the most seen at once, take the next sequence number), write
+/// fenced, log the token under the sequence number, leave. Returns whether the fenced write was
+/// applied.
+async fn protected_work(
+    resource: &Collection<Document>,
+    log: &Collection<Document>,
+    token: FencingToken,
+) -> mongodb::error::Result<bool> {
+    let id = doc! { "_id": "resource" };
+    let entered = resource
+        .find_one_and_update(
+            id.clone(),
+            vec![
+                doc! { "$set": {
+                    "holders": { "$add": [{ "$ifNull": ["$holders", 0] }, 1] },
+                    "sequence": { "$add": [{ "$ifNull": ["$sequence", 0] }, 1] },
+                } },
+                doc! { "$set": { "maxHolders": { "$max": [{ "$ifNull": ["$maxHolders", 0] }, "$holders"] } } },
+            ],
+        )
+        .upsert(true)
+        .return_document(ReturnDocument::After)
+        .await?;
+    let sequence = entered
+        .and_then(|d| d.get("sequence").cloned())
+        .unwrap_or_default();
+    let fenced = resource
+        .update_one(
+            doc! { "_id": "resource", "$or": [
+                { "token": { "$lt": token.get() } },
+                { "token": { "$exists": false } },
+            ] },
+            doc! { "$set": { "token": token.get() } },
+        )
+        .await?;
+    log.insert_one(doc! { "_id": sequence, "token": token.get() })
+        .await?;
+    resource
+        .update_one(id, doc! { "$inc": { "holders": -1 } })
+        .await?;
+    Ok(fenced.matched_count == 1)
+}

@@ -1,0 +1,257 @@
+//! Bad input: every case gives a clear `Error` naming the problem or a documented success, never
+//! a panic (not even in a background task), and an error writes nothing.
+
+mod common;
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use distributed_lock_mongodb::{Error, LockOptions, MongoDistributedLock};
+use mongodb::bson::{Bson, DateTime, Document, doc};
+
+/// Counts panics anywhere in this test binary, including spawned tasks whose panics Tokio
+/// would otherwise swallow.
+fn panics() -> &'static AtomicUsize {
+    static PANICS: OnceLock<&'static AtomicUsize> = OnceLock::new();
+    PANICS.get_or_init(|| {
+        let counter: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            previous(info);
+        }));
+        counter
+    })
+}
+
+#[tokio::test]
+async fn names_of_every_kind_are_stored_verbatim() {
+    let panics = panics();
+    let database = common::database().await;
+    let collection_name = common::unique("names");
+    let collection = database.collection::<Document>(&collection_name);
+    let huge = "n".repeat(1 << 20);
+    let names = [
+        "".to_owned(),
+        huge,
+        "nul\0inside".to_owned(),
+        "$dollar".to_owned(),
+        "dots.in.name".to_owned(),
+        "ünïcødé ✓ 名前".to_owned(),
+        "Case".to_owned(),
+        "case".to_owned(),
+    ];
+    for name in &names {
+        let lock = MongoDistributedLock::new(name.as_str(), &database)
+            .with_collection(collection_name.as_str());
+        let guard = lock
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("a free name is acquired");
+        assert_eq!(guard.name(), name);
+        let stored = collection
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap();
+        assert_eq!(
+            stored.unwrap().get_str("_id").unwrap(),
+            name,
+            "stored verbatim"
+        );
+        guard.release().await.unwrap();
+    }
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn options_out_of_range_are_rejected_naming_the_option() {
+    let panics = panics();
+    let ms = Duration::from_millis;
+    let table: Vec<(&str, Result<LockOptions, Error>, &str)> = vec![
+        (
+            "expiry 0",
+            LockOptions::builder().expiry(Duration::ZERO).build(),
+            "expiry",
+        ),
+        (
+            "expiry MAX",
+            LockOptions::builder().expiry(Duration::MAX).build(),
+            "expiry",
+        ),
+        (
+            "cadence = expiry",
+            LockOptions::builder()
+                .expiry(ms(1_000))
+                .extension_cadence(ms(1_000))
+                .build(),
+            "extension_cadence",
+        ),
+        (
+            "cadence > expiry",
+            LockOptions::builder()
+                .expiry(ms(1_000))
+                .extension_cadence(ms(5_000))
+                .build(),
+            "extension_cadence",
+        ),
+        (
+            "min sleep > max sleep",
+            LockOptions::builder()
+                .busy_wait_sleep_time(ms(50), ms(10))
+                .build(),
+            "busy_wait_sleep_time",
+        ),
+        (
+            "max sleep 0",
+            LockOptions::builder()
+                .busy_wait_sleep_time(Duration::ZERO, Duration::ZERO)
+                .build(),
+            "busy_wait_sleep_time",
+        ),
+        (
+            "w: 0",
+            LockOptions::builder()
+                .write_concern(mongodb::options::WriteConcern::nodes(0))
+                .build(),
+            "write_concern",
+        ),
+    ];
+    for (case, result, option) in table {
+        match result {
+            Err(Error::InvalidOptions(message)) => {
+                assert!(message.contains(option), "{case}: {message}");
+            }
+            other => panic!("{case}: expected InvalidOptions, got {other:?}"),
+        }
+    }
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn extreme_timeouts_are_one_attempt_or_no_deadline() {
+    let panics = panics();
+    let (lock, _) = common::fresh_lock("timeouts", common::options(5_000, 1_000)).await;
+    // Documented: zero is exactly one attempt; Duration::MAX is no deadline.
+    let guard = lock.acquire_timeout(Duration::ZERO).await.unwrap();
+    assert!(
+        lock.try_acquire_timeout(Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        lock.acquire_timeout(Duration::ZERO)
+            .await
+            .unwrap_err()
+            .is_timeout()
+    );
+    let forever = tokio::time::timeout(
+        Duration::from_millis(300),
+        lock.acquire_timeout(Duration::MAX),
+    )
+    .await;
+    assert!(
+        forever.is_err(),
+        "Duration::MAX keeps waiting while the lock is held"
+    );
+    let forever = tokio::time::timeout(
+        Duration::from_millis(300),
+        lock.try_acquire_timeout(Duration::MAX),
+    )
+    .await;
+    assert!(forever.is_err());
+    guard.release().await.unwrap();
+    lock.try_acquire_timeout(Duration::MAX)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn collection_names_mongodb_rejects_give_an_error_and_write_nothing() {
+    let panics = panics();
+    let database = common::database().await;
+    let before = database.list_collection_names().await.unwrap();
+    for collection in ["", "$x", "with\0nul", "system.locks"] {
+        let lock = MongoDistributedLock::new("n", &database).with_collection(collection);
+        for result in [
+            lock.try_acquire().await.map(|_| ()),
+            lock.acquire().await.map(|_| ()),
+            lock.acquire_timeout(Duration::from_secs(1))
+                .await
+                .map(|_| ()),
+            lock.try_acquire_timeout(Duration::ZERO).await.map(|_| ()),
+        ] {
+            match result {
+                Err(Error::InvalidCollectionName {
+                    collection: named,
+                    reason,
+                }) => {
+                    assert_eq!(named, collection);
+                    assert!(!reason.is_empty());
+                }
+                other => panic!("{collection:?}: expected InvalidCollectionName, got {other:?}"),
+            }
+        }
+    }
+    let after = database.list_collection_names().await.unwrap();
+    let created: Vec<&String> = after.iter().filter(|name| !before.contains(name)).collect();
+    // Other tests of this binary create their own (uniquely named) collections meanwhile.
+    assert!(
+        created
+            .iter()
+            .all(|name| name.starts_with("names-") || name.starts_with("locks-")),
+        "unexpected collections: {created:?}"
+    );
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn foreign_fencing_tokens_of_other_types_are_rebased() {
+    let panics = panics();
+    let (lock, collection) =
+        common::fresh_lock_without_ttl("odd", common::options(5_000, 1_000)).await;
+    let past = DateTime::from_millis(DateTime::now().timestamp_millis() - 1_000);
+    for (token, expires_at) in [
+        (Bson::String("not a number".into()), Bson::DateTime(past)),
+        (Bson::String("12".into()), Bson::DateTime(past)),
+        (Bson::Double(41.0), Bson::DateTime(past)),
+        (Bson::Double(f64::NAN), Bson::DateTime(past)),
+        (Bson::Int32(3), Bson::DateTime(past)),
+        (Bson::Null, Bson::Null),
+        (Bson::Int64(5), Bson::String("garbage".into())),
+    ] {
+        collection.delete_many(doc! {}).await.unwrap();
+        collection
+            .insert_one(doc! { "_id": lock.name(), "lockId": "x", "expiresAt": expires_at.clone(), "fencingToken": token.clone() })
+            .await
+            .unwrap();
+        // Documented: an expired (or unreadable) lease is taken over, and the new token is a
+        // long above both the old value (read as 0 when it is not a number) and server ms × 1000.
+        let guard = lock.try_acquire().await.unwrap().unwrap_or_else(|| {
+            panic!("acquirable with fencingToken {token} and expiresAt {expires_at}")
+        });
+        let stored = common::lock_document(&collection, lock.name())
+            .await
+            .unwrap();
+        assert!(
+            matches!(stored.get("fencingToken"), Some(Bson::Int64(_))),
+            "{stored}"
+        );
+        assert_eq!(
+            stored.get_i64("fencingToken").unwrap(),
+            guard.fencing_token().get()
+        );
+        assert!(
+            guard.fencing_token().get() > DateTime::now().timestamp_millis() * 1000 - 60_000_000
+        );
+        guard.release().await.unwrap();
+    }
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+}

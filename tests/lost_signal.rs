@@ -1,0 +1,120 @@
+//! When `lost` fires: on a deleted or taken-over document within cadence + 1 s; on a blackholed
+//! connection strictly before the server-side expiry (measured against the server's clock);
+//! never while renewals merely suffer latency the lease can absorb.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::proxy::{self, Fault};
+use distributed_lock_mongodb::{LockOptions, MongoDistributedLock};
+use mongodb::bson::{Document, doc};
+
+fn options(expiry_ms: u64, cadence_ms: u64) -> LockOptions {
+    common::options(expiry_ms, cadence_ms)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_or_taken_over_documents_are_noticed_within_cadence_plus_one_second() {
+    let cadence = Duration::from_millis(400);
+    for takeover in [false, true] {
+        let (lock, collection) = common::fresh_lock("gone", options(4_000, 400)).await;
+        let guard = lock.acquire().await.unwrap();
+        let mut lost = guard.lost();
+        let filter = doc! { "_id": lock.name() };
+        if takeover {
+            collection
+                .update_one(filter, doc! { "$set": { "lockId": "someone-else" } })
+                .await
+                .unwrap();
+        } else {
+            collection.delete_one(filter).await.unwrap();
+        }
+        let changed = Instant::now();
+        tokio::time::timeout(
+            cadence + Duration::from_secs(1),
+            lost.wait_for(|lost| *lost),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("lost within cadence + 1 s (takeover: {takeover})"))
+        .unwrap();
+        println!("takeover={takeover}: lost after {:?}", changed.elapsed());
+        assert!(guard.release().await.unwrap_err().is_lock_lost());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_holder_sees_lost_before_the_server_side_expiry() {
+    const TRIALS: usize = 20;
+    let expiry = Duration::from_millis(1_500);
+    let (proxy, client) = proxy::proxied_client().await;
+    let locks = client.database(common::DATABASE);
+    let control = common::database().await;
+    let collection_name = common::unique("locks");
+    let collection = control.collection::<Document>(&collection_name);
+
+    let mut margins = Vec::new();
+    for trial in 0..TRIALS {
+        proxy.set(Fault::Pass);
+        let lock = MongoDistributedLock::new(common::unique("blackhole"), &locks)
+            .with_collection(collection_name.as_str())
+            .with_options(options(1_500, 300));
+        let guard = lock.acquire_timeout(Duration::from_secs(10)).await.unwrap();
+        let mut lost = guard.lost();
+        // Vary where in the renewal cycle the partition starts.
+        tokio::time::sleep(Duration::from_millis(37 * trial as u64 % 300)).await;
+        proxy.set(Fault::Blackhole);
+        tokio::time::timeout(expiry + Duration::from_secs(2), lost.wait_for(|lost| *lost))
+            .await
+            .expect("lost fires while blackholed")
+            .unwrap();
+        let (now, expires_at) = common::server_now_and_expiry(&collection, lock.name()).await;
+        let expires_at = expires_at.expect("the lease must still exist when lost fires");
+        let margin = expires_at.timestamp_millis() - now.timestamp_millis();
+        assert!(
+            margin > 0,
+            "trial {trial}: lost fired {}ms after the server-side expiry",
+            -margin
+        );
+        margins.push(margin);
+
+        proxy.set(Fault::Pass);
+        proxy.cut_connections();
+        assert!(
+            guard.release().await.is_err(),
+            "a lost lock's release reports an error"
+        );
+    }
+    margins.sort_unstable();
+    println!(
+        "blackhole: {TRIALS} trials, margin before server-side expiry: min {} ms, median {} ms, max {} ms",
+        margins[0],
+        margins[TRIALS / 2],
+        margins[TRIALS - 1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_the_lease_can_absorb_never_loses_the_lock() {
+    // expiry 2 s, cadence 500 ms, margin 20 ms: renewals tolerate round trips below 1.48 s.
+    let (proxy, client) = proxy::proxied_client().await;
+    let collection_name = common::unique("locks");
+    let lock =
+        MongoDistributedLock::new(common::unique("slow"), &client.database(common::DATABASE))
+            .with_collection(collection_name.as_str())
+            .with_options(options(2_000, 500));
+    let guard = lock.acquire().await.unwrap();
+    proxy.set(Fault::Latency(Duration::from_millis(300))); // 600 ms round trips
+    let control = common::database()
+        .await
+        .collection::<Document>(&collection_name);
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!guard.is_lost(), "lost under latency the lease can absorb");
+        let (now, expires_at) = common::server_now_and_expiry(&control, lock.name()).await;
+        assert!(expires_at.expect("held") > now);
+    }
+    proxy.set(Fault::Pass);
+    guard.release().await.unwrap();
+}
