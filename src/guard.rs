@@ -2,27 +2,27 @@
 
 use std::sync::Arc;
 
-use tokio::runtime::Handle;
-use tokio::sync::{oneshot, watch};
-use tokio::time::Instant;
+use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::lease::{Lease, ReleaseReply};
 use crate::lock::LockInner;
+use crate::renewal::Command;
 use crate::{Error, FencingToken, Result};
 
 /// Proof that the lock is held; returned by the `acquire*` methods of
 /// [`MongoDistributedLock`](crate::MongoDistributedLock).
 ///
-/// While the guard lives, a background task renews the lease every
-/// [`extension_cadence`](crate::LockOptions::extension_cadence). If the lease cannot be renewed
-/// (the document was deleted or taken over, or no renewal was confirmed in time) the [`lost`]
-/// channel turns `true` — before the lease ends on the server, so before anyone else can acquire
-/// the lock (see the crate docs for the assumptions). Stop touching the protected resource when
-/// that happens.
+/// While the guard lives, the lease is renewed every
+/// [`extension_cadence`](crate::LockOptions::extension_cadence) (by a renewal loop shared with
+/// the other guards of the same provider, one command per cadence for all of them). If the lease
+/// cannot be renewed (the document was deleted or taken over, or no renewal was confirmed in time)
+/// the [`lost`] channel turns `true` — before the lease ends on the server, so before anyone else
+/// can acquire the lock (see the crate docs for the assumptions). Stop touching the protected
+/// resource when that happens.
 ///
 /// Release the lock with [`release`](Self::release). Dropping the guard releases it in the
-/// background on the runtime it was acquired on; if that runtime has shut down, the lease simply
-/// expires after `expiry`. A service that is shutting down should therefore release explicitly.
+/// background on the runtime it was acquired on (it only sends a message: no blocking, works off
+/// the runtime); if that runtime has shut down, the lease simply expires after `expiry`. A
+/// service that is shutting down should therefore release explicitly.
 ///
 /// Locks are not re-entrant: acquiring the same name again while holding this guard waits like
 /// any other caller.
@@ -33,37 +33,27 @@ use crate::{Error, FencingToken, Result};
 #[derive(Debug)]
 pub struct LockGuard {
     lock: Arc<LockInner>,
+    /// `None` once a release was requested.
+    lock_id: Option<String>,
     fencing_token: FencingToken,
     lost: watch::Receiver<bool>,
-    /// Sending asks the lease task to release and answer; dropping asks it to release anyway.
-    stop: oneshot::Sender<ReleaseReply>,
+    renewals: mpsc::UnboundedSender<Command>,
 }
 
 impl LockGuard {
-    /// Starts the lease task for a freshly acquired lock.
-    pub(crate) fn start(
-        runtime: &Handle,
+    pub(crate) fn new(
         lock: Arc<LockInner>,
         lock_id: String,
-        request_sent_at: Instant,
         fencing_token: FencingToken,
+        lost: watch::Receiver<bool>,
+        renewals: mpsc::UnboundedSender<Command>,
     ) -> Self {
-        let (lost_sender, lost) = watch::channel(false);
-        let (stop, stop_requests) = oneshot::channel();
-        let lease = Lease {
-            runtime: runtime.clone(),
-            lock: Arc::clone(&lock),
-            lock_id,
-            confirmed_at: request_sent_at,
-            lost: lost_sender,
-            unanswered: None,
-        };
-        runtime.spawn(lease.run(stop_requests));
         LockGuard {
             lock,
+            lock_id: Some(lock_id),
             fencing_token,
             lost,
-            stop,
+            renewals,
         }
     }
 
@@ -80,8 +70,9 @@ impl LockGuard {
 
     /// A channel whose value is `false` until the lock is known or presumed lost, then `true`.
     ///
-    /// Await `changed()` on it in a `tokio::select!` next to the work the lock protects. After
-    /// the guard is released or dropped the channel closes, keeping its last value.
+    /// Await `changed()` or `wait_for(|lost| *lost)` on it in a `tokio::select!` next to the work
+    /// the lock protects. After the guard is released or dropped the channel closes, keeping its
+    /// last value.
     pub fn lost(&self) -> watch::Receiver<bool> {
         self.lost.clone()
     }
@@ -93,7 +84,8 @@ impl LockGuard {
 
     /// Stops renewing and releases the lock: one update, filtered on this acquisition's lock id,
     /// that ends the lease now. The document stays (the TTL index removes it later) so the next
-    /// acquisition's fencing token is larger.
+    /// acquisition's fencing token is larger. The longest-waiting caller of `acquire*` for the
+    /// same lock in this process is woken at once.
     ///
     /// # Errors
     /// - [`Error::LockLost`] if the lock had been lost before the release (the update is still
@@ -103,15 +95,34 @@ impl LockGuard {
     /// - [`Error::BackgroundTaskEnded`] if the runtime the lock was acquired on has shut down.
     ///
     /// # Cancel safety
-    /// Cancel safe: the release is carried out by the lease's background task, which finishes it
-    /// even if this future is dropped.
-    pub async fn release(self) -> Result<()> {
+    /// Cancel safe: the release is carried out by a background task, which finishes it even if
+    /// this future is dropped.
+    pub async fn release(mut self) -> Result<()> {
         let (reply, answer) = oneshot::channel();
-        if self.stop.send(reply).is_err() {
+        let Some(lock_id) = self.lock_id.take() else {
+            return Err(Error::BackgroundTaskEnded("release"));
+        };
+        let request = Command::Release {
+            lock_id,
+            reply: Some(reply),
+        };
+        if self.renewals.send(request).is_err() {
             return Err(Error::BackgroundTaskEnded("lease"));
         }
         answer
             .await
             .unwrap_or(Err(Error::BackgroundTaskEnded("release")))
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(lock_id) = self.lock_id.take() {
+            // If the renewal loop is gone (its runtime shut down), the lease expires by itself.
+            let _ = self.renewals.send(Command::Release {
+                lock_id,
+                reply: None,
+            });
+        }
     }
 }

@@ -6,10 +6,11 @@ mod backoff;
 mod error;
 mod fencing;
 mod guard;
-mod lease;
+mod handoff;
 mod lock;
 mod options;
 mod provider;
+mod renewal;
 mod schema;
 mod ttl_index;
 

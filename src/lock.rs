@@ -7,12 +7,14 @@ use mongodb::bson::{Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, timeout_at};
 use tracing::Instrument;
 
 use crate::backoff;
 use crate::error::{is_duplicate_key, shown_name};
+use crate::handoff;
+use crate::renewal::{Lease, RenewalHub};
 use crate::schema::{self, AttemptReply};
 use crate::ttl_index;
 use crate::{Error, FencingToken, LockGuard, LockOptions, Result};
@@ -51,18 +53,25 @@ pub(crate) struct LockInner {
     pub(crate) database: Database,
     pub(crate) collection: Collection<Document>,
     pub(crate) options: LockOptions,
+    /// The renewal loops, shared with the locks of the same provider.
+    pub(crate) renewals: Arc<RenewalHub>,
+    /// This lock's queue of in-process waiters.
+    pub(crate) waiters: handoff::Key,
 }
 
 impl MongoDistributedLock {
     /// A lock called `name` in `database`'s `distributed_locks` collection, with default
     /// options. The name is the document's `_id`, verbatim and case-sensitive; any string works.
     pub fn new(name: impl Into<String>, database: &Database) -> Self {
+        let name = name.into();
         MongoDistributedLock {
             inner: Arc::new(LockInner {
-                name: name.into(),
+                waiters: handoff::key(database.name(), DEFAULT_COLLECTION, &name),
+                name,
                 database: database.clone(),
                 collection: database.collection(DEFAULT_COLLECTION),
                 options: LockOptions::default(),
+                renewals: Arc::default(),
             }),
         }
     }
@@ -71,7 +80,15 @@ impl MongoDistributedLock {
     /// reported by the first `acquire*` call ([`Error::InvalidCollectionName`]).
     pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
         let inner = Arc::make_mut(&mut self.inner);
-        inner.collection = inner.database.collection(&collection.into());
+        let collection = collection.into();
+        inner.waiters = handoff::key(inner.database.name(), &collection, &inner.name);
+        inner.collection = inner.database.collection(&collection);
+        self
+    }
+
+    /// Shares `renewals` (a provider's) instead of this lock's own renewal loops.
+    pub(crate) fn with_renewals(mut self, renewals: &Arc<RenewalHub>) -> Self {
+        Arc::make_mut(&mut self.inner).renewals = Arc::clone(renewals);
         self
     }
 
@@ -199,16 +216,31 @@ impl MongoDistributedLock {
         validate_collection_name(self.inner.collection.name())?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let mut failed_attempts = 0_u32;
+        // Joined after the first failed attempt: a release in this process wakes us at once.
+        let mut ticket: Option<handoff::Ticket> = None;
         loop {
             if let Some(guard) = self.attempt(&runtime, deadline).await? {
+                if let Some(ticket) = ticket {
+                    ticket.leave_with_lock();
+                }
                 return Ok(Some(guard));
             }
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return Ok(None);
             }
-            let sleep = backoff::sleep_time(&self.inner.options, failed_attempts, rand::random());
-            tokio::time::sleep(backoff::sleep_until_deadline(sleep, now, deadline)).await;
+            let ticket = ticket.get_or_insert_with(|| handoff::Ticket::join(&self.inner.waiters));
+            // Only the first local waiter polls at the busy-wait pace; the others are woken by
+            // local releases in turn and poll at the slowest pace as a safety net.
+            let sleep = if ticket.is_first() {
+                backoff::sleep_time(&self.inner.options, failed_attempts, rand::random())
+            } else {
+                self.inner.options.busy_wait_sleep_time().1
+            };
+            tokio::select! {
+                () = tokio::time::sleep(backoff::sleep_until_deadline(sleep, now, deadline)) => {}
+                () = ticket.woken() => {}
+            }
             failed_attempts = failed_attempts.saturating_add(1);
         }
     }
@@ -260,12 +292,23 @@ async fn run_attempt(
     let outcome = match result {
         Ok(Some(document)) => match schema::read_attempt_reply(&document, &lock_id) {
             AttemptReply::Acquired(token) => {
-                let guard = LockGuard::start(
-                    &runtime,
+                let (lost_sender, lost) = watch::channel(false);
+                let lease = Lease {
+                    name: lock.name.clone(),
+                    lock_id: lock_id.clone(),
+                    confirmed_at: sent_at,
+                    lost: lost_sender,
+                    waiters: Arc::clone(&lock.waiters),
+                };
+                let renewals = lock
+                    .renewals
+                    .hold(&runtime, &lock.collection, &lock.options, lease);
+                let guard = LockGuard::new(
                     Arc::clone(&lock),
                     lock_id,
-                    sent_at,
                     FencingToken::new(token.unwrap_or_default()),
+                    lost,
+                    renewals,
                 );
                 ttl_index::ensure(&runtime, &lock.collection);
                 let options = &lock.options;

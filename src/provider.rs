@@ -1,15 +1,20 @@
 //! Hands out named locks that share a collection and options.
 
+use std::sync::Arc;
+
 use mongodb::Database;
 
 use crate::lock::DEFAULT_COLLECTION;
+use crate::renewal::RenewalHub;
 use crate::{LockOptions, MongoDistributedLock};
 
 /// A factory of locks for dependency-injection style applications: configure the database,
 /// collection and options once, then create locks by name wherever they are needed.
 ///
-/// Clone + Send + Sync. The TTL index on the collection is created once per process, after the
-/// first successful acquisition (shared with locks created directly).
+/// Clone + Send + Sync. The guards of all locks created by one provider (and its clones) share a
+/// renewal loop per Tokio runtime: holding a thousand locks costs one renewal command per
+/// cadence, not a thousand. The TTL index on the collection is created once per process, after
+/// the first successful acquisition (shared with locks created directly).
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
@@ -26,6 +31,7 @@ pub struct Provider {
     database: Database,
     collection: String,
     options: LockOptions,
+    renewals: Arc<RenewalHub>,
 }
 
 impl Provider {
@@ -35,6 +41,7 @@ impl Provider {
             database: database.clone(),
             collection: DEFAULT_COLLECTION.to_owned(),
             options: LockOptions::default(),
+            renewals: Arc::default(),
         }
     }
 
@@ -55,5 +62,6 @@ impl Provider {
         MongoDistributedLock::new(name, &self.database)
             .with_collection(self.collection.as_str())
             .with_options(self.options.clone())
+            .with_renewals(&self.renewals)
     }
 }

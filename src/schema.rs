@@ -57,12 +57,12 @@ fn lease_end(expiry_millis: i64) -> Bson {
     Bson::Document(doc! { "$add": ["$$NOW", expiry_millis] })
 }
 
-/// Matches our lease only while it is live, so a late renewal never revives an expired lease
-/// that somebody else may already have taken.
-pub(crate) fn renew_filter(name: &str, lock_id: &str) -> Document {
+/// Matches those of several leases that are still ours and live: lock ids are unique per
+/// acquisition, so `_id ∈ names` and `lockId ∈ ids` together match exactly our leases.
+pub(crate) fn renew_many_filter(names: &[String], lock_ids: &[String]) -> Document {
     doc! {
-        ID: name,
-        LOCK_ID: lock_id,
+        ID: { "$in": names },
+        LOCK_ID: { "$in": lock_ids },
         "$expr": { "$gt": [format!("${EXPIRES_AT}"), "$$NOW"] },
     }
 }

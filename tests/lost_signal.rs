@@ -45,45 +45,52 @@ async fn deleted_or_taken_over_documents_are_noticed_within_cadence_plus_one_sec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_holder_sees_lost_before_the_server_side_expiry() {
+    // 20 holders, each with its own lease (and renewal loop), acquired 100 ms apart so their
+    // renewal phases differ; then one partition cuts them all off. Expiry 3 s: margin 30 ms.
     const TRIALS: usize = 20;
-    let expiry = Duration::from_millis(1_500);
+    let expiry = Duration::from_secs(3);
     let (proxy, client) = proxy::proxied_client().await;
     let locks = client.database(common::DATABASE);
     let control = common::database().await;
     let collection_name = common::unique("locks");
     let collection = control.collection::<Document>(&collection_name);
 
-    let mut margins = Vec::new();
-    for trial in 0..TRIALS {
-        proxy.set(Fault::Pass);
+    let mut holders = Vec::new();
+    for _ in 0..TRIALS {
         let lock = MongoDistributedLock::new(common::unique("blackhole"), &locks)
             .with_collection(collection_name.as_str())
-            .with_options(options(1_500, 300));
+            .with_options(options(3_000, 1_000));
         let guard = lock.acquire_timeout(Duration::from_secs(10)).await.unwrap();
-        let mut lost = guard.lost();
-        // Vary where in the renewal cycle the partition starts.
-        tokio::time::sleep(Duration::from_millis(37 * trial as u64 % 300)).await;
-        proxy.set(Fault::Blackhole);
-        tokio::time::timeout(expiry + Duration::from_secs(2), lost.wait_for(|lost| *lost))
-            .await
-            .expect("lost fires while blackholed")
-            .unwrap();
-        let (now, expires_at) = common::server_now_and_expiry(&collection, lock.name()).await;
-        let expires_at = expires_at.expect("the lease must still exist when lost fires");
-        let margin = expires_at.timestamp_millis() - now.timestamp_millis();
+        holders.push((lock, guard));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.set(Fault::Blackhole);
+    let watchers: Vec<_> = holders
+        .iter()
+        .map(|(lock, guard)| {
+            let (mut lost, name, collection) =
+                (guard.lost(), lock.name().to_owned(), collection.clone());
+            tokio::spawn(async move {
+                tokio::time::timeout(expiry + Duration::from_secs(2), lost.wait_for(|lost| *lost))
+                    .await
+                    .expect("lost fires while blackholed")
+                    .unwrap();
+                // Read the server's clock at once; the read's own latency only shrinks the margin.
+                let (now, expires_at) = common::server_now_and_expiry(&collection, &name).await;
+                let expires_at = expires_at.expect("the lease must still exist when lost fires");
+                expires_at.timestamp_millis() - now.timestamp_millis()
+            })
+        })
+        .collect();
+    let mut margins = Vec::new();
+    for (trial, watcher) in watchers.into_iter().enumerate() {
+        let margin = watcher.await.unwrap();
         assert!(
             margin > 0,
             "trial {trial}: lost fired {}ms after the server-side expiry",
             -margin
         );
         margins.push(margin);
-
-        proxy.set(Fault::Pass);
-        proxy.cut_connections();
-        assert!(
-            guard.release().await.is_err(),
-            "a lost lock's release reports an error"
-        );
     }
     margins.sort_unstable();
     println!(
@@ -92,6 +99,15 @@ async fn a_blackholed_holder_sees_lost_before_the_server_side_expiry() {
         margins[TRIALS / 2],
         margins[TRIALS - 1]
     );
+
+    proxy.set(Fault::Pass);
+    proxy.cut_connections();
+    for (_, guard) in holders {
+        assert!(
+            guard.release().await.is_err(),
+            "a lost lock's release reports an error"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ async fn the_partitioned_holder_sees_lost_before_the_next_holder_acquires() {
         let control = common::database().await;
         let collection_name = common::unique("locks");
         let name = common::unique("partition");
-        let options = common::options(1_500, 400);
+        let options = common::options(3_000, 800); // margin 30 ms
         let holder = MongoDistributedLock::new(
             name.as_str(),
             &partitioned_client.database(common::DATABASE),

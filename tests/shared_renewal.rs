@@ -1,0 +1,81 @@
+//! One renewal loop per provider and runtime: holding many locks costs one command per cadence,
+//! and losses are still detected lock by lock.
+
+mod common;
+
+use std::time::Duration;
+
+use distributed_lock_mongodb::Provider;
+use mongodb::bson::{Document, doc};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_held_locks_cost_one_renewal_command_per_cadence() {
+    const LOCKS: usize = 1_000;
+    let (database, commands) = common::counting_database().await;
+    let collection = common::unique("locks");
+    let provider = Provider::new(&database)
+        .with_collection(collection.as_str())
+        // A slow cadence: the embedded server needs over a second for one update_many over a
+        // thousand documents (a real server takes milliseconds).
+        .with_options(common::options(30_000, 5_000));
+    let mut guards = Vec::with_capacity(LOCKS);
+    for i in 0..LOCKS {
+        guards.push(
+            provider
+                .create_lock(format!("entity-{i}"))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+
+    commands.clear();
+    let window = Duration::from_secs(10);
+    tokio::time::sleep(window).await;
+    let renewals = commands.count("update");
+    let others: Vec<String> = commands
+        .started()
+        .into_iter()
+        .filter(|c| c != "update")
+        .collect();
+    println!("holding {LOCKS} locks for {window:?} at a 5 s cadence: {renewals} renewal commands");
+    // 10 s / 5 s = 2 cadences (3 if the window straddles one more tick); one lease per command
+    // would be thousands.
+    assert!((1..=3).contains(&renewals), "{renewals} renewal commands");
+    assert!(others.is_empty(), "only renewals while holding: {others:?}");
+    assert!(guards.iter().all(|guard| !guard.is_lost()));
+
+    let control = common::database().await.collection::<Document>(&collection);
+    let (now, expires_at) = common::server_now_and_expiry(&control, "entity-999").await;
+    assert!(expires_at.unwrap() > now, "the last lock's lease is live");
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_lock_whose_document_vanished_is_lost() {
+    let database = common::database().await;
+    let collection = common::unique("locks");
+    let provider = Provider::new(&database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(3_000, 300));
+    let kept = provider.create_lock("kept").acquire().await.unwrap();
+    let doomed = provider.create_lock("doomed").acquire().await.unwrap();
+    let also_kept = provider.create_lock("also-kept").acquire().await.unwrap();
+    database
+        .collection::<Document>(&collection)
+        .delete_one(doc! { "_id": "doomed" })
+        .await
+        .unwrap();
+    let mut lost = doomed.lost();
+    tokio::time::timeout(Duration::from_secs(2), lost.wait_for(|lost| *lost))
+        .await
+        .expect("the deleted lock is lost within a cadence or two")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await; // two more renewals
+    assert!(!kept.is_lost() && !also_kept.is_lost());
+    assert!(doomed.release().await.unwrap_err().is_lock_lost());
+    kept.release().await.unwrap();
+    also_kept.release().await.unwrap();
+}
