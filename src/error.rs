@@ -44,6 +44,19 @@ pub enum Error {
     #[error("invalid lock options: {0}")]
     InvalidOptions(String),
 
+    /// An argument is unusable (an update that is not made of update operators or touches the
+    /// lock field, a lock field name MongoDB cannot address, a document that does not
+    /// serialize). The message says which; nothing was written.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// No document matches the filter given to a [`DocumentLock`](crate::DocumentLock).
+    #[error("no document in {collection:?} matches the filter")]
+    DocumentNotFound {
+        /// The collection searched.
+        collection: String,
+    },
+
     /// The collection name cannot hold locks: MongoDB would reject it.
     #[error("invalid collection name {collection:?}: {reason}")]
     InvalidCollectionName {
@@ -93,12 +106,14 @@ impl Error {
         matches!(self, Error::LockLost { .. })
     }
 
-    /// Whether the configuration is at fault ([`Error::InvalidOptions`] or
-    /// [`Error::InvalidCollectionName`]).
+    /// Whether the caller's input is at fault ([`Error::InvalidOptions`],
+    /// [`Error::InvalidArgument`] or [`Error::InvalidCollectionName`]).
     pub fn is_invalid_input(&self) -> bool {
         matches!(
             self,
-            Error::InvalidOptions(_) | Error::InvalidCollectionName { .. }
+            Error::InvalidOptions(_)
+                | Error::InvalidArgument(_)
+                | Error::InvalidCollectionName { .. }
         )
     }
 }

@@ -3,7 +3,9 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 mod backoff;
+mod document_lock;
 mod error;
+mod fence;
 mod fencing;
 mod guard;
 mod handoff;
@@ -13,8 +15,11 @@ mod provider;
 mod renewal;
 mod schema;
 mod ttl_index;
+mod waiting;
 
+pub use document_lock::{DEFAULT_LOCK_FIELD, DocumentGuard, DocumentLock};
 pub use error::{Error, Result};
+pub use fence::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome};
 pub use fencing::FencingToken;
 pub use guard::LockGuard;
 pub use lock::{DEFAULT_COLLECTION, MongoDistributedLock};
@@ -33,6 +38,9 @@ fn _assert_send_sync() {
     send_sync::<LockOptions>();
     send_sync::<Error>();
     send_sync::<FencingToken>();
+    send_sync::<DocumentLock<mongodb::bson::Document>>();
+    send_sync::<DocumentGuard<mongodb::bson::Document>>();
+    send_sync::<Fence>();
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
         send(&lock.acquire());
@@ -42,4 +50,21 @@ fn _assert_send_sync() {
         send(&guard.release());
     }
     let _ = futures;
+
+    fn document_futures(
+        lock: &DocumentLock<mongodb::bson::Document>,
+        guard: DocumentGuard<mongodb::bson::Document>,
+        fence: &Fence,
+        collection: &mongodb::Collection<mongodb::bson::Document>,
+    ) {
+        let filter = mongodb::bson::Document::new;
+        send(&lock.lock(filter()));
+        send(&lock.try_lock(filter()));
+        send(&lock.lock_timeout(filter(), std::time::Duration::ZERO));
+        send(&lock.try_lock_timeout(filter(), std::time::Duration::ZERO));
+        send(&lock.lock_or_insert(1, filter()));
+        send(&fence.update_one(collection, filter(), filter(), guard.fencing_token()));
+        send(&guard.commit(filter()));
+    }
+    let _ = document_futures;
 }

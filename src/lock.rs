@@ -7,20 +7,18 @@ use mongodb::bson::{Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
-use tokio::sync::{oneshot, watch};
-use tokio::time::{Instant, timeout_at};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backoff;
 use crate::error::{is_duplicate_key, shown_name};
 use crate::handoff;
 use crate::renewal::{Lease, RenewalHub};
-use crate::schema::{self, AttemptReply};
+use crate::schema::{self, AttemptReply, Layout};
 use crate::ttl_index;
+use crate::waiting;
 use crate::{Error, FencingToken, LockGuard, LockOptions, Result};
-
-/// The `operation` of an [`Error::Timeout`] when an acquisition attempt got no reply in time.
-const NO_REPLY: &str = "acquisition attempt (no reply from MongoDB)";
 
 /// The default collection, shared with DistributedLock.MongoDB.
 pub const DEFAULT_COLLECTION: &str = "distributed_locks";
@@ -215,68 +213,17 @@ impl MongoDistributedLock {
     async fn attempt_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
         validate_collection_name(self.inner.collection.name())?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        let mut failed_attempts = 0_u32;
-        // Joined after the first failed attempt: a release in this process wakes us at once.
-        let mut ticket: Option<handoff::Ticket> = None;
-        loop {
-            if let Some(guard) = self.attempt(&runtime, deadline).await? {
-                if let Some(ticket) = ticket {
-                    ticket.leave_with_lock();
-                }
-                return Ok(Some(guard));
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|deadline| now >= deadline) {
-                return Ok(None);
-            }
-            let ticket = ticket.get_or_insert_with(|| handoff::Ticket::join(&self.inner.waiters));
-            // Only the first local waiter polls at the busy-wait pace; the others are woken by
-            // local releases in turn and poll at the slowest pace as a safety net.
-            let sleep = if ticket.is_first() {
-                backoff::sleep_time(&self.inner.options, failed_attempts, rand::random())
-            } else {
-                self.inner.options.busy_wait_sleep_time().1
-            };
-            tokio::select! {
-                () = tokio::time::sleep(backoff::sleep_until_deadline(sleep, now, deadline)) => {}
-                () = ticket.woken() => {}
-            }
-            failed_attempts = failed_attempts.saturating_add(1);
-        }
-    }
-
-    /// One attempt, run in its own task; `Ok(None)` if the lock is busy.
-    async fn attempt(
-        &self,
-        runtime: &Handle,
-        deadline: Option<Instant>,
-    ) -> Result<Option<LockGuard>> {
-        let started = Instant::now();
-        let (reply, outcome) = oneshot::channel();
-        runtime.spawn(run_attempt(Arc::clone(&self.inner), runtime.clone(), reply));
-        let limit = backoff::attempt_wait_limit(started, deadline, self.inner.options.expiry());
-        match timeout_at(limit, outcome).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(Error::BackgroundTaskEnded("acquire attempt")),
-            // No reply is not "busy": report it, whatever the caller's deadline.
-            Err(_elapsed) => Err(Error::Timeout {
-                operation: NO_REPLY,
-                name: self.inner.name.clone(),
-                waited: started.elapsed(),
-            }),
-        }
+        let inner = &self.inner;
+        waiting::retry(&inner.options, deadline, Some(&inner.waiters), || {
+            let attempt = run_attempt(Arc::clone(inner), runtime.clone());
+            waiting::spawned_attempt(&runtime, deadline, &inner.options, &inner.name, attempt)
+        })
+        .await
     }
 }
 
-/// Sends one acquisition attempt and hands the outcome to `reply`.
-///
-/// If the caller stopped waiting, the guard of a won lock comes back from `send` (or is dropped
-/// with the channel) and its drop releases the lock: nothing stays held until expiry.
-async fn run_attempt(
-    lock: Arc<LockInner>,
-    runtime: Handle,
-    reply: oneshot::Sender<Result<Option<LockGuard>>>,
-) {
+/// One acquisition attempt: `Ok(None)` if the lock is busy.
+async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<LockGuard>> {
     let lock_id = uuid::Uuid::new_v4().simple().to_string();
     let sent_at = Instant::now();
     let result = lock
@@ -289,20 +236,25 @@ async fn run_attempt(
         .return_document(ReturnDocument::After)
         .write_concern(lock.options.write_concern().clone())
         .await;
-    let outcome = match result {
+    match result {
         Ok(Some(document)) => match schema::read_attempt_reply(&document, &lock_id) {
             AttemptReply::Acquired(token) => {
                 let (lost_sender, lost) = watch::channel(false);
                 let lease = Lease {
+                    id: lock.name.as_str().into(),
                     name: lock.name.clone(),
                     lock_id: lock_id.clone(),
                     confirmed_at: sent_at,
                     lost: lost_sender,
-                    waiters: Arc::clone(&lock.waiters),
+                    waiters: Some(Arc::clone(&lock.waiters)),
                 };
-                let renewals = lock
-                    .renewals
-                    .hold(&runtime, &lock.collection, &lock.options, lease);
+                let renewals = lock.renewals.hold(
+                    &runtime,
+                    &lock.collection,
+                    &Layout::LockDocument,
+                    &lock.options,
+                    lease,
+                );
                 let guard = LockGuard::new(
                     Arc::clone(&lock),
                     lock_id,
@@ -334,8 +286,7 @@ async fn run_attempt(
         // Two concurrent upserts of a new name that the server did not retry: the other won.
         Err(error) if is_duplicate_key(&error) => Ok(None),
         Err(error) => Err(Error::Mongo(error)),
-    };
-    let _ = reply.send(outcome);
+    }
 }
 
 /// Rejects collection names MongoDB would refuse, before anything is sent.

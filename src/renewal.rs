@@ -27,7 +27,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use mongodb::bson::{Document, doc};
+use mongodb::bson::{Bson, Document, doc};
 use mongodb::{Collection, Namespace};
 use tokio::runtime::{self, Handle};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -36,7 +36,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::error::shown_name;
 use crate::handoff;
-use crate::schema;
+use crate::schema::Layout;
 use crate::{Error, LockOptions, Result};
 
 /// Where the answer to a release request goes.
@@ -52,18 +52,23 @@ pub(crate) enum Command {
         lock_id: String,
         reply: Option<ReleaseReply>,
     },
+    /// Forget the lease: its guard ended it itself (a document lock's commit).
+    Forget { lock_id: String },
 }
 
 /// A held lease, as its renewal loop tracks it.
 #[derive(Debug)]
 pub(crate) struct Lease {
+    /// The `_id` of the document holding the lease.
+    pub(crate) id: Bson,
+    /// How the lock is named in messages.
     pub(crate) name: String,
     pub(crate) lock_id: String,
     /// When the last confirmed acquire or renew request was sent.
     pub(crate) confirmed_at: Instant,
     pub(crate) lost: watch::Sender<bool>,
     /// Identifies the lock's in-process waiters, to wake one on release.
-    pub(crate) waiters: handoff::Key,
+    pub(crate) waiters: Option<handoff::Key>,
 }
 
 impl Lease {
@@ -83,6 +88,7 @@ impl Lease {
 struct LoopKey {
     runtime: runtime::Id,
     namespace: Namespace,
+    layout: Layout,
     expiry: Duration,
     cadence: Duration,
     /// `WriteConcern` is not `Hash`; its debug form identifies it.
@@ -108,12 +114,14 @@ impl RenewalHub {
         &self,
         runtime: &Handle,
         collection: &Collection<Document>,
+        layout: &Layout,
         options: &LockOptions,
         lease: Lease,
     ) -> mpsc::UnboundedSender<Command> {
         let key = LoopKey {
             runtime: runtime.id(),
             namespace: collection.namespace(),
+            layout: layout.clone(),
             expiry: options.expiry(),
             cadence: options.extension_cadence(),
             write_concern: format!("{:?}", options.write_concern()),
@@ -127,6 +135,7 @@ impl RenewalHub {
             let renewals = RenewalLoop {
                 runtime: runtime.clone(),
                 collection: collection.clone(),
+                layout: layout.clone(),
                 options: options.clone(),
                 leases: HashMap::new(),
                 next_renewal: Instant::now(),
@@ -157,6 +166,7 @@ enum Renewed {
 struct RenewalLoop {
     runtime: Handle,
     collection: Collection<Document>,
+    layout: Layout,
     options: LockOptions,
     /// By lock id.
     leases: HashMap<String, Lease>,
@@ -222,16 +232,18 @@ impl RenewalLoop {
                 }
                 self.leases.insert(lease.lock_id.clone(), lease);
             }
+            Command::Forget { lock_id } => {
+                self.leases.remove(&lock_id);
+            }
             Command::Release { lock_id, reply } => match self.leases.remove(&lock_id) {
                 Some(lease) => {
-                    let runtime = self.runtime.clone();
-                    self.runtime.spawn(release(
-                        runtime,
-                        self.collection.clone(),
-                        self.options.clone(),
-                        lease,
-                        reply,
-                    ));
+                    let context = ReleaseContext {
+                        runtime: self.runtime.clone(),
+                        collection: self.collection.clone(),
+                        layout: self.layout.clone(),
+                        options: self.options.clone(),
+                    };
+                    self.runtime.spawn(release(context, lease, reply));
                 }
                 None => {
                     if let Some(reply) = reply {
@@ -243,19 +255,19 @@ impl RenewalLoop {
     }
 
     fn start_renewal(&mut self) -> Renewal {
-        let (names, lock_ids): (Vec<String>, Vec<String>) = self
+        let (ids, lock_ids): (Vec<Bson>, Vec<String>) = self
             .leases
             .values()
             .filter(|lease| !lease.is_lost())
-            .map(|lease| (lease.name.clone(), lease.lock_id.clone()))
+            .map(|lease| (lease.id.clone(), lease.lock_id.clone()))
             .unzip();
         let sent_at = Instant::now();
-        let collection = self.collection.clone();
+        let (collection, layout) = (self.collection.clone(), self.layout.clone());
         let options = self.options.clone();
-        let ids = lock_ids.clone();
+        let renewing = lock_ids.clone();
         let call = self
             .runtime
-            .spawn(async move { renew(&collection, &options, names, ids).await });
+            .spawn(async move { renew(&collection, &layout, &options, &ids, &renewing).await });
         Renewal {
             sent_at,
             lock_ids,
@@ -317,16 +329,14 @@ impl RenewalLoop {
 /// match does a second command find out which.
 async fn renew(
     collection: &Collection<Document>,
+    layout: &Layout,
     options: &LockOptions,
-    names: Vec<String>,
-    lock_ids: Vec<String>,
+    ids: &[Bson],
+    lock_ids: &[String],
 ) -> mongodb::error::Result<Renewed> {
-    let filter = schema::renew_many_filter(&names, &lock_ids);
+    let filter = layout.renew_many_filter(ids, lock_ids);
     let result = collection
-        .update_many(
-            filter.clone(),
-            schema::renew_update(options.expiry_millis()),
-        )
+        .update_many(filter.clone(), layout.renew_update(options.expiry_millis()))
         .write_concern(options.write_concern().clone())
         .await?;
     if usize::try_from(result.matched_count).is_ok_and(|matched| matched == lock_ids.len()) {
@@ -335,25 +345,27 @@ async fn renew(
     // Leases just renewed are live now; the others are gone for good.
     let live = collection
         .find(filter)
-        .projection(doc! { schema::LOCK_ID: 1 })
+        .projection(doc! { layout.lock_id_path(): 1 })
         .await?
-        .try_filter_map(|document| async move {
-            Ok(document.get_str(schema::LOCK_ID).ok().map(str::to_owned))
-        })
+        .try_filter_map(
+            |document| async move { Ok(layout.read_lock_id(&document).map(str::to_owned)) },
+        )
         .try_collect()
         .await?;
     Ok(Renewed::Only(live))
 }
 
-/// Expires `lease` (never anybody else's) and keeps the document; wakes an in-process waiter.
-async fn release(
+/// What a release needs besides the lease.
+struct ReleaseContext {
     runtime: Handle,
     collection: Collection<Document>,
+    layout: Layout,
     options: LockOptions,
-    lease: Lease,
-    reply: Option<ReleaseReply>,
-) {
-    let result = send_release(&runtime, &collection, &options, &lease).await;
+}
+
+/// Expires `lease` (never anybody else's) and keeps the document; wakes an in-process waiter.
+async fn release(context: ReleaseContext, lease: Lease, reply: Option<ReleaseReply>) {
+    let result = send_release(&context, &lease).await;
     match reply {
         // The caller may have stopped waiting; the outcome is the same either way.
         Some(reply) => {
@@ -373,23 +385,25 @@ async fn release(
     }
 }
 
-async fn send_release(
-    runtime: &Handle,
-    collection: &Collection<Document>,
-    options: &LockOptions,
-    lease: &Lease,
-) -> Result<()> {
+async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
+    let ReleaseContext {
+        runtime,
+        collection,
+        layout,
+        options,
+    } = context;
     let started = Instant::now();
     // Wake the longest-waiting local waiter now: its attempt reaches the server right behind this
     // release. If it arrives first after all, it is woken again once the release is confirmed.
-    let woken = handoff::wake_first(&lease.waiters);
-    let filter = schema::release_filter(&lease.name, &lease.lock_id);
+    let woken = lease.waiters.as_ref().and_then(handoff::wake_first);
+    let filter = layout.release_filter(&lease.id, &lease.lock_id);
+    let update = layout.release_update();
     let call = {
         let collection = collection.clone();
         let write_concern = options.write_concern().clone();
         runtime.spawn(async move {
             collection
-                .update_one(filter, schema::release_update())
+                .update_one(filter, update)
                 .write_concern(write_concern)
                 .await
         })
@@ -413,8 +427,8 @@ async fn send_release(
             name: lease.name.clone(),
         });
     }
-    if let Some(woken) = woken {
-        handoff::wake_again(&lease.waiters, woken);
+    if let (Some(waiters), Some(woken)) = (&lease.waiters, woken) {
+        handoff::wake_again(waiters, woken);
     }
     Ok(())
 }

@@ -11,6 +11,8 @@ pub(crate) const LOCK_ID: &str = "lockId";
 pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
 pub(crate) const FENCING_TOKEN: &str = "fencingToken";
+/// The lock id's field inside an embedded lock.
+pub(crate) const EMBEDDED_ID: &str = "id";
 
 /// Name of the TTL index on `expiresAt`.
 pub(crate) const TTL_INDEX_NAME: &str = "expiresAt_ttl";
@@ -57,34 +59,83 @@ fn lease_end(expiry_millis: i64) -> Bson {
     Bson::Document(doc! { "$add": ["$$NOW", expiry_millis] })
 }
 
-/// Matches those of several leases that are still ours and live: lock ids are unique per
-/// acquisition, so `_id ∈ names` and `lockId ∈ ids` together match exactly our leases.
-pub(crate) fn renew_many_filter(names: &[String], lock_ids: &[String]) -> Document {
-    doc! {
-        ID: { "$in": names },
-        LOCK_ID: { "$in": lock_ids },
-        "$expr": { "$gt": [format!("${EXPIRES_AT}"), "$$NOW"] },
+/// Where a lease lives in its document.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Layout {
+    /// A document of its own in a lock collection, in DistributedLock.MongoDB's schema.
+    LockDocument,
+    /// Embedded in a business document under this field:
+    /// `{<field>: {id, expiresAt, fencingToken}}`.
+    Embedded(String),
+}
+
+impl Layout {
+    pub(crate) fn lock_id_path(&self) -> String {
+        match self {
+            Layout::LockDocument => LOCK_ID.to_owned(),
+            Layout::Embedded(field) => format!("{field}.{EMBEDDED_ID}"),
+        }
     }
-}
 
-/// Extends the lease to `$$NOW + expiry`.
-pub(crate) fn renew_update(expiry_millis: i64) -> Vec<Document> {
-    vec![doc! { "$set": { EXPIRES_AT: lease_end(expiry_millis) } }]
-}
+    pub(crate) fn expires_at_path(&self) -> String {
+        match self {
+            Layout::LockDocument => EXPIRES_AT.to_owned(),
+            Layout::Embedded(field) => format!("{field}.{EXPIRES_AT}"),
+        }
+    }
 
-/// Matches our lease whether or not it is still live: releasing an expired lease is harmless,
-/// and the `lockId` condition keeps us away from anyone else's.
-pub(crate) fn release_filter(name: &str, lock_id: &str) -> Document {
-    doc! { ID: name, LOCK_ID: lock_id }
-}
+    /// `$expr` condition: the lease is live by server time.
+    pub(crate) fn live(&self) -> Document {
+        doc! { "$gt": [format!("${}", self.expires_at_path()), "$$NOW"] }
+    }
 
-/// Ends the lease now and forgets the holder, but keeps the document (and so its fencing
-/// counter); the TTL index removes it later.
-pub(crate) fn release_update() -> Vec<Document> {
-    vec![
-        doc! { "$set": { EXPIRES_AT: "$$NOW" } },
-        doc! { "$unset": LOCK_ID },
-    ]
+    /// Matches those of several leases that are still ours and live: lock ids are unique per
+    /// acquisition, so `_id ∈ ids` and `lockId ∈ lock ids` together match exactly our leases
+    /// (the `_id` condition lets the server use its index).
+    pub(crate) fn renew_many_filter(&self, ids: &[Bson], lock_ids: &[String]) -> Document {
+        doc! {
+            ID: { "$in": ids },
+            self.lock_id_path(): { "$in": lock_ids },
+            "$expr": self.live(),
+        }
+    }
+
+    /// Extends the lease to `$$NOW + expiry`.
+    pub(crate) fn renew_update(&self, expiry_millis: i64) -> Vec<Document> {
+        vec![doc! { "$set": { self.expires_at_path(): lease_end(expiry_millis) } }]
+    }
+
+    /// Matches our lease whether or not it is still live: releasing an expired lease is
+    /// harmless, and the lock id keeps us away from anyone else's.
+    pub(crate) fn release_filter(&self, id: &Bson, lock_id: &str) -> Document {
+        doc! { ID: id.clone(), self.lock_id_path(): lock_id }
+    }
+
+    /// Ends the lease and forgets the holder, keeping the fencing token. A lock document keeps
+    /// an `expiresAt` of now, so the TTL index removes it later; an embedded lock drops both its
+    /// id and expiry, leaving the business document unlocked.
+    pub(crate) fn release_update(&self) -> Vec<Document> {
+        match self {
+            Layout::LockDocument => vec![
+                doc! { "$set": { EXPIRES_AT: "$$NOW" } },
+                doc! { "$unset": LOCK_ID },
+            ],
+            Layout::Embedded(_) => {
+                vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
+            }
+        }
+    }
+
+    /// The lock id stored in `document`, if any.
+    pub(crate) fn read_lock_id<'a>(&self, document: &'a Document) -> Option<&'a str> {
+        match self {
+            Layout::LockDocument => document.get_str(LOCK_ID).ok(),
+            Layout::Embedded(field) => document
+                .get_document(field)
+                .ok()
+                .and_then(|lock| lock.get_str(EMBEDDED_ID).ok()),
+        }
+    }
 }
 
 /// Reads a stored number written as Int32, Int64 or Double (servers and other clients may narrow

@@ -1,0 +1,724 @@
+//! Locks embedded in your own documents.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongodb::Collection;
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::options::ReturnDocument;
+use mongodb::results::UpdateResult;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, timeout_at};
+
+use crate::error::is_duplicate_key;
+use crate::lock::validate_collection_name;
+use crate::renewal::{Command, Lease, RenewalHub};
+use crate::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, read_i64};
+use crate::{Error, FencingToken, LockOptions, Result, backoff, waiting};
+
+/// The default field that holds the embedded lock.
+pub const DEFAULT_LOCK_FIELD: &str = "lock";
+
+/// A lock embedded in the documents of one of your collections: lock a business document itself,
+/// work on it, and write its new state and unlock it in one update.
+///
+/// The lock lives under one field of the document (default `lock`):
+/// `{lock: {id, expiresAt, fencingToken}}`. Taking it is one `findAndModify` that matches only
+/// documents whose lock is missing or expired (by server time) and returns the locked document.
+/// While the [`DocumentGuard`] lives the lease is renewed and `lost` is signalled exactly as for
+/// [`MongoDistributedLock`](crate::MongoDistributedLock). [`DocumentGuard::commit`] and
+/// [`DocumentGuard::replace`] write the new state and clear the lock in one update filtered on
+/// this holder's lock id and a live lease, so nobody without the lock can commit. Clearing keeps
+/// the fencing token in the document, so tokens keep increasing.
+///
+/// The lock field is reserved: updates through a guard may not touch it, and documents whose lock
+/// field holds something else are treated as unlocked (and the field is overwritten when locked).
+/// Other fields, and documents that never had a lock field, are left as they are. `T` must
+/// tolerate the extra field when deserializing (serde ignores unknown fields unless told not to).
+///
+/// ```no_run
+/// # #[derive(serde::Serialize, serde::Deserialize)]
+/// # struct Job { payload: String }
+/// # async fn demo(jobs: mongodb::Collection<Job>) -> distributed_lock_mongodb::Result<()> {
+/// use distributed_lock_mongodb::DocumentLock;
+/// use mongodb::bson::doc;
+///
+/// let locks = DocumentLock::new(&jobs);
+/// // Claim any pending job nobody holds, process it, mark it done and unlock it atomically.
+/// if let Some(job) = locks.try_lock(doc! { "status": "pending" }).await? {
+///     println!("processing {}", job.document().payload);
+///     job.commit(doc! { "$set": { "status": "done" } }).await?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct DocumentLock<T> {
+    target: Arc<Target>,
+    _documents: PhantomData<fn() -> T>,
+}
+
+/// What a document lock and its guards share.
+#[derive(Debug)]
+struct Target {
+    documents: Collection<Document>,
+    field: String,
+    layout: Layout,
+    options: LockOptions,
+    renewals: Arc<RenewalHub>,
+}
+
+impl<T> Clone for DocumentLock<T> {
+    fn clone(&self) -> Self {
+        DocumentLock {
+            target: Arc::clone(&self.target),
+            _documents: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for DocumentLock<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DocumentLock")
+            .field("collection", &self.target.documents.namespace())
+            .field("field", &self.target.field)
+            .field("options", &self.target.options)
+            .finish()
+    }
+}
+
+impl<T> DocumentLock<T>
+where
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// Locks documents of `collection` under the field `lock`, with default options.
+    pub fn new(collection: &Collection<T>) -> Self {
+        DocumentLock {
+            target: Arc::new(Target {
+                documents: collection.clone_with_type(),
+                field: DEFAULT_LOCK_FIELD.to_owned(),
+                layout: Layout::Embedded(DEFAULT_LOCK_FIELD.to_owned()),
+                options: LockOptions::default(),
+                renewals: Arc::default(),
+            }),
+            _documents: PhantomData,
+        }
+    }
+
+    /// Keeps the lock under `field` instead of `lock`. A name MongoDB cannot use as a plain field
+    /// (empty, with `.` or `$`, or `_id`) is reported by the first locking call.
+    pub fn with_field(self, field: impl Into<String>) -> Self {
+        let field = field.into();
+        self.rebuilt(|target| {
+            target.layout = Layout::Embedded(field.clone());
+            target.field = field;
+        })
+    }
+
+    /// Replaces the options (expiry, cadence, busy-wait, write concern).
+    pub fn with_options(self, options: LockOptions) -> Self {
+        self.rebuilt(|target| target.options = options)
+    }
+
+    fn rebuilt(self, change: impl FnOnce(&mut Target)) -> Self {
+        let mut target = Target {
+            documents: self.target.documents.clone(),
+            field: self.target.field.clone(),
+            layout: self.target.layout.clone(),
+            options: self.target.options.clone(),
+            renewals: Arc::clone(&self.target.renewals),
+        };
+        change(&mut target);
+        DocumentLock {
+            target: Arc::new(target),
+            _documents: PhantomData,
+        }
+    }
+
+    /// The field that holds the lock.
+    pub fn field(&self) -> &str {
+        &self.target.field
+    }
+
+    /// Waits until a document matching `filter` is locked, and returns it. With several matching
+    /// documents, whichever unlocked one the server finds first is locked (claim-a-job style).
+    ///
+    /// # Errors
+    /// - [`Error::DocumentNotFound`] when no document matches `filter` at all (checked after each
+    ///   attempt that found nothing unlocked; locked documents are waited for).
+    /// - [`Error::InvalidArgument`] for an unusable lock field, [`Error::InvalidCollectionName`]
+    ///   for an unusable collection, before anything is sent.
+    /// - [`Error::UnexpectedReply`] if the locked document does not deserialize into `T` (the
+    ///   lock is released at once).
+    /// - As [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire) otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: attempts run to completion in spawned tasks, and a document locked after
+    /// this future was dropped is unlocked at once.
+    pub async fn lock(&self, filter: Document) -> Result<DocumentGuard<T>> {
+        self.wait_for(filter, None, None)
+            .await?
+            .ok_or(Error::BackgroundTaskEnded("lock"))
+    }
+
+    /// Like [`lock`](Self::lock), giving up after `timeout` with [`Error::Timeout`].
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock), plus [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> Result<DocumentGuard<T>> {
+        let started = Instant::now();
+        let deadline = backoff::deadline_after(started, timeout);
+        self.wait_for(filter, deadline, None)
+            .await?
+            .ok_or_else(|| Error::Timeout {
+                operation: "lock",
+                name: self.target.documents.name().to_owned(),
+                waited: started.elapsed(),
+            })
+    }
+
+    /// One attempt: `Ok(None)` if every matching document is locked by someone else.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn try_lock(&self, filter: Document) -> Result<Option<DocumentGuard<T>>> {
+        self.try_lock_timeout(filter, Duration::ZERO).await
+    }
+
+    /// Attempts for up to `timeout`: `Ok(None)` if the matching documents stayed locked.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn try_lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> Result<Option<DocumentGuard<T>>> {
+        let deadline = backoff::deadline_after(Instant::now(), timeout);
+        self.wait_for(filter, deadline, None).await
+    }
+
+    /// Locks the document with `_id` `id`, inserting `new_document` (unlocked, with that `_id`)
+    /// first if it does not exist. Concurrent callers never create two documents: the `_id` is
+    /// unique, and a caller whose insert hits a duplicate key simply waits for the lock.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock) (never [`Error::DocumentNotFound`]); [`Error::InvalidArgument`]
+    /// if `new_document` does not serialize to a document, or carries another `_id` or the lock
+    /// field.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock). The document may have been inserted.
+    pub async fn lock_or_insert(
+        &self,
+        id: impl Into<Bson>,
+        new_document: T,
+    ) -> Result<DocumentGuard<T>> {
+        let id = id.into();
+        let mut insert = to_document(&new_document)?;
+        match insert.get("_id") {
+            None => {
+                insert.insert("_id", id.clone());
+            }
+            Some(existing) if *existing == id => {}
+            Some(_) => {
+                return Err(Error::InvalidArgument(
+                    "lock_or_insert: new_document has an _id different from id".to_owned(),
+                ));
+            }
+        }
+        if insert.contains_key(&self.target.field) {
+            return Err(Error::InvalidArgument(format!(
+                "lock_or_insert: new_document must not carry the lock field {:?}",
+                self.target.field
+            )));
+        }
+        self.wait_for(doc! { "_id": id }, None, Some(insert))
+            .await?
+            .ok_or(Error::BackgroundTaskEnded("lock_or_insert"))
+    }
+
+    async fn wait_for(
+        &self,
+        filter: Document,
+        deadline: Option<Instant>,
+        insert: Option<Document>,
+    ) -> Result<Option<DocumentGuard<T>>> {
+        validate_collection_name(self.target.documents.name())?;
+        validate_field(&self.target.field)?;
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let target = &self.target;
+        let name = target.documents.name().to_owned();
+        waiting::retry(&target.options, deadline, None, || {
+            let attempt = attempt::<T>(
+                Arc::clone(target),
+                filter.clone(),
+                insert.clone(),
+                runtime.clone(),
+            );
+            waiting::spawned_attempt(&runtime, deadline, &target.options, &name, attempt)
+        })
+        .await
+    }
+}
+
+/// One attempt: lock an unlocked matching document (inserting it first if asked and missing).
+async fn attempt<T>(
+    target: Arc<Target>,
+    filter: Document,
+    insert: Option<Document>,
+    runtime: Handle,
+) -> Result<Option<DocumentGuard<T>>>
+where
+    T: DeserializeOwned + Send + Sync + 'static,
+{
+    if let Some(guard) = take::<T>(&target, &filter, &runtime).await? {
+        return Ok(Some(guard));
+    }
+    let write_concern = target.options.write_concern().clone();
+    match insert {
+        Some(new_document) => {
+            match target
+                .documents
+                .insert_one(new_document)
+                .write_concern(write_concern)
+                .await
+            {
+                // Inserted unlocked: lock it now (someone may beat us to it; then we wait).
+                Ok(_) => take::<T>(&target, &filter, &runtime).await,
+                // It exists: locked by someone else (or they just inserted it).
+                Err(error) if is_duplicate_key(&error) => Ok(None),
+                Err(error) => Err(error.into()),
+            }
+        }
+        None => {
+            let exists = target
+                .documents
+                .find_one(filter)
+                .projection(doc! { "_id": 1 })
+                .await?
+                .is_some();
+            if exists {
+                Ok(None)
+            } else {
+                Err(Error::DocumentNotFound {
+                    collection: target.documents.name().to_owned(),
+                })
+            }
+        }
+    }
+}
+
+/// The `findAndModify` that locks one unlocked document matching `filter`.
+async fn take<T>(
+    target: &Arc<Target>,
+    filter: &Document,
+    runtime: &Handle,
+) -> Result<Option<DocumentGuard<T>>>
+where
+    T: DeserializeOwned + Send + Sync + 'static,
+{
+    let field = &target.field;
+    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    let expires_at = format!("${field}.{EXPIRES_AT}");
+    let unlocked =
+        doc! { "$expr": { "$lte": [{ "$ifNull": [&expires_at, Bson::Null] }, "$$NOW"] } };
+    let previous_token = doc! {
+        "$convert": {
+            "input": format!("${field}.{FENCING_TOKEN}"),
+            "to": "long",
+            "onError": 0_i64,
+            "onNull": 0_i64,
+        }
+    };
+    let update = vec![doc! { "$set": { field.as_str(): {
+        EMBEDDED_ID: &lock_id,
+        EXPIRES_AT: { "$add": ["$$NOW", target.options.expiry_millis()] },
+        FENCING_TOKEN: { "$max": [
+            { "$add": [previous_token, 1_i64] },
+            { "$multiply": [{ "$toLong": "$$NOW" }, 1000_i64] },
+        ] },
+    } } }];
+    let sent_at = Instant::now();
+    let locked = target
+        .documents
+        .find_one_and_update(doc! { "$and": [filter.clone(), unlocked] }, update)
+        .return_document(ReturnDocument::After)
+        .write_concern(target.options.write_concern().clone())
+        .await?;
+    let Some(document) = locked else {
+        return Ok(None);
+    };
+    let id = document.get("_id").cloned().unwrap_or(Bson::Null);
+    let token = document
+        .get_document(field)
+        .ok()
+        .and_then(|lock| lock.get(FENCING_TOKEN))
+        .and_then(read_i64)
+        .unwrap_or_default();
+    let (lost_sender, lost) = watch::channel(false);
+    let lease = Lease {
+        id: id.clone(),
+        name: format!("{}/{id}", target.documents.name()),
+        lock_id: lock_id.clone(),
+        confirmed_at: sent_at,
+        lost: lost_sender,
+        waiters: None,
+    };
+    let renewals = target.renewals.hold(
+        runtime,
+        &target.documents,
+        &target.layout,
+        &target.options,
+        lease,
+    );
+    let document = match mongodb::bson::from_document::<T>(document) {
+        Ok(document) => document,
+        Err(error) => {
+            // Unlock at once: we cannot hand out what we cannot read.
+            let _ = renewals.send(Command::Release {
+                lock_id,
+                reply: None,
+            });
+            return Err(Error::UnexpectedReply(format!(
+                "the locked document does not deserialize: {error}"
+            )));
+        }
+    };
+    let guard = DocumentGuard {
+        document,
+        id,
+        lock_id: Some(lock_id),
+        fencing_token: FencingToken::new(token),
+        lost,
+        renewals,
+        target: Arc::clone(target),
+    };
+    let options = &target.options;
+    if Instant::now() >= sent_at + options.expiry() - options.safety_margin() {
+        // The reply came too late to trust the lease; dropping the guard unlocks.
+        return Ok(None);
+    }
+    Ok(Some(guard))
+}
+
+/// A locked document: gives access to it, keeps its lease renewed, signals `lost`, and ends with
+/// [`commit`](Self::commit), [`replace`](Self::replace) or [`release`](Self::release). Dropping
+/// it unlocks the document in the background, without changing data.
+#[must_use = "dropping the guard unlocks the document at once"]
+#[clippy::has_significant_drop]
+pub struct DocumentGuard<T> {
+    document: T,
+    id: Bson,
+    /// `None` once the lock was handed back to the renewal loop.
+    lock_id: Option<String>,
+    fencing_token: FencingToken,
+    lost: watch::Receiver<bool>,
+    renewals: mpsc::UnboundedSender<Command>,
+    target: Arc<Target>,
+}
+
+impl<T> fmt::Debug for DocumentGuard<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DocumentGuard")
+            .field("id", &self.id)
+            .field("fencing_token", &self.fencing_token)
+            .field("lost", &*self.lost.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> DocumentGuard<T> {
+    /// The locked document, as it was when it was locked.
+    pub fn document(&self) -> &T {
+        &self.document
+    }
+
+    /// The locked document's `_id`.
+    pub fn id(&self) -> &Bson {
+        &self.id
+    }
+
+    /// This lock's fencing token: larger than that of every earlier lock of the same document.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing_token
+    }
+
+    /// `false` until the lock is known or presumed lost, then `true` (see
+    /// [`LockGuard::lost`](crate::LockGuard::lost)).
+    pub fn lost(&self) -> watch::Receiver<bool> {
+        self.lost.clone()
+    }
+
+    /// Whether the lock is known or presumed lost.
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Applies `update` (update operators such as `$set`, `$inc`, `$push`) and unlocks the
+    /// document, in one update filtered on this holder's lock id and a live lease. The fencing
+    /// token stays in the document.
+    ///
+    /// # Errors
+    /// - [`Error::LockLost`] if the lock was lost: nothing is written.
+    /// - [`Error::InvalidArgument`] if `update` is not made of update operators or touches the
+    ///   lock field (nothing is written; the document is unlocked).
+    /// - [`Error::Mongo`] / [`Error::Timeout`] if the update failed or got no reply within
+    ///   `expiry`; the document is then unlocked in the background (or its lease expires).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe in the sense that dropping this future may or may not leave the update
+    /// applied; the lock itself is released either way (by the update or in the background).
+    pub async fn commit(self, update: Document) -> Result<()> {
+        let field = &self.target.field;
+        let mut update = update;
+        if let Err(error) = check_operators(&update, field) {
+            return Err(self.unlock_after(error));
+        }
+        let unset = doc! {
+            format!("{field}.{EMBEDDED_ID}"): "",
+            format!("{field}.{EXPIRES_AT}"): "",
+        };
+        match update.get_document_mut("$unset") {
+            Ok(existing) => existing.extend(unset),
+            Err(_) => {
+                update.insert("$unset", unset);
+            }
+        }
+        self.finish(Ending::Update(update)).await
+    }
+
+    /// Replaces the document with `new_document` and unlocks it, in one write filtered on this
+    /// holder's lock id and a live lease. The lock field keeps only the fencing token.
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit); [`Error::InvalidArgument`] if `new_document` does not
+    /// serialize to a document or carries another `_id` or the lock field.
+    ///
+    /// # Cancel safety
+    /// As [`commit`](Self::commit).
+    pub async fn replace(self, new_document: T) -> Result<()>
+    where
+        T: Serialize,
+    {
+        let field = self.target.field.clone();
+        let mut replacement = match to_document(&new_document) {
+            Ok(document) => document,
+            Err(error) => return Err(self.unlock_after(error)),
+        };
+        if replacement.get("_id").is_some_and(|id| *id != self.id) {
+            return Err(self.unlock_after(Error::InvalidArgument(
+                "replace: new_document has a different _id".to_owned(),
+            )));
+        }
+        if replacement.contains_key(&field) {
+            return Err(self.unlock_after(Error::InvalidArgument(format!(
+                "replace: new_document must not carry the lock field {field:?}"
+            ))));
+        }
+        replacement.insert(field, doc! { FENCING_TOKEN: self.fencing_token.get() });
+        self.finish(Ending::Replace(replacement)).await
+    }
+
+    /// Unlocks the document without changing its data (the fencing token stays).
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`](crate::LockGuard::release).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a background task finishes the release.
+    pub async fn release(mut self) -> Result<()> {
+        let Some(lock_id) = self.lock_id.take() else {
+            return Err(Error::BackgroundTaskEnded("release"));
+        };
+        let (reply, answer) = oneshot::channel();
+        let request = Command::Release {
+            lock_id,
+            reply: Some(reply),
+        };
+        if self.renewals.send(request).is_err() {
+            return Err(Error::BackgroundTaskEnded("lease"));
+        }
+        answer
+            .await
+            .unwrap_or(Err(Error::BackgroundTaskEnded("release")))
+    }
+
+    /// Unlocks in the background (by dropping `self`) and returns `error`.
+    fn unlock_after(self, error: Error) -> Error {
+        drop(self);
+        error
+    }
+
+    async fn finish(mut self, ending: Ending) -> Result<()> {
+        let name = format!("{}/{}", self.target.documents.name(), self.id);
+        if self.is_lost() {
+            return Err(self.unlock_after(Error::LockLost { name }));
+        }
+        let Some(lock_id) = self.lock_id.clone() else {
+            return Err(Error::BackgroundTaskEnded("commit"));
+        };
+        let target = Arc::clone(&self.target);
+        let filter = doc! {
+            "_id": self.id.clone(),
+            target.layout.lock_id_path(): &lock_id,
+            "$expr": target.layout.live(),
+        };
+        let started = Instant::now();
+        let call = {
+            let target = Arc::clone(&target);
+            let write_concern = target.options.write_concern().clone();
+            Handle::current().spawn(async move {
+                let documents = &target.documents;
+                let written: mongodb::error::Result<UpdateResult> = match ending {
+                    Ending::Update(update) => {
+                        documents
+                            .update_one(filter, update)
+                            .write_concern(write_concern)
+                            .await
+                    }
+                    Ending::Replace(replacement) => {
+                        documents
+                            .replace_one(filter, replacement)
+                            .write_concern(write_concern)
+                            .await
+                    }
+                };
+                written
+            })
+        };
+        let result = match timeout_at(started + target.options.expiry(), call).await {
+            Ok(Ok(Ok(result))) => result,
+            Ok(Ok(Err(error))) => return Err(self.unlock_after(error.into())),
+            Ok(Err(_join_error)) => {
+                return Err(self.unlock_after(Error::BackgroundTaskEnded("commit")));
+            }
+            Err(_elapsed) => {
+                return Err(self.unlock_after(Error::Timeout {
+                    operation: "commit",
+                    name,
+                    waited: started.elapsed(),
+                }));
+            }
+        };
+        if result.matched_count == 0 {
+            return Err(self.unlock_after(Error::LockLost { name }));
+        }
+        // The write ended the lease itself: the renewal loop only has to forget it.
+        self.lock_id = None;
+        let _ = self.renewals.send(Command::Forget { lock_id });
+        Ok(())
+    }
+}
+
+impl<T> Drop for DocumentGuard<T> {
+    fn drop(&mut self) {
+        if let Some(lock_id) = self.lock_id.take() {
+            // If the renewal loop is gone (its runtime shut down), the lease expires by itself.
+            let _ = self.renewals.send(Command::Release {
+                lock_id,
+                reply: None,
+            });
+        }
+    }
+}
+
+enum Ending {
+    Update(Document),
+    Replace(Document),
+}
+
+fn to_document<T: Serialize>(value: &T) -> Result<Document> {
+    mongodb::bson::to_document(value).map_err(|error| {
+        Error::InvalidArgument(format!("the document does not serialize: {error}"))
+    })
+}
+
+/// Rejects lock fields MongoDB cannot address as a plain top-level field.
+fn validate_field(field: &str) -> Result<()> {
+    if field.is_empty() || field.contains(['.', '$', '\0']) || field == "_id" {
+        return Err(Error::InvalidArgument(format!(
+            "lock field {field:?} must be a non-empty top-level field name without '.', '$' or \
+             NUL, other than _id"
+        )));
+    }
+    Ok(())
+}
+
+/// Accepts only update-operator documents that leave `protected` (a field) alone.
+pub(crate) fn check_operators(update: &Document, protected: &str) -> Result<()> {
+    if update.is_empty() {
+        return Err(Error::InvalidArgument("the update is empty".to_owned()));
+    }
+    for (operator, fields) in update {
+        if !operator.starts_with('$') {
+            return Err(Error::InvalidArgument(format!(
+                "the update must consist of update operators such as $set, found {operator:?}"
+            )));
+        }
+        let Bson::Document(fields) = fields else {
+            return Err(Error::InvalidArgument(format!(
+                "the update operator {operator} needs a document of fields"
+            )));
+        };
+        let touches = |path: &str| {
+            path == protected
+                || path
+                    .strip_prefix(protected)
+                    .is_some_and(|rest| rest.starts_with('.'))
+        };
+        if let Some(path) = fields.keys().find(|path| touches(path)) {
+            return Err(Error::InvalidArgument(format!(
+                "the update must not touch {protected:?} (found {path:?} under {operator})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn updates_must_be_operators_that_leave_the_lock_alone() {
+        check_operators(&doc! { "$set": { "status": "done", "locked": 1 } }, "lock").unwrap();
+        check_operators(&doc! { "$inc": { "n": 1 }, "$unset": { "x": "" } }, "lock").unwrap();
+        for bad in [
+            doc! {},
+            doc! { "status": "done" },
+            doc! { "$set": 5 },
+            doc! { "$set": { "lock": {} } },
+            doc! { "$unset": { "lock.id": "" } },
+        ] {
+            let error = check_operators(&bad, "lock").unwrap_err();
+            assert!(matches!(error, Error::InvalidArgument(_)), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn lock_fields_must_be_plain_top_level_names() {
+        validate_field("lock").unwrap();
+        validate_field("_lease").unwrap();
+        for bad in ["", "a.b", "$x", "_id", "a\0b"] {
+            assert!(validate_field(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! Locks embedded in business documents: claim, commit, replace, release, loss, inserts.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use distributed_lock_mongodb::{DocumentLock, Error, LockOptions};
+use mongodb::Collection;
+use mongodb::bson::{Bson, Document, doc};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Job {
+    #[serde(rename = "_id")]
+    id: String,
+    status: String,
+    #[serde(default)]
+    attempts: i32,
+}
+
+async fn jobs() -> Collection<Job> {
+    common::database().await.collection(&common::unique("jobs"))
+}
+
+fn raw(collection: &Collection<Job>) -> Collection<Document> {
+    collection.clone_with_type()
+}
+
+fn job(id: &str) -> Job {
+    Job {
+        id: id.to_owned(),
+        status: "pending".to_owned(),
+        attempts: 0,
+    }
+}
+
+#[tokio::test]
+async fn commit_writes_the_new_state_and_unlocks_in_one_step() {
+    let jobs = jobs().await;
+    jobs.insert_one(job("a")).await.unwrap();
+    let locks = DocumentLock::new(&jobs);
+    let guard = locks.lock(doc! { "_id": "a" }).await.unwrap();
+    assert_eq!(guard.document(), &job("a"));
+    assert_eq!(guard.id(), &Bson::String("a".into()));
+    let token = guard.fencing_token();
+
+    let locked = raw(&jobs)
+        .find_one(doc! { "_id": "a" })
+        .await
+        .unwrap()
+        .unwrap();
+    let lock = locked.get_document("lock").unwrap();
+    assert!(lock.get_str("id").is_ok() && lock.get_datetime("expiresAt").is_ok());
+    assert_eq!(lock.get_i64("fencingToken").unwrap(), token.get());
+    assert!(
+        locks.try_lock(doc! { "_id": "a" }).await.unwrap().is_none(),
+        "held"
+    );
+
+    guard
+        .commit(doc! { "$set": { "status": "done" }, "$inc": { "attempts": 1 } })
+        .await
+        .unwrap();
+    let committed = raw(&jobs)
+        .find_one(doc! { "_id": "a" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(committed.get_str("status").unwrap(), "done");
+    assert_eq!(committed.get_i32("attempts").unwrap(), 1);
+    assert_eq!(
+        committed.get_document("lock").unwrap(),
+        &doc! { "fencingToken": token.get() }
+    );
+
+    let next = locks
+        .try_lock(doc! { "_id": "a" })
+        .await
+        .unwrap()
+        .expect("unlocked by the commit");
+    assert!(next.fencing_token() > token);
+    assert_eq!(next.document().status, "done");
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_commit_after_the_lock_was_lost_writes_nothing() {
+    let jobs = jobs().await;
+    jobs.insert_one(job("b")).await.unwrap();
+    let locks = DocumentLock::new(&jobs).with_options(common::options(2_000, 300));
+    let guard = locks.lock(doc! { "_id": "b" }).await.unwrap();
+    // Someone else takes the lock over behind the holder's back.
+    raw(&jobs)
+        .update_one(
+            doc! { "_id": "b" },
+            doc! { "$set": { "lock.id": "intruder" } },
+        )
+        .await
+        .unwrap();
+    let error = guard
+        .commit(doc! { "$set": { "status": "done" } })
+        .await
+        .unwrap_err();
+    assert!(error.is_lock_lost(), "{error}");
+    let stored = raw(&jobs)
+        .find_one(doc! { "_id": "b" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.get_str("status").unwrap(),
+        "pending",
+        "nothing written"
+    );
+    assert_eq!(
+        stored.get_document("lock").unwrap().get_str("id").unwrap(),
+        "intruder"
+    );
+
+    // Once lost is signalled locally, commit refuses without writing either.
+    jobs.insert_one(job("c")).await.unwrap();
+    let guard = locks.lock(doc! { "_id": "c" }).await.unwrap();
+    raw(&jobs)
+        .update_one(doc! { "_id": "c" }, doc! { "$unset": { "lock": "" } })
+        .await
+        .unwrap();
+    let mut lost = guard.lost();
+    tokio::time::timeout(Duration::from_secs(3), lost.wait_for(|lost| *lost))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        guard
+            .commit(doc! { "$set": { "status": "done" } })
+            .await
+            .unwrap_err()
+            .is_lock_lost()
+    );
+    let stored = raw(&jobs)
+        .find_one(doc! { "_id": "c" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.get_str("status").unwrap(), "pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_never_hold_the_same_document() {
+    let jobs = jobs().await;
+    jobs.insert_one(job("shared")).await.unwrap();
+    let locks = DocumentLock::new(&jobs).with_options(
+        LockOptions::builder()
+            .busy_wait_sleep_time(Duration::from_millis(1), Duration::from_millis(10))
+            .build()
+            .unwrap(),
+    );
+    let holders = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (locks, holders, most) = (locks.clone(), holders.clone(), most.clone());
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    let guard = locks.lock(doc! { "_id": "shared" }).await.unwrap();
+                    most.fetch_max(holders.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    holders.fetch_sub(1, Ordering::SeqCst);
+                    guard
+                        .commit(doc! { "$inc": { "attempts": 1 } })
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1);
+    let stored = raw(&jobs)
+        .find_one(doc! { "_id": "shared" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.get_i32("attempts").unwrap(),
+        40,
+        "every commit applied exactly once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_claiming_pending_jobs_process_each_exactly_once() {
+    let jobs = jobs().await;
+    jobs.insert_many((0..20).map(|i| job(&format!("job-{i}"))))
+        .await
+        .unwrap();
+    let locks = DocumentLock::new(&jobs);
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let mut done = 0;
+                loop {
+                    match locks.try_lock(doc! { "status": "pending" }).await {
+                        Ok(Some(claimed)) => {
+                            claimed
+                                .commit(doc! { "$set": { "status": "done" }, "$inc": { "attempts": 1 } })
+                                .await
+                                .unwrap();
+                            done += 1;
+                        }
+                        Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
+                        Err(Error::DocumentNotFound { .. }) => return done,
+                        Err(error) => panic!("{error}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut processed = 0;
+    for worker in workers {
+        processed += worker.await.unwrap();
+    }
+    assert_eq!(processed, 20);
+    let twice = raw(&jobs)
+        .count_documents(doc! { "attempts": { "$ne": 1 } })
+        .await
+        .unwrap();
+    assert_eq!(twice, 0, "each job processed exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_lock_or_insert_creates_one_document_and_one_holder_at_a_time() {
+    let jobs = jobs().await;
+    let locks = DocumentLock::new(&jobs).with_options(
+        LockOptions::builder()
+            .busy_wait_sleep_time(Duration::from_millis(1), Duration::from_millis(10))
+            .build()
+            .unwrap(),
+    );
+    let holders = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let racers: Vec<_> = (0..16)
+        .map(|_| {
+            let (locks, holders, most) = (locks.clone(), holders.clone(), most.clone());
+            tokio::spawn(async move {
+                let guard = locks
+                    .lock_or_insert("new-job", job("new-job"))
+                    .await
+                    .unwrap();
+                most.fetch_max(holders.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                guard
+                    .commit(doc! { "$inc": { "attempts": 1 } })
+                    .await
+                    .unwrap();
+            })
+        })
+        .collect();
+    for racer in racers {
+        racer.await.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1, "one holder at a time");
+    assert_eq!(
+        raw(&jobs).count_documents(doc! {}).await.unwrap(),
+        1,
+        "one document"
+    );
+    let stored = raw(&jobs).find_one(doc! {}).await.unwrap().unwrap();
+    assert_eq!(stored.get_i32("attempts").unwrap(), 16);
+}
+
+#[tokio::test]
+async fn replace_release_and_drop_keep_the_fencing_token() {
+    let jobs = jobs().await;
+    jobs.insert_one(job("r")).await.unwrap();
+    let locks = DocumentLock::new(&jobs);
+    let first = locks.lock(doc! { "_id": "r" }).await.unwrap();
+    let token = first.fencing_token();
+    let mut replacement = first.document().clone();
+    replacement.status = "rewritten".into();
+    first.replace(replacement).await.unwrap();
+    let stored = raw(&jobs)
+        .find_one(doc! { "_id": "r" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.get_str("status").unwrap(), "rewritten");
+    assert_eq!(
+        stored.get_document("lock").unwrap(),
+        &doc! { "fencingToken": token.get() }
+    );
+
+    let second = locks.lock(doc! { "_id": "r" }).await.unwrap();
+    assert!(second.fencing_token() > token);
+    let token = second.fencing_token();
+    second.release().await.unwrap();
+    let stored = raw(&jobs)
+        .find_one(doc! { "_id": "r" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.get_str("status").unwrap(),
+        "rewritten",
+        "release changes no data"
+    );
+    assert_eq!(
+        stored.get_document("lock").unwrap(),
+        &doc! { "fencingToken": token.get() }
+    );
+
+    let third = locks.lock(doc! { "_id": "r" }).await.unwrap();
+    assert!(third.fencing_token() > token);
+    drop(third);
+    let fourth = locks
+        .lock_timeout(doc! { "_id": "r" }, Duration::from_secs(2))
+        .await
+        .unwrap();
+    fourth.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn documents_without_or_with_foreign_lock_fields_are_handled() {
+    let collection: Collection<Document> =
+        common::database().await.collection(&common::unique("docs"));
+    collection
+        .insert_many([
+            doc! { "_id": 1, "owner": "ann", "nested": { "deep": [1, 2, 3] } },
+            doc! { "_id": 2, "owner": "bob", "lease": "not ours" },
+        ])
+        .await
+        .unwrap();
+    let locks = DocumentLock::new(&collection).with_field("lease");
+    let guard = locks.lock(doc! { "_id": 1 }).await.unwrap();
+    assert_eq!(guard.document().get_str("owner").unwrap(), "ann");
+    guard
+        .commit(doc! { "$set": { "owner": "ann2" } })
+        .await
+        .unwrap();
+    let stored = collection
+        .find_one(doc! { "_id": 1 })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.get_document("nested").unwrap(),
+        &doc! { "deep": [1, 2, 3] }
+    );
+    assert_eq!(stored.get_str("owner").unwrap(), "ann2");
+
+    // A lease field holding something else is treated as unlocked and taken over.
+    let guard = locks.lock(doc! { "_id": 2 }).await.unwrap();
+    guard.release().await.unwrap();
+    let stored = collection
+        .find_one(doc! { "_id": 2 })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        stored
+            .get_document("lease")
+            .unwrap()
+            .get_i64("fencingToken")
+            .is_ok()
+    );
+    assert_eq!(stored.get_str("owner").unwrap(), "bob");
+}
+
+#[tokio::test]
+async fn bad_input_gives_clear_errors_and_writes_nothing() {
+    let jobs = jobs().await;
+    jobs.insert_one(job("x")).await.unwrap();
+    let locks = DocumentLock::new(&jobs);
+    let missing = locks.lock(doc! { "_id": "nope" }).await.unwrap_err();
+    assert!(
+        matches!(missing, Error::DocumentNotFound { .. }),
+        "{missing}"
+    );
+    for field in ["", "a.b", "$x", "_id"] {
+        let error = DocumentLock::new(&jobs)
+            .with_field(field)
+            .try_lock(doc! {})
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidArgument(_)),
+            "{field:?}: {error}"
+        );
+    }
+    let guard = locks.lock(doc! { "_id": "x" }).await.unwrap();
+    let error = guard
+        .commit(doc! { "status": "replacement-style" })
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+    let stored = raw(&jobs)
+        .find_one(doc! { "_id": "x" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.get_str("status").unwrap(), "pending");
+    // The refused commit unlocked the document.
+    let again = locks
+        .lock_timeout(doc! { "_id": "x" }, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let error = again
+        .commit(doc! { "$set": { "lock.id": "mine" } })
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+    let error = locks.lock_or_insert("other", job("x")).await.unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+}
