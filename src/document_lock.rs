@@ -12,13 +12,15 @@ use mongodb::results::UpdateResult;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, timeout_at};
 
 use crate::error::is_duplicate_key;
 use crate::lock::validate_collection_name;
-use crate::renewal::{Command, Lease, RenewalHub};
-use crate::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, read_i64};
+use crate::renewal::{self, Command, Lease, RenewalHub};
+use crate::schema::{
+    EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, lease_end, next_fencing_token, read_i64,
+};
 use crate::{Error, FencingToken, LockOptions, Result, backoff, waiting};
 
 /// The default field that holds the embedded lock.
@@ -340,21 +342,10 @@ where
     let expires_at = format!("${field}.{EXPIRES_AT}");
     let unlocked =
         doc! { "$expr": { "$lte": [{ "$ifNull": [&expires_at, Bson::Null] }, "$$NOW"] } };
-    let previous_token = doc! {
-        "$convert": {
-            "input": format!("${field}.{FENCING_TOKEN}"),
-            "to": "long",
-            "onError": 0_i64,
-            "onNull": 0_i64,
-        }
-    };
     let update = vec![doc! { "$set": { field.as_str(): {
         EMBEDDED_ID: &lock_id,
-        EXPIRES_AT: { "$add": ["$$NOW", target.options.expiry_millis()] },
-        FENCING_TOKEN: { "$max": [
-            { "$add": [previous_token, 1_i64] },
-            { "$multiply": [{ "$toLong": "$$NOW" }, 1000_i64] },
-        ] },
+        EXPIRES_AT: lease_end(target.options.expiry_millis()),
+        FENCING_TOKEN: next_fencing_token(&format!("{field}.{FENCING_TOKEN}")),
     } } }];
     let sent_at = Instant::now();
     let locked = target
@@ -545,20 +536,7 @@ impl<T> DocumentGuard<T> {
     /// # Cancel safety
     /// Cancel safe: a background task finishes the release.
     pub async fn release(mut self) -> Result<()> {
-        let Some(lock_id) = self.lock_id.take() else {
-            return Err(Error::BackgroundTaskEnded("release"));
-        };
-        let (reply, answer) = oneshot::channel();
-        let request = Command::Release {
-            lock_id,
-            reply: Some(reply),
-        };
-        if self.renewals.send(request).is_err() {
-            return Err(Error::BackgroundTaskEnded("lease"));
-        }
-        answer
-            .await
-            .unwrap_or(Err(Error::BackgroundTaskEnded("release")))
+        renewal::release(&self.renewals, self.lock_id.take()).await
     }
 
     /// Unlocks in the background (by dropping `self`) and returns `error`.
@@ -630,13 +608,7 @@ impl<T> DocumentGuard<T> {
 
 impl<T> Drop for DocumentGuard<T> {
     fn drop(&mut self) {
-        if let Some(lock_id) = self.lock_id.take() {
-            // If the renewal loop is gone (its runtime shut down), the lease expires by itself.
-            let _ = self.renewals.send(Command::Release {
-                lock_id,
-                reply: None,
-            });
-        }
+        renewal::release_in_background(&self.renewals, self.lock_id.take());
     }
 }
 

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 use crate::lock::LockInner;
-use crate::renewal::Command;
-use crate::{Error, FencingToken, Result};
+use crate::renewal::{self, Command};
+use crate::{FencingToken, Result};
 
 /// Proof that the lock is held; returned by the `acquire*` methods of
 /// [`MongoDistributedLock`](crate::MongoDistributedLock).
@@ -98,31 +98,12 @@ impl LockGuard {
     /// Cancel safe: the release is carried out by a background task, which finishes it even if
     /// this future is dropped.
     pub async fn release(mut self) -> Result<()> {
-        let (reply, answer) = oneshot::channel();
-        let Some(lock_id) = self.lock_id.take() else {
-            return Err(Error::BackgroundTaskEnded("release"));
-        };
-        let request = Command::Release {
-            lock_id,
-            reply: Some(reply),
-        };
-        if self.renewals.send(request).is_err() {
-            return Err(Error::BackgroundTaskEnded("lease"));
-        }
-        answer
-            .await
-            .unwrap_or(Err(Error::BackgroundTaskEnded("release")))
+        renewal::release(&self.renewals, self.lock_id.take()).await
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(lock_id) = self.lock_id.take() {
-            // If the renewal loop is gone (its runtime shut down), the lease expires by itself.
-            let _ = self.renewals.send(Command::Release {
-                lock_id,
-                reply: None,
-            });
-        }
+        renewal::release_in_background(&self.renewals, self.lock_id.take());
     }
 }

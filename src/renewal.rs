@@ -56,6 +56,43 @@ pub(crate) enum Command {
     Forget { lock_id: String },
 }
 
+/// Asks the renewal loop to release `lock_id` and waits for the outcome (a guard's `release`).
+/// `None`: the guard already handed its lease back.
+pub(crate) async fn release(
+    renewals: &mpsc::UnboundedSender<Command>,
+    lock_id: Option<String>,
+) -> Result<()> {
+    let Some(lock_id) = lock_id else {
+        return Err(Error::BackgroundTaskEnded("release"));
+    };
+    let (reply, answer) = oneshot::channel();
+    let request = Command::Release {
+        lock_id,
+        reply: Some(reply),
+    };
+    if renewals.send(request).is_err() {
+        return Err(Error::BackgroundTaskEnded("lease"));
+    }
+    answer
+        .await
+        .unwrap_or(Err(Error::BackgroundTaskEnded("release")))
+}
+
+/// Asks the renewal loop to release `lock_id` in the background (a guard's drop): a plain
+/// channel send, so it never blocks and works off the runtime. If the loop is gone (its runtime
+/// shut down), the lease expires by itself.
+pub(crate) fn release_in_background(
+    renewals: &mpsc::UnboundedSender<Command>,
+    lock_id: Option<String>,
+) {
+    if let Some(lock_id) = lock_id {
+        let _ = renewals.send(Command::Release {
+            lock_id,
+            reply: None,
+        });
+    }
+}
+
 /// A held lease, as its renewal loop tracks it.
 #[derive(Debug)]
 pub(crate) struct Lease {
@@ -243,7 +280,7 @@ impl RenewalLoop {
                         layout: self.layout.clone(),
                         options: self.options.clone(),
                     };
-                    self.runtime.spawn(release(context, lease, reply));
+                    self.runtime.spawn(release_lease(context, lease, reply));
                 }
                 None => {
                     if let Some(reply) = reply {
@@ -364,7 +401,7 @@ struct ReleaseContext {
 }
 
 /// Expires `lease` (never anybody else's) and keeps the document; wakes an in-process waiter.
-async fn release(context: ReleaseContext, lease: Lease, reply: Option<ReleaseReply>) {
+async fn release_lease(context: ReleaseContext, lease: Lease, reply: Option<ReleaseReply>) {
     let result = send_release(&context, &lease).await;
     match reply {
         // The caller may have stopped waiting; the outcome is the same either way.

@@ -30,20 +30,7 @@ pub(crate) fn acquire_update(lock_id: &str, expiry_millis: i64) -> Vec<Document>
     let keep_or = |field: &str, taken: Bson| -> Bson {
         Bson::Document(doc! { "$cond": [free.clone(), taken, format!("${field}")] })
     };
-    let previous_token = doc! {
-        "$convert": {
-            "input": format!("${FENCING_TOKEN}"),
-            "to": "long",
-            "onError": 0_i64,
-            "onNull": 0_i64,
-        }
-    };
-    let next_token = doc! {
-        "$max": [
-            { "$add": [previous_token, 1_i64] },
-            { "$multiply": [{ "$toLong": "$$NOW" }, 1000_i64] },
-        ]
-    };
+    let next_token = next_fencing_token(FENCING_TOKEN);
     vec![doc! {
         "$set": {
             LOCK_ID: keep_or(LOCK_ID, lock_id.into()),
@@ -54,8 +41,23 @@ pub(crate) fn acquire_update(lock_id: &str, expiry_millis: i64) -> Vec<Document>
     }]
 }
 
+/// The next fencing token after the one stored at `path`: `max(previous + 1, $$NOW in ms × 1000)`,
+/// where a previous value that is not a number counts as 0 (it must never make a lock
+/// unacquirable).
+pub(crate) fn next_fencing_token(path: &str) -> Document {
+    let previous = doc! {
+        "$convert": { "input": format!("${path}"), "to": "long", "onError": 0_i64, "onNull": 0_i64 }
+    };
+    doc! {
+        "$max": [
+            { "$add": [previous, 1_i64] },
+            { "$multiply": [{ "$toLong": "$$NOW" }, 1000_i64] },
+        ]
+    }
+}
+
 /// `$$NOW + expiry`, computed by the server.
-fn lease_end(expiry_millis: i64) -> Bson {
+pub(crate) fn lease_end(expiry_millis: i64) -> Bson {
     Bson::Document(doc! { "$add": ["$$NOW", expiry_millis] })
 }
 
