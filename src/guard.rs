@@ -88,11 +88,11 @@ impl LockGuard {
     /// same lock in this process is woken at once.
     ///
     /// # Errors
-    /// - [`Error::LockLost`] if the lock had been lost before the release (the update is still
+    /// - [`Error::LockLost`](crate::Error::LockLost) if the lock had been lost before the release (the update is still
     ///   sent, and never touches another holder's lock).
-    /// - [`Error::Mongo`] if the update failed, [`Error::Timeout`] if it got no reply within
+    /// - [`Error::Mongo`](crate::Error::Mongo) if the update failed, [`Error::Timeout`](crate::Error::Timeout) if it got no reply within
     ///   `expiry`. The lease then ends by itself at its expiry at the latest.
-    /// - [`Error::BackgroundTaskEnded`] if the runtime the lock was acquired on has shut down.
+    /// - [`Error::BackgroundTaskEnded`](crate::Error::BackgroundTaskEnded) if the runtime the lock was acquired on has shut down.
     ///
     /// # Cancel safety
     /// Cancel safe: the release is carried out by a background task, which finishes it even if

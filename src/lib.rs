@@ -3,6 +3,7 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 mod backoff;
+mod composite;
 mod document_lock;
 mod error;
 mod fence;
@@ -14,9 +15,11 @@ mod options;
 mod provider;
 mod renewal;
 mod schema;
+mod status;
 mod ttl_index;
 mod waiting;
 
+pub use composite::CompositeGuard;
 pub use document_lock::{DEFAULT_LOCK_FIELD, DocumentGuard, DocumentLock};
 pub use error::{Error, Result};
 pub use fence::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome};
@@ -25,6 +28,7 @@ pub use guard::LockGuard;
 pub use lock::{DEFAULT_COLLECTION, MongoDistributedLock};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
+pub use status::LockStatus;
 
 /// Public types are `Send + Sync` (guards also `'static`), and the futures of every async method
 /// are `Send`, so they can be spawned. Checked at compile time.
@@ -41,6 +45,8 @@ fn _assert_send_sync() {
     send_sync::<DocumentLock<mongodb::bson::Document>>();
     send_sync::<DocumentGuard<mongodb::bson::Document>>();
     send_sync::<Fence>();
+    send_sync::<CompositeGuard>();
+    send_sync::<LockStatus>();
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
         send(&lock.acquire());
@@ -49,6 +55,15 @@ fn _assert_send_sync() {
         send(&lock.try_acquire_timeout(std::time::Duration::ZERO));
         send(&guard.release());
     }
+    fn provider_futures(provider: &Provider, composite: CompositeGuard) {
+        send(&provider.acquire_all(&["a"], std::time::Duration::ZERO));
+        send(&provider.status("a"));
+        send(&provider.held_locks());
+        send(&provider.force_release("a"));
+        send(&provider.purge_expired());
+        send(&composite.release());
+    }
+    let _ = provider_futures;
     let _ = futures;
 
     fn document_futures(

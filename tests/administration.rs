@@ -1,0 +1,161 @@
+//! Status, listing, forced release and purge of a provider's locks.
+
+mod common;
+
+use std::time::Duration;
+
+use distributed_lock_mongodb::Provider;
+use mongodb::bson::{DateTime, Document, doc};
+
+async fn provider() -> (Provider, mongodb::Collection<Document>) {
+    let database = common::database().await;
+    let collection = common::unique("admin");
+    // A placeholder index keeps the embedded server's instant TTL deletion out of the way, so
+    // expired documents stay until purged (as on a real server between TTL monitor runs).
+    let placeholder = mongodb::IndexModel::builder()
+        .keys(doc! { "placeholder": 1 })
+        .options(
+            mongodb::options::IndexOptions::builder()
+                .name("expiresAt_ttl".to_owned())
+                .build(),
+        )
+        .build();
+    let documents = database.collection::<Document>(&collection);
+    documents.create_index(placeholder).await.unwrap();
+    let provider = Provider::new(&database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(5_000, 1_000));
+    (provider, documents)
+}
+
+#[tokio::test]
+async fn status_and_listing_show_holders_and_leases() {
+    let (provider, _) = provider().await;
+    assert_eq!(provider.status("nobody").await.unwrap(), None);
+    let a = provider.create_lock("a").acquire().await.unwrap();
+    let b = provider.create_lock("b").acquire().await.unwrap();
+    provider
+        .create_lock("c")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let status = provider
+        .status("a")
+        .await
+        .unwrap()
+        .expect("a has a document");
+    assert_eq!(status.name, "a");
+    assert!(status.is_held());
+    assert!(status.holder.is_some());
+    assert_eq!(status.fencing_token, Some(a.fencing_token()));
+    let remaining = status.remaining.unwrap();
+    assert!(
+        remaining > Duration::from_secs(3) && remaining <= Duration::from_secs(5),
+        "{remaining:?}"
+    );
+    assert!(status.acquired_at.unwrap() < status.expires_at.unwrap());
+
+    let released = provider
+        .status("c")
+        .await
+        .unwrap()
+        .expect("released documents stay");
+    assert!(!released.is_held() && released.holder.is_none() && released.fencing_token.is_some());
+
+    let held: Vec<String> = provider
+        .held_locks()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(held, ["a", "b"]);
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    assert!(provider.held_locks().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn force_release_expires_the_holder_and_keeps_tokens_increasing() {
+    let (provider, documents) = provider().await;
+    let stuck = provider.create_lock("stuck").acquire().await.unwrap();
+    let token = stuck.fencing_token();
+    assert!(provider.force_release("stuck").await.unwrap());
+    assert!(
+        !provider.force_release("stuck").await.unwrap(),
+        "nothing left to release"
+    );
+    assert!(
+        documents
+            .find_one(doc! { "_id": "stuck" })
+            .await
+            .unwrap()
+            .is_some(),
+        "not deleted"
+    );
+
+    let next = provider
+        .create_lock("stuck")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free now");
+    assert!(next.fencing_token() > token);
+    let mut lost = stuck.lost();
+    tokio::time::timeout(Duration::from_secs(3), lost.wait_for(|lost| *lost))
+        .await
+        .expect("the forced-out holder learns it at its next renewal")
+        .unwrap();
+    assert!(stuck.release().await.unwrap_err().is_lock_lost());
+    assert_eq!(
+        provider
+            .status("stuck")
+            .await
+            .unwrap()
+            .unwrap()
+            .fencing_token,
+        Some(next.fencing_token())
+    );
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn purge_removes_only_documents_whose_lease_ended() {
+    let (provider, documents) = provider().await;
+    let live = provider.create_lock("live").acquire().await.unwrap();
+    provider
+        .create_lock("released")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let past = DateTime::from_millis(DateTime::now().timestamp_millis() - 60_000);
+    let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000);
+    documents
+        .insert_many([
+            doc! { "_id": "expired-foreign", "lockId": "x", "expiresAt": past, "fencingToken": 3_i64 },
+            doc! { "_id": "live-foreign", "lockId": "y", "expiresAt": future, "fencingToken": 4_i64 },
+            doc! { "_id": "not-a-lock", "note": "no expiresAt" },
+        ])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await; // "released" ended strictly in the past
+    assert_eq!(provider.purge_expired().await.unwrap(), 2);
+    let mut left: Vec<String> = documents
+        .distinct("_id", doc! {})
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|id| id.as_str().map(str::to_owned))
+        .collect();
+    left.sort();
+    assert_eq!(left, ["live", "live-foreign", "not-a-lock"]);
+    assert!(!live.is_lost());
+    live.release().await.unwrap();
+}
