@@ -12,16 +12,8 @@ async fn provider() -> (Provider, mongodb::Collection<Document>) {
     let collection = common::unique("admin");
     // A placeholder index keeps the embedded server's instant TTL deletion out of the way, so
     // expired documents stay until purged (as on a real server between TTL monitor runs).
-    let placeholder = mongodb::IndexModel::builder()
-        .keys(doc! { "placeholder": 1 })
-        .options(
-            mongodb::options::IndexOptions::builder()
-                .name("expiresAt_ttl".to_owned())
-                .build(),
-        )
-        .build();
     let documents = database.collection::<Document>(&collection);
-    documents.create_index(placeholder).await.unwrap();
+    common::block_ttl_index(&documents).await;
     let provider = Provider::new(&database)
         .with_collection(collection.as_str())
         .with_options(common::options(5_000, 1_000));

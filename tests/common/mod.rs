@@ -123,6 +123,13 @@ pub async fn fresh_lock_without_ttl(
     options: LockOptions,
 ) -> (MongoDistributedLock, Collection<Document>) {
     let (lock, collection) = fresh_lock(prefix, options).await;
+    block_ttl_index(&collection).await;
+    (lock, collection)
+}
+
+/// Puts an index named like the lock's TTL index, on another key, into `collection`: the lock's
+/// own index creation then finds the name taken and gives up, so expired documents stay.
+pub async fn block_ttl_index(collection: &Collection<Document>) {
     let placeholder = mongodb::IndexModel::builder()
         .keys(doc! { "placeholder": 1 })
         .options(
@@ -135,7 +142,6 @@ pub async fn fresh_lock_without_ttl(
         .create_index(placeholder)
         .await
         .expect("create placeholder index");
-    (lock, collection)
 }
 
 /// The stored lock document.
