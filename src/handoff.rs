@@ -29,6 +29,9 @@ pub(crate) fn key(database: &str, collection: &str, name: &str) -> Key {
 struct Waiter {
     id: u64,
     wake: Arc<Notify>,
+    /// Woken and not yet back to waiting: a further release wakes the next waiter instead (a
+    /// semaphore can free several slots before the first woken waiter retries).
+    woken: bool,
 }
 
 static QUEUES: LazyLock<Mutex<HashMap<Key, VecDeque<Waiter>>>> = LazyLock::new(Mutex::default);
@@ -61,6 +64,7 @@ impl Ticket {
             .push_back(Waiter {
                 id,
                 wake: Arc::clone(&wake),
+                woken: false,
             });
         Ticket {
             key: Arc::clone(key),
@@ -86,6 +90,14 @@ impl Ticket {
     /// Resolves when a release woke this waiter (immediately if it was woken since the last
     /// call).
     pub(crate) async fn woken(&self) {
+        // Waiting again: releases may wake this waiter again. (While it was busy retrying they
+        // went to the next waiter.)
+        if let Some(me) = queues()
+            .get_mut(&self.key)
+            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.id == self.id))
+        {
+            me.woken = false;
+        }
         self.wake.notified().await;
     }
 }
@@ -109,10 +121,14 @@ impl Drop for Ticket {
     }
 }
 
-/// Wakes the longest-waiting waiter of `key`, if any; returns its id.
+/// Wakes the longest-waiting waiter of `key` that is not already woken, if any; returns its id.
 pub(crate) fn wake_first(key: &Key) -> Option<u64> {
-    let queues = queues();
-    let first = queues.get(key)?.front()?;
+    let mut queues = queues();
+    let first = queues
+        .get_mut(key)?
+        .iter_mut()
+        .find(|waiter| !waiter.woken)?;
+    first.woken = true;
     first.wake.notify_one();
     Some(first.id)
 }
@@ -156,6 +172,41 @@ mod tests {
         drop(second);
         assert_eq!(wake_first(&key), None);
         assert!(!queues().contains_key(&key), "empty queues are removed");
+    }
+
+    fn waiting_id(key: &Key) -> u64 {
+        queues()
+            .get(key)
+            .and_then(|queue| queue.front())
+            .map(|waiter| waiter.id)
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_second_release_wakes_the_next_waiter_while_the_first_is_still_busy() {
+        let key = key("db", "coll", "slots");
+        let first = Ticket::join(&key);
+        let second = Ticket::join(&key);
+        assert_eq!(wake_first(&key), Some(first.id));
+        // The first has not retried yet; a second freed slot goes to the second waiter.
+        assert_eq!(wake_first(&key), Some(second.id));
+        tokio::time::timeout(Duration::from_secs(1), second.woken())
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(1), first.woken())
+            .await
+            .unwrap();
+        // Both retried and failed; waiting again, the next release goes to the first again.
+        let waiting = tokio::spawn(async move {
+            first.woken().await;
+            first
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(wake_first(&key), Some(waiting_id(&key)));
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ mod options;
 mod provider;
 mod renewal;
 mod schema;
+mod semaphore;
 mod status;
 mod ttl_index;
 mod waiting;
@@ -28,6 +29,7 @@ pub use guard::LockGuard;
 pub use lock::{DEFAULT_COLLECTION, MongoDistributedLock};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
+pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 pub use status::LockStatus;
 
 /// Public types are `Send + Sync` (guards also `'static`), and the futures of every async method
@@ -46,6 +48,7 @@ fn _assert_send_sync() {
     send_sync::<DocumentGuard<mongodb::bson::Document>>();
     send_sync::<Fence>();
     send_sync::<CompositeGuard>();
+    send_sync::<MongoDistributedSemaphore>();
     send_sync::<LockStatus>();
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
@@ -56,6 +59,11 @@ fn _assert_send_sync() {
         send(&guard.release());
     }
     fn provider_futures(provider: &Provider, composite: CompositeGuard) {
+        let semaphore = provider.create_semaphore("s", 2);
+        send(&semaphore.acquire());
+        send(&semaphore.acquire_timeout(std::time::Duration::ZERO));
+        send(&semaphore.try_acquire());
+        send(&semaphore.try_acquire_timeout(std::time::Duration::ZERO));
         send(&provider.acquire_all(&["a"], std::time::Duration::ZERO));
         send(&provider.status("a"));
         send(&provider.held_locks());

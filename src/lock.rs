@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mongodb::bson::{Document, doc};
+use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
@@ -104,6 +104,10 @@ impl MongoDistributedLock {
     /// The lock's options.
     pub fn options(&self) -> &LockOptions {
         &self.inner.options
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<LockInner> {
+        &self.inner
     }
 
     /// Waits until the lock is acquired.
@@ -239,44 +243,15 @@ async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<Loc
     match result {
         Ok(Some(document)) => match schema::read_attempt_reply(&document, &lock_id) {
             AttemptReply::Acquired(token) => {
-                let (lost_sender, lost) = watch::channel(false);
-                let lease = Lease {
-                    id: lock.name.as_str().into(),
-                    name: lock.name.clone(),
-                    lock_id: lock_id.clone(),
-                    confirmed_at: sent_at,
-                    lost: lost_sender,
-                    waiters: Some(Arc::clone(&lock.waiters)),
-                };
-                let renewals = lock.renewals.hold(
-                    &runtime,
-                    &lock.collection,
-                    &Layout::LockDocument,
-                    &lock.options,
-                    lease,
-                );
-                let guard = LockGuard::new(
-                    Arc::clone(&lock),
-                    lock_id,
-                    FencingToken::new(token.unwrap_or_default()),
-                    lost,
-                    renewals,
-                );
                 ttl_index::ensure(&runtime, &lock.collection);
-                let options = &lock.options;
-                let local_deadline = sent_at + options.expiry() - options.safety_margin();
-                match token {
-                    // A reply slower than the lease may come after the lease ended on the server
-                    // and someone else took over: never hand out such a guard. Dropping it
-                    // releases whatever is left of the lease.
-                    _ if Instant::now() >= local_deadline => Ok(None),
-                    Some(_) => Ok(Some(guard)),
-                    // We wrote the token ourselves, so this cannot happen on a conforming
-                    // server; the dropped guard releases the lock.
-                    None => Err(Error::UnexpectedReply(format!(
-                        "the acquired lock document has no numeric fencingToken: {document}"
-                    ))),
-                }
+                hold(
+                    &lock,
+                    &runtime,
+                    lock.name.as_str().into(),
+                    lock_id,
+                    sent_at,
+                    token,
+                )
             }
             AttemptReply::Busy => Ok(None),
         },
@@ -286,6 +261,56 @@ async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<Loc
         // Two concurrent upserts of a new name that the server did not retry: the other won.
         Err(error) if is_duplicate_key(&error) => Ok(None),
         Err(error) => Err(Error::Mongo(error)),
+    }
+}
+
+/// Turns a won acquisition of the lease in document `id` into a guard: registers the lease with
+/// the renewal loop and checks the reply came in time.
+///
+/// `Ok(None)` when the reply came too late to trust the lease (after its local deadline: the
+/// lease may already have ended on the server and someone else taken over); the guard is then
+/// dropped, which releases whatever is left of the lease. A missing token cannot happen on a
+/// conforming server (we wrote it ourselves); the lease is released and an error returned.
+pub(crate) fn hold(
+    lock: &Arc<LockInner>,
+    runtime: &Handle,
+    id: Bson,
+    lock_id: String,
+    sent_at: Instant,
+    token: Option<i64>,
+) -> Result<Option<LockGuard>> {
+    let (lost_sender, lost) = watch::channel(false);
+    let lease = Lease {
+        id,
+        name: lock.name.clone(),
+        lock_id: lock_id.clone(),
+        confirmed_at: sent_at,
+        lost: lost_sender,
+        waiters: Some(Arc::clone(&lock.waiters)),
+    };
+    let renewals = lock.renewals.hold(
+        runtime,
+        &lock.collection,
+        &Layout::LockDocument,
+        &lock.options,
+        lease,
+    );
+    let guard = LockGuard::new(
+        Arc::clone(lock),
+        lock_id,
+        FencingToken::new(token.unwrap_or_default()),
+        lost,
+        renewals,
+    );
+    let options = &lock.options;
+    if Instant::now() >= sent_at + options.expiry() - options.safety_margin() {
+        return Ok(None);
+    }
+    match token {
+        Some(_) => Ok(Some(guard)),
+        None => Err(Error::UnexpectedReply(
+            "the acquired lock document has no numeric fencingToken".to_owned(),
+        )),
     }
 }
 

@@ -9,8 +9,9 @@ use mongodb::{Collection, Database};
 use crate::composite::{self, CompositeGuard};
 use crate::lock::{DEFAULT_COLLECTION, validate_collection_name};
 use crate::renewal::RenewalHub;
+use crate::semaphore::DEFAULT_SEMAPHORE_COLLECTION;
 use crate::status::{self, LockStatus};
-use crate::{LockOptions, MongoDistributedLock, Result};
+use crate::{LockOptions, MongoDistributedLock, MongoDistributedSemaphore, Result};
 
 /// A factory of locks for dependency-injection style applications: configure the database,
 /// collection and options once, then create locks by name wherever they are needed.
@@ -135,6 +136,20 @@ impl Provider {
     fn collection(&self) -> Result<Collection<Document>> {
         validate_collection_name(&self.collection)?;
         Ok(self.database.collection(&self.collection))
+    }
+
+    /// A semaphore called `name` allowing `max_count` holders, with this provider's options, in
+    /// the `distributed_semaphores` collection. Its holders share the provider's renewal loops.
+    pub fn create_semaphore(
+        &self,
+        name: impl Into<String>,
+        max_count: u32,
+    ) -> MongoDistributedSemaphore {
+        let lock = MongoDistributedLock::new(name, &self.database)
+            .with_collection(DEFAULT_SEMAPHORE_COLLECTION)
+            .with_options(self.options.clone())
+            .with_renewals(&self.renewals);
+        MongoDistributedSemaphore::from_lock(lock, max_count)
     }
 
     /// A lock called `name` with this provider's collection and options.

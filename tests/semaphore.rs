@@ -1,0 +1,148 @@
+//! Semaphores: at most `max_count` holders, each with its own lease.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use distributed_lock_mongodb::{Error, LockOptions, MongoDistributedSemaphore, Provider};
+use mongodb::bson::{Document, doc};
+
+fn fast_options() -> LockOptions {
+    LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_millis(1), Duration::from_millis(20))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_contenders_never_exceed_max_count() {
+    const CONTENDERS: usize = 16;
+    const ROUNDS: usize = 50;
+    let provider = Provider::new(&common::database().await).with_options(fast_options());
+    let semaphore = provider.create_semaphore(common::unique("pool"), 3);
+    let holders = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..CONTENDERS)
+        .map(|_| {
+            let (semaphore, holders, most) = (semaphore.clone(), holders.clone(), most.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let slot = semaphore
+                        .acquire_timeout(Duration::from_secs(120))
+                        .await
+                        .unwrap();
+                    most.fetch_max(holders.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    holders.fetch_sub(1, Ordering::SeqCst);
+                    slot.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    println!(
+        "semaphore: {} acquisitions, at most {most} holders at once (max_count 3)",
+        CONTENDERS * ROUNDS
+    );
+    assert!(most <= 3, "{most} holders at once");
+    assert_eq!(
+        most, 3,
+        "the semaphore admits up to max_count holders concurrently"
+    );
+}
+
+#[tokio::test]
+async fn slots_have_their_own_leases_and_free_up_on_release_and_drop() {
+    let database = common::database().await;
+    let collection = common::unique("semaphores");
+    let semaphore = MongoDistributedSemaphore::new("jobs", 2, &database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(3_000, 300));
+    assert_eq!((semaphore.name(), semaphore.max_count()), ("jobs", 2));
+    let first = semaphore.try_acquire().await.unwrap().expect("slot 1");
+    let second = semaphore.try_acquire().await.unwrap().expect("slot 2");
+    assert!(semaphore.try_acquire().await.unwrap().is_none(), "full");
+    assert_eq!(first.name(), "jobs");
+
+    // Each slot is renewed on its own: one lost slot leaves the other held.
+    let slots = database.collection::<Document>(&collection);
+    assert_eq!(slots.count_documents(doc! {}).await.unwrap(), 2);
+    slots
+        .update_one(
+            doc! { "lockId": { "$exists": true } },
+            doc! { "$set": { "lockId": "stolen" } },
+        )
+        .await
+        .unwrap();
+    let (mut lost_first, mut lost_second) = (first.lost(), second.lost());
+    let lost = tokio::time::timeout(Duration::from_secs(3), async {
+        tokio::select! {
+            _ = lost_first.wait_for(|lost| *lost) => 0,
+            _ = lost_second.wait_for(|lost| *lost) => 1,
+        }
+    })
+    .await
+    .expect("the robbed slot is lost");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (robbed, kept) = if lost == 0 {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    assert!(!kept.is_lost(), "the other slot stays held");
+    assert!(robbed.release().await.unwrap_err().is_lock_lost());
+
+    drop(kept);
+    let again = semaphore
+        .acquire_timeout(Duration::from_secs(2))
+        .await
+        .unwrap();
+    again.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn disagreeing_or_zero_max_counts_are_clear_errors() {
+    let database = common::database().await;
+    let collection = common::unique("semaphores");
+    let three =
+        MongoDistributedSemaphore::new("shared", 3, &database).with_collection(collection.as_str());
+    three
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let five =
+        MongoDistributedSemaphore::new("shared", 5, &database).with_collection(collection.as_str());
+    match five.try_acquire().await {
+        Err(Error::InvalidArgument(message)) => {
+            assert!(
+                message.contains("max_count 3") && message.contains("uses 5"),
+                "{message}"
+            );
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    let zero =
+        MongoDistributedSemaphore::new("zero", 0, &database).with_collection(collection.as_str());
+    assert!(matches!(
+        zero.acquire().await,
+        Err(Error::InvalidArgument(_))
+    ));
+    let slots = database.collection::<Document>(&collection);
+    assert_eq!(
+        slots
+            .count_documents(doc! { "_id.semaphore": "zero" })
+            .await
+            .unwrap(),
+        0,
+        "nothing written"
+    );
+}
