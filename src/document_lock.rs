@@ -553,6 +553,9 @@ impl<T> DocumentGuard<T> {
         let Some(lock_id) = self.lock_id.clone() else {
             return Err(Error::BackgroundTaskEnded("commit"));
         };
+        let Ok(runtime) = Handle::try_current() else {
+            return Err(self.unlock_after(Error::NoRuntime));
+        };
         let target = Arc::clone(&self.target);
         let filter = doc! {
             "_id": self.id.clone(),
@@ -563,7 +566,7 @@ impl<T> DocumentGuard<T> {
         let call = {
             let target = Arc::clone(&target);
             let write_concern = target.options.write_concern().clone();
-            Handle::current().spawn(async move {
+            runtime.spawn(async move {
                 let documents = &target.documents;
                 let written: mongodb::error::Result<UpdateResult> = match ending {
                     Ending::Update(update) => {
