@@ -2,14 +2,16 @@
 //! driver, in the same run against the same server: `cargo bench --bench cycle`.
 //! Uses `MONGODB_URI`, or the embedded test server when it is unset.
 
+#[path = "support/raw_commands.rs"]
+mod raw_commands;
 #[path = "../tests/common/server.rs"]
 mod server;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use distributed_lock_mongodb::MongoDistributedLock;
 use mongodb::bson::{Document, doc};
-use mongodb::options::{ReturnDocument, WriteConcern};
 use mongodb::{Client, Collection};
+use raw_commands::{raw_acquire, raw_release, with_ttl_index};
 
 fn cycle(c: &mut Criterion) {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
@@ -29,36 +31,16 @@ fn cycle(c: &mut Criterion) {
         })
     });
 
-    // The same two commands, with the same pipelines' shape and write concern, sent directly.
+    // The same two commands, with the same pipelines and write concern, sent directly.
     let raw: Collection<Document> = database.collection("raw_commands");
+    runtime
+        .block_on(with_ttl_index(&raw))
+        .expect("TTL index like the lock's");
     group.bench_function("raw find_one_and_update + update_one", |b| {
         b.to_async(&runtime).iter(|| async {
-            let lock_id = uuid::Uuid::new_v4().to_string();
-            let free = doc! { "$lte": ["$expiresAt", "$$NOW"] };
-            raw.find_one_and_update(
-                doc! { "_id": "bench-raw" },
-                vec![doc! { "$set": {
-                    "lockId": { "$cond": [free.clone(), &lock_id, "$lockId"] },
-                    "expiresAt": { "$cond": [free.clone(), { "$add": ["$$NOW", 30_000_i64] }, "$expiresAt"] },
-                    "acquiredAt": { "$cond": [free.clone(), "$$NOW", "$acquiredAt"] },
-                    "fencingToken": { "$cond": [free, { "$max": [
-                        { "$add": [{ "$convert": { "input": "$fencingToken", "to": "long", "onError": 0_i64, "onNull": 0_i64 } }, 1_i64] },
-                        { "$multiply": [{ "$toLong": "$$NOW" }, 1000_i64] },
-                    ] }, "$fencingToken"] },
-                } }],
-            )
-            .upsert(true)
-            .return_document(ReturnDocument::After)
-            .write_concern(WriteConcern::majority())
-            .await
-            .expect("findAndModify");
-            raw.update_one(
-                doc! { "_id": "bench-raw", "lockId": &lock_id },
-                vec![doc! { "$set": { "expiresAt": "$$NOW" } }, doc! { "$unset": "lockId" }],
-            )
-            .write_concern(WriteConcern::majority())
-            .await
-            .expect("update");
+            let lock_id = uuid::Uuid::new_v4().simple().to_string();
+            raw_acquire(&raw, &lock_id).await.expect("findAndModify");
+            raw_release(&raw, &lock_id).await.expect("update");
         })
     });
     group.finish();

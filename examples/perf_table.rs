@@ -6,8 +6,12 @@
 //! counted with the driver's command event handler. Cross-process figures run copies of this
 //! program as worker processes (`perf_table worker ...`).
 
+#[path = "../benches/support/raw_commands.rs"]
+mod raw_commands;
 #[path = "../tests/common/server.rs"]
 mod server;
+
+use raw_commands::{raw_acquire, raw_release, with_ttl_index};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
@@ -15,10 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use distributed_lock_mongodb::{LockOptions, MongoDistributedLock, Provider};
-use mongodb::bson::{Document, doc};
+use mongodb::bson::Document;
 use mongodb::event::EventHandler;
 use mongodb::event::command::CommandEvent;
-use mongodb::options::{ClientOptions, ReturnDocument, WriteConcern};
+use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 
 /// Counts live heap bytes, for the memory-per-guard figure.
@@ -164,57 +168,10 @@ async fn uncontended(database: &Database) -> Result<()> {
     Ok(())
 }
 
-/// The index the lock's collection has, so raw and lock commands meet the same server work.
-async fn with_ttl_index(raw: &Collection<Document>) -> mongodb::error::Result<()> {
-    let index = mongodb::IndexModel::builder()
-        .keys(doc! { "expiresAt": 1 })
-        .options(
-            mongodb::options::IndexOptions::builder()
-                .expire_after(Duration::ZERO)
-                .build(),
-        )
-        .build();
-    raw.create_index(index).await.map(drop)
-}
-
 async fn raw_cycle(raw: &Collection<Document>) -> mongodb::error::Result<()> {
     let lock_id = uuid::Uuid::new_v4().simple().to_string();
     raw_acquire(raw, &lock_id).await?;
     raw_release(raw, &lock_id).await
-}
-
-async fn raw_acquire(raw: &Collection<Document>, lock_id: &str) -> mongodb::error::Result<()> {
-    let free = doc! { "$lte": ["$expiresAt", "$$NOW"] };
-    raw.find_one_and_update(
-        doc! { "_id": "raw" },
-        vec![doc! { "$set": {
-            "lockId": { "$cond": [free.clone(), lock_id, "$lockId"] },
-            "expiresAt": { "$cond": [free.clone(), { "$add": ["$$NOW", 30_000_i64] }, "$expiresAt"] },
-            "acquiredAt": { "$cond": [free.clone(), "$$NOW", "$acquiredAt"] },
-            "fencingToken": { "$cond": [free, { "$max": [
-                { "$add": [{ "$convert": { "input": "$fencingToken", "to": "long", "onError": 0_i64, "onNull": 0_i64 } }, 1_i64] },
-                { "$multiply": [{ "$toLong": "$$NOW" }, 1000_i64] },
-            ] }, "$fencingToken"] },
-        } }],
-    )
-    .upsert(true)
-    .return_document(ReturnDocument::After)
-    .write_concern(WriteConcern::majority())
-    .await?;
-    Ok(())
-}
-
-async fn raw_release(raw: &Collection<Document>, lock_id: &str) -> mongodb::error::Result<()> {
-    raw.update_one(
-        doc! { "_id": "raw", "lockId": lock_id },
-        vec![
-            doc! { "$set": { "expiresAt": "$$NOW" } },
-            doc! { "$unset": "lockId" },
-        ],
-    )
-    .write_concern(WriteConcern::majority())
-    .await?;
-    Ok(())
 }
 
 /// Time from `release()` being called to the next holder's `acquire` returning, with 8 waiters

@@ -106,19 +106,7 @@ async fn timeouts_wait_about_as_long_as_asked() {
     }
     assert!(started.elapsed() < Duration::from_secs(3));
 
-    // A zero timeout is one attempt.
-    assert!(
-        lock.try_acquire_timeout(Duration::ZERO)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        lock.acquire_timeout(Duration::ZERO)
-            .await
-            .unwrap_err()
-            .is_timeout()
-    );
+    // Zero and Duration::MAX timeouts: bad_input.rs.
     guard.release().await.unwrap();
 }
 
