@@ -9,7 +9,10 @@ use crate::renewal::{self, Command};
 use crate::{FencingToken, Result};
 
 /// Proof that the lock is held; returned by the `acquire*` methods of
-/// [`MongoDistributedLock`](crate::MongoDistributedLock).
+/// [`MongoDistributedLock`](crate::MongoDistributedLock), by those of
+/// [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore) (one slot), and by the
+/// `acquire_write*` methods of
+/// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock) (the writer).
 ///
 /// While the guard lives, the lease is renewed every
 /// [`extension_cadence`](crate::LockOptions::extension_cadence) (by a renewal loop shared with
@@ -83,7 +86,7 @@ impl LockGuard {
     }
 
     /// Stops renewing and releases the lock: one update, filtered on this acquisition's lock id,
-    /// that ends the lease now. The document stays (the TTL index removes it later) so the next
+    /// that ends the lease now. The document stays (for an exclusive lock, the TTL index removes it later) so the next
     /// acquisition's fencing token is larger. The longest-waiting caller of `acquire*` for the
     /// same lock in this process is woken at once.
     ///

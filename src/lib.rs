@@ -4,6 +4,7 @@
 
 mod backoff;
 mod composite;
+mod details;
 mod document_lock;
 mod error;
 mod fence;
@@ -14,6 +15,7 @@ mod lock;
 mod options;
 mod provider;
 mod renewal;
+mod rw_lock;
 mod schema;
 mod semaphore;
 mod status;
@@ -21,6 +23,7 @@ mod ttl_index;
 mod waiting;
 
 pub use composite::CompositeGuard;
+pub use details::LockDetails;
 pub use document_lock::{DEFAULT_LOCK_FIELD, DocumentGuard, DocumentLock};
 pub use error::{Error, Result};
 pub use fence::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome};
@@ -29,8 +32,9 @@ pub use guard::LockGuard;
 pub use lock::{DEFAULT_COLLECTION, MongoDistributedLock};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
+pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard};
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
-pub use status::LockStatus;
+pub use status::{LockKind, LockStatus};
 
 /// Public types are `Send + Sync` (guards also `'static`), and the futures of every async method
 /// are `Send`, so they can be spawned. Checked at compile time.
@@ -50,6 +54,9 @@ fn _assert_send_sync() {
     send_sync::<CompositeGuard>();
     send_sync::<MongoDistributedSemaphore>();
     send_sync::<LockStatus>();
+    send_sync::<LockDetails>();
+    send_sync::<MongoDistributedReaderWriterLock>();
+    send_sync::<ReadGuard>();
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
         send(&lock.acquire());
@@ -70,7 +77,22 @@ fn _assert_send_sync() {
         send(&provider.force_release("a"));
         send(&provider.purge_expired());
         send(&composite.release());
+        let rw = provider.create_reader_writer_lock("rw");
+        send(&rw.acquire_read());
+        send(&rw.acquire_read_timeout(std::time::Duration::ZERO));
+        send(&rw.try_acquire_read());
+        send(&rw.try_acquire_read_timeout(std::time::Duration::ZERO));
+        send(&rw.acquire_write());
+        send(&rw.acquire_write_timeout(std::time::Duration::ZERO));
+        send(&rw.try_acquire_write());
+        send(&rw.try_acquire_write_timeout(std::time::Duration::ZERO));
+        send(&rw.holders());
+        send(&semaphore.holders());
     }
+    fn read_guard_futures(guard: ReadGuard) {
+        send(&guard.release());
+    }
+    let _ = read_guard_futures;
     let _ = provider_futures;
     let _ = futures;
 

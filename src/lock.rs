@@ -18,7 +18,7 @@ use crate::renewal::{Lease, RenewalHub};
 use crate::schema::{self, AttemptReply, Layout};
 use crate::ttl_index;
 use crate::waiting;
-use crate::{Error, FencingToken, LockGuard, LockOptions, Result};
+use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, Result};
 
 /// The default collection, shared with DistributedLock.MongoDB.
 pub const DEFAULT_COLLECTION: &str = "distributed_locks";
@@ -55,6 +55,8 @@ pub(crate) struct LockInner {
     pub(crate) renewals: Arc<RenewalHub>,
     /// This lock's queue of in-process waiters.
     pub(crate) waiters: handoff::Key,
+    /// The stored form of the holder's details, if they are stored.
+    pub(crate) details: Option<Document>,
 }
 
 impl MongoDistributedLock {
@@ -70,6 +72,7 @@ impl MongoDistributedLock {
                 collection: database.collection(DEFAULT_COLLECTION),
                 options: LockOptions::default(),
                 renewals: Arc::default(),
+                details: None,
             }),
         }
     }
@@ -93,6 +96,24 @@ impl MongoDistributedLock {
     /// Replaces the options.
     pub fn with_options(mut self, options: LockOptions) -> Self {
         Arc::make_mut(&mut self.inner).options = options;
+        self
+    }
+
+    /// Stores `details` with each acquisition, in a sixth field `details` of the lock document,
+    /// so [`Provider::status`](crate::Provider::status) and
+    /// [`Provider::held_locks`](crate::Provider::held_locks) can show who holds the lock.
+    ///
+    /// **This breaks interoperability with DistributedLock.MongoDB (.NET)**: its document class
+    /// rejects unknown fields, so .NET clients fail to read a lock document that carries
+    /// details. Leave it off for locks shared with .NET services.
+    pub fn with_details(mut self, details: LockDetails) -> Self {
+        Arc::make_mut(&mut self.inner).details = Some(details.to_document());
+        self
+    }
+
+    /// Replaces the details setting (a provider's).
+    pub(crate) fn with_stored_details(mut self, details: Option<Document>) -> Self {
+        Arc::make_mut(&mut self.inner).details = details;
         self
     }
 
@@ -234,7 +255,11 @@ async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<Loc
         .collection
         .find_one_and_update(
             doc! { schema::ID: &lock.name },
-            schema::acquire_update(&lock_id, lock.options.expiry_millis()),
+            schema::acquire_update(
+                &lock_id,
+                lock.options.expiry_millis(),
+                lock.details.as_ref(),
+            ),
         )
         .upsert(true)
         .return_document(ReturnDocument::After)
@@ -247,6 +272,7 @@ async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<Loc
                 hold(
                     &lock,
                     &runtime,
+                    &Layout::LockDocument,
                     lock.name.as_str().into(),
                     lock_id,
                     sent_at,
@@ -264,8 +290,8 @@ async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<Loc
     }
 }
 
-/// Turns a won acquisition of the lease in document `id` into a guard: registers the lease with
-/// the renewal loop and checks the reply came in time.
+/// Turns a won acquisition of the lease in document `id` (stored as `layout` says) into a guard:
+/// registers the lease with the renewal loop and checks the reply came in time.
 ///
 /// `Ok(None)` when the reply came too late to trust the lease (after its local deadline: the
 /// lease may already have ended on the server and someone else taken over); the guard is then
@@ -274,6 +300,7 @@ async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<Loc
 pub(crate) fn hold(
     lock: &Arc<LockInner>,
     runtime: &Handle,
+    layout: &Layout,
     id: Bson,
     lock_id: String,
     sent_at: Instant,
@@ -288,13 +315,9 @@ pub(crate) fn hold(
         lost: lost_sender,
         waiters: Some(Arc::clone(&lock.waiters)),
     };
-    let renewals = lock.renewals.hold(
-        runtime,
-        &lock.collection,
-        &Layout::LockDocument,
-        &lock.options,
-        lease,
-    );
+    let renewals = lock
+        .renewals
+        .hold(runtime, &lock.collection, layout, &lock.options, lease);
     let guard = LockGuard::new(
         Arc::clone(lock),
         lock_id,

@@ -9,9 +9,13 @@ use mongodb::{Collection, Database};
 use crate::composite::{self, CompositeGuard};
 use crate::lock::{DEFAULT_COLLECTION, validate_collection_name};
 use crate::renewal::RenewalHub;
+use crate::rw_lock::DEFAULT_RW_COLLECTION;
 use crate::semaphore::DEFAULT_SEMAPHORE_COLLECTION;
-use crate::status::{self, LockStatus};
-use crate::{LockOptions, MongoDistributedLock, MongoDistributedSemaphore, Result};
+use crate::status::{self, LockKind, LockStatus};
+use crate::{
+    LockDetails, LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
+    MongoDistributedSemaphore, Result,
+};
 
 /// A factory of locks for dependency-injection style applications: configure the database,
 /// collection and options once, then create locks by name wherever they are needed.
@@ -37,6 +41,8 @@ pub struct Provider {
     collection: String,
     options: LockOptions,
     renewals: Arc<RenewalHub>,
+    details: LockDetails,
+    exclusive_details: bool,
 }
 
 impl Provider {
@@ -47,6 +53,8 @@ impl Provider {
             collection: DEFAULT_COLLECTION.to_owned(),
             options: LockOptions::default(),
             renewals: Arc::default(),
+            details: LockDetails::new(),
+            exclusive_details: false,
         }
     }
 
@@ -59,6 +67,26 @@ impl Provider {
     /// Uses `options` for every lock created from now on.
     pub fn with_options(mut self, options: LockOptions) -> Self {
         self.options = options;
+        self
+    }
+
+    /// The [`LockDetails`] that reader-writer locks and semaphores created from now on store
+    /// with their holders (and exclusive locks, if
+    /// [`store_details_in_exclusive_locks`](Self::store_details_in_exclusive_locks) is on).
+    /// By default: this process's host and id, no owner.
+    pub fn with_details(mut self, details: LockDetails) -> Self {
+        self.details = details;
+        self
+    }
+
+    /// Whether exclusive locks created from now on (and so the members of
+    /// [`acquire_all`](Self::acquire_all)'s composite locks) store the details too. Off by
+    /// default.
+    ///
+    /// **Turning it on breaks interoperability with DistributedLock.MongoDB (.NET)** for this
+    /// provider's collection: see [`MongoDistributedLock::with_details`].
+    pub fn store_details_in_exclusive_locks(mut self, enabled: bool) -> Self {
+        self.exclusive_details = enabled;
         self
     }
 
@@ -75,15 +103,25 @@ impl Provider {
         status::status(&self.collection()?, name).await
     }
 
-    /// Every lock of this provider's collection that is held right now, ordered by name.
+    /// Every lock of this provider that is held right now, ordered by name and kind, one entry
+    /// per holder: the exclusive locks of its collection, the readers and writers of the
+    /// reader-writer locks in `distributed_rw_locks`, and the holders of the semaphores in
+    /// `distributed_semaphores` (with whatever details they stored).
     ///
     /// # Errors
     /// As [`status`](Self::status).
     ///
     /// # Cancel safety
-    /// Cancel safe: a read only.
+    /// Cancel safe: reads only.
     pub async fn held_locks(&self) -> Result<Vec<LockStatus>> {
-        status::held(&self.collection()?).await
+        let (any, database) = (Document::new(), &self.database);
+        let mut held = status::held(&self.collection()?, LockKind::Exclusive, any.clone()).await?;
+        let rw_locks = database.collection(DEFAULT_RW_COLLECTION);
+        held.extend(status::reader_writer_holders(&rw_locks, any.clone()).await?);
+        let semaphores = database.collection(DEFAULT_SEMAPHORE_COLLECTION);
+        held.extend(status::held(&semaphores, LockKind::Semaphore, any).await?);
+        held.sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
+        Ok(held)
     }
 
     /// **Dangerous**: ends the lease of lock `name` now, whoever holds it, so a stuck lock (for
@@ -148,15 +186,33 @@ impl Provider {
         let lock = MongoDistributedLock::new(name, &self.database)
             .with_collection(DEFAULT_SEMAPHORE_COLLECTION)
             .with_options(self.options.clone())
-            .with_renewals(&self.renewals);
+            .with_renewals(&self.renewals)
+            .with_details(self.details.clone());
         MongoDistributedSemaphore::from_lock(lock, max_count)
     }
 
-    /// A lock called `name` with this provider's collection and options.
+    /// A reader-writer lock called `name`, with this provider's options and details, in the
+    /// `distributed_rw_locks` collection. Its holders share the provider's renewal loops.
+    pub fn create_reader_writer_lock(
+        &self,
+        name: impl Into<String>,
+    ) -> MongoDistributedReaderWriterLock {
+        let lock = MongoDistributedLock::new(name, &self.database)
+            .with_collection(DEFAULT_RW_COLLECTION)
+            .with_options(self.options.clone())
+            .with_renewals(&self.renewals)
+            .with_details(self.details.clone());
+        MongoDistributedReaderWriterLock::from_lock(lock)
+    }
+
+    /// A lock called `name` with this provider's collection and options (and details, if
+    /// [`store_details_in_exclusive_locks`](Self::store_details_in_exclusive_locks) is on).
     pub fn create_lock(&self, name: impl Into<String>) -> MongoDistributedLock {
+        let details = self.exclusive_details.then(|| self.details.to_document());
         MongoDistributedLock::new(name, &self.database)
             .with_collection(self.collection.as_str())
             .with_options(self.options.clone())
             .with_renewals(&self.renewals)
+            .with_stored_details(details)
     }
 }

@@ -7,6 +7,10 @@
 //! [`MongoDistributedLock`](crate::MongoDistributedLock)); a `mongodb::Client` has no public
 //! identity, so sharing never crosses what the application itself tied together.
 //!
+//! The readers of a reader-writer lock are members of one array: a renewal's `update_many`
+//! counts documents, not readers, so while a process holds several read leases of one lock a
+//! second command (reading back which leases are live) follows each renewal.
+//!
 //! # Loss detection
 //! Each confirmed acquire or renew request was *sent* at some instant `t` on the client's
 //! monotonic clock. The server computed `expiresAt` after receiving it, so the lease certainly
@@ -27,7 +31,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use mongodb::bson::{Bson, Document, doc};
+use mongodb::bson::{Bson, Document};
 use mongodb::{Collection, Namespace};
 use tokio::runtime::{self, Handle};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -36,7 +40,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::error::shown_name;
 use crate::handoff;
-use crate::schema::Layout;
+use crate::schema::{LIVE_LOCK_IDS, Layout};
 use crate::{Error, LockOptions, Result};
 
 /// Where the answer to a release request goes.
@@ -373,22 +377,29 @@ async fn renew(
 ) -> mongodb::error::Result<Renewed> {
     let filter = layout.renew_many_filter(ids, lock_ids);
     let result = collection
-        .update_many(filter.clone(), layout.renew_update(options.expiry_millis()))
+        .update_many(
+            filter,
+            layout.renew_update(options.expiry_millis(), lock_ids),
+        )
         .write_concern(options.write_concern().clone())
         .await?;
+    // Each document matches at most once and holds at least one of our leases; as many matches
+    // as leases means one lease per document, each renewed.
     if usize::try_from(result.matched_count).is_ok_and(|matched| matched == lock_ids.len()) {
         return Ok(Renewed::All);
     }
     // Leases just renewed are live now; the others are gone for good.
-    let live = collection
-        .find(filter)
-        .projection(doc! { layout.lock_id_path(): 1 })
+    let rows: Vec<Document> = collection
+        .aggregate(layout.live_lock_ids(ids, lock_ids))
         .await?
-        .try_filter_map(
-            |document| async move { Ok(layout.read_lock_id(&document).map(str::to_owned)) },
-        )
         .try_collect()
         .await?;
+    let live = rows
+        .iter()
+        .filter_map(|row| row.get_array(LIVE_LOCK_IDS).ok())
+        .flatten()
+        .filter_map(|lock_id| lock_id.as_str().map(str::to_owned))
+        .collect();
     Ok(Renewed::Only(live))
 }
 
@@ -434,7 +445,7 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
     // release. If it arrives first after all, it is woken again once the release is confirmed.
     let woken = lease.waiters.as_ref().and_then(handoff::wake_first);
     let filter = layout.release_filter(&lease.id, &lease.lock_id);
-    let update = layout.release_update();
+    let update = layout.release_update(&lease.lock_id);
     let call = {
         let collection = collection.clone();
         let write_concern = options.write_concern().clone();

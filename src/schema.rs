@@ -11,6 +11,8 @@ pub(crate) const LOCK_ID: &str = "lockId";
 pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
 pub(crate) const FENCING_TOKEN: &str = "fencingToken";
+/// A holder's [`LockDetails`](crate::LockDetails), where stored.
+pub(crate) const DETAILS: &str = "details";
 /// The lock id's field inside an embedded lock.
 pub(crate) const EMBEDDED_ID: &str = "id";
 
@@ -25,20 +27,35 @@ pub(crate) const TTL_INDEX_NAME: &str = "expiresAt_ttl";
 /// token; otherwise every field is written back unchanged. The caller then compares the returned
 /// `lockId` with its own. The fencing token is `max(previous + 1, $$NOW in ms × 1000)`, where a
 /// previous value that is not a number counts as 0.
-pub(crate) fn acquire_update(lock_id: &str, expiry_millis: i64) -> Vec<Document> {
+///
+/// With `details` (an opt-in that .NET clients cannot read), the holder's details are written
+/// to a sixth field, `details`, along with the lease.
+pub(crate) fn acquire_update(
+    lock_id: &str,
+    expiry_millis: i64,
+    details: Option<&Document>,
+) -> Vec<Document> {
     let free = doc! { "$lte": [format!("${EXPIRES_AT}"), "$$NOW"] };
     let keep_or = |field: &str, taken: Bson| -> Bson {
         Bson::Document(doc! { "$cond": [free.clone(), taken, format!("${field}")] })
     };
     let next_token = next_fencing_token(FENCING_TOKEN);
-    vec![doc! {
-        "$set": {
-            LOCK_ID: keep_or(LOCK_ID, lock_id.into()),
-            EXPIRES_AT: keep_or(EXPIRES_AT, lease_end(expiry_millis)),
-            ACQUIRED_AT: keep_or(ACQUIRED_AT, "$$NOW".into()),
-            FENCING_TOKEN: keep_or(FENCING_TOKEN, next_token.into()),
-        }
-    }]
+    let mut set = doc! {
+        LOCK_ID: keep_or(LOCK_ID, lock_id.into()),
+        EXPIRES_AT: keep_or(EXPIRES_AT, lease_end(expiry_millis)),
+        ACQUIRED_AT: keep_or(ACQUIRED_AT, "$$NOW".into()),
+        FENCING_TOKEN: keep_or(FENCING_TOKEN, next_token.into()),
+    };
+    if let Some(details) = details {
+        set.insert(DETAILS, keep_or(DETAILS, literal(details)));
+    }
+    vec![doc! { "$set": set }]
+}
+
+/// `value` as a constant inside an aggregation expression: strings starting with `$` and
+/// `$`-prefixed keys in application data must not be read as field paths or operators.
+pub(crate) fn literal(value: &Document) -> Bson {
+    Bson::Document(doc! { "$literal": value.clone() })
 }
 
 /// The next fencing token after the one stored at `path`: `max(previous + 1, $$NOW in ms × 1000)`,
@@ -69,42 +86,90 @@ pub(crate) enum Layout {
     /// Embedded in a business document under this field:
     /// `{<field>: {id, expiresAt, fencingToken}}`.
     Embedded(String),
+    /// One of several leases in an array under this field: `{<field>: [{id, expiresAt, ...}]}`
+    /// (the readers of a reader-writer lock).
+    Members(String),
 }
 
 impl Layout {
     pub(crate) fn lock_id_path(&self) -> String {
         match self {
             Layout::LockDocument => LOCK_ID.to_owned(),
-            Layout::Embedded(field) => format!("{field}.{EMBEDDED_ID}"),
+            Layout::Embedded(field) | Layout::Members(field) => format!("{field}.{EMBEDDED_ID}"),
         }
     }
 
     pub(crate) fn expires_at_path(&self) -> String {
         match self {
             Layout::LockDocument => EXPIRES_AT.to_owned(),
-            Layout::Embedded(field) => format!("{field}.{EXPIRES_AT}"),
+            Layout::Embedded(field) | Layout::Members(field) => format!("{field}.{EXPIRES_AT}"),
         }
     }
 
-    /// `$expr` condition: the lease is live by server time.
+    /// `$expr` condition: the lease is live by server time (not for `Members`: see
+    /// [`live_members`]).
     pub(crate) fn live(&self) -> Document {
         doc! { "$gt": [format!("${}", self.expires_at_path()), "$$NOW"] }
     }
 
-    /// Matches those of several leases that are still ours and live: lock ids are unique per
-    /// acquisition, so `_id ∈ ids` and `lockId ∈ lock ids` together match exactly our leases
-    /// (the `_id` condition lets the server use its index).
+    /// Matches the documents holding any of several leases that are still ours and live. Lock
+    /// ids are unique per acquisition, so `_id ∈ ids` and `lockId ∈ lock ids` together match
+    /// exactly our leases (the `_id` condition lets the server use its index).
     pub(crate) fn renew_many_filter(&self, ids: &[Bson], lock_ids: &[String]) -> Document {
-        doc! {
-            ID: { "$in": ids },
-            self.lock_id_path(): { "$in": lock_ids },
-            "$expr": self.live(),
+        match self {
+            Layout::Members(field) => doc! {
+                ID: { "$in": ids },
+                "$expr": { "$gt": [{ "$size": live_members(field, Some(lock_ids)) }, 0] },
+            },
+            _ => doc! {
+                ID: { "$in": ids },
+                self.lock_id_path(): { "$in": lock_ids },
+                "$expr": self.live(),
+            },
         }
     }
 
-    /// Extends the lease to `$$NOW + expiry`.
-    pub(crate) fn renew_update(&self, expiry_millis: i64) -> Vec<Document> {
-        vec![doc! { "$set": { self.expires_at_path(): lease_end(expiry_millis) } }]
+    /// Extends the listed leases to `$$NOW + expiry`; an array member only if it is still live.
+    pub(crate) fn renew_update(&self, expiry_millis: i64, lock_ids: &[String]) -> Vec<Document> {
+        match self {
+            Layout::Members(field) => {
+                let renewed = doc! {
+                    "$cond": [
+                        { "$and": [
+                            { "$in": [format!("$$m.{EMBEDDED_ID}"), lock_ids] },
+                            { "$gt": [format!("$$m.{EXPIRES_AT}"), "$$NOW"] },
+                        ] },
+                        { "$mergeObjects": ["$$m", { EXPIRES_AT: lease_end(expiry_millis) }] },
+                        "$$m",
+                    ]
+                };
+                vec![doc! { "$set": { field.as_str(): {
+                    "$map": { "input": format!("${field}"), "as": "m", "in": renewed }
+                } } }]
+            }
+            _ => vec![doc! { "$set": { self.expires_at_path(): lease_end(expiry_millis) } }],
+        }
+    }
+
+    /// An aggregation pipeline that yields, per document of `ids`, `{ours: [<lock id>...]}`:
+    /// those of `lock_ids` that are live there.
+    pub(crate) fn live_lock_ids(&self, ids: &[Bson], lock_ids: &[String]) -> Vec<Document> {
+        let ours = match self {
+            Layout::Members(field) => Bson::Document(doc! { "$map": {
+                "input": live_members(field, Some(lock_ids)),
+                "as": "m",
+                "in": format!("$$m.{EMBEDDED_ID}"),
+            } }),
+            _ => Bson::Array(vec![format!("${}", self.lock_id_path()).into()]),
+        };
+        let filter = match self {
+            Layout::Members(_) => doc! { ID: { "$in": ids } },
+            _ => self.renew_many_filter(ids, lock_ids),
+        };
+        vec![
+            doc! { "$match": filter },
+            doc! { "$project": { LIVE_LOCK_IDS: ours } },
+        ]
     }
 
     /// Matches our lease whether or not it is still live: releasing an expired lease is
@@ -113,10 +178,11 @@ impl Layout {
         doc! { ID: id.clone(), self.lock_id_path(): lock_id }
     }
 
-    /// Ends the lease and forgets the holder, keeping the fencing token. A lock document keeps
-    /// an `expiresAt` of now, so the TTL index removes it later; an embedded lock drops both its
-    /// id and expiry, leaving the business document unlocked.
-    pub(crate) fn release_update(&self) -> Vec<Document> {
+    /// Ends the lease `lock_id` and forgets the holder, keeping the fencing token. A lock
+    /// document keeps an `expiresAt` of now, so the TTL index removes it later; an embedded lock
+    /// drops both its id and expiry, leaving the business document unlocked; an array member is
+    /// removed from its array.
+    pub(crate) fn release_update(&self, lock_id: &str) -> Vec<Document> {
         match self {
             Layout::LockDocument => vec![
                 doc! { "$set": { EXPIRES_AT: "$$NOW" } },
@@ -125,19 +191,34 @@ impl Layout {
             Layout::Embedded(_) => {
                 vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
             }
+            Layout::Members(field) => vec![doc! { "$set": { field.as_str(): { "$filter": {
+                "input": format!("${field}"),
+                "as": "m",
+                "cond": { "$ne": [format!("$$m.{EMBEDDED_ID}"), lock_id] },
+            } } } }],
         }
     }
+}
 
-    /// The lock id stored in `document`, if any.
-    pub(crate) fn read_lock_id<'a>(&self, document: &'a Document) -> Option<&'a str> {
-        match self {
-            Layout::LockDocument => document.get_str(LOCK_ID).ok(),
-            Layout::Embedded(field) => document
-                .get_document(field)
-                .ok()
-                .and_then(|lock| lock.get_str(EMBEDDED_ID).ok()),
-        }
-    }
+/// The field of [`Layout::live_lock_ids`]' results.
+pub(crate) const LIVE_LOCK_IDS: &str = "ours";
+
+/// Expression: the members of array `field` whose lease is live by server time, and, with
+/// `lock_ids`, whose id is one of them. A missing array counts as empty.
+pub(crate) fn live_members(field: &str, lock_ids: Option<&[String]>) -> Document {
+    let live = doc! { "$gt": [format!("$$m.{EXPIRES_AT}"), "$$NOW"] };
+    let cond = match lock_ids {
+        Some(lock_ids) => doc! { "$and": [
+            { "$in": [format!("$$m.{EMBEDDED_ID}"), lock_ids] },
+            live,
+        ] },
+        None => live,
+    };
+    doc! { "$filter": {
+        "input": { "$ifNull": [format!("${field}"), []] },
+        "as": "m",
+        "cond": cond,
+    } }
 }
 
 /// Reads a stored number written as Int32, Int64 or Double (servers and other clients may narrow
@@ -207,7 +288,7 @@ mod tests {
 
     #[test]
     fn acquire_update_writes_only_the_dotnet_fields() {
-        let pipeline = acquire_update("id", 1_000);
+        let pipeline = acquire_update("id", 1_000, None);
         assert_eq!(pipeline.len(), 1);
         let set = pipeline[0].get_document("$set").unwrap();
         let fields: Vec<&str> = set.keys().map(String::as_str).collect();

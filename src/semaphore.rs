@@ -13,19 +13,26 @@ use tokio::time::Instant;
 
 use crate::error::is_duplicate_key;
 use crate::lock::{LockInner, hold, validate_collection_name};
-use crate::schema::{self, ACQUIRED_AT, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID};
-use crate::{Error, LockGuard, LockOptions, MongoDistributedLock, Result, backoff, waiting};
+use crate::schema::{self, ACQUIRED_AT, DETAILS, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout};
+use crate::status::{self, LockKind, LockStatus};
+use crate::{
+    Error, LockDetails, LockGuard, LockOptions, MongoDistributedLock, Result, backoff, waiting,
+};
 
 /// The default collection of semaphores.
 pub const DEFAULT_SEMAPHORE_COLLECTION: &str = "distributed_semaphores";
 
 const MAX_COUNT: &str = "maxCount";
+/// The semaphore's name inside a slot's `_id`.
+pub(crate) const SEMAPHORE: &str = "semaphore";
 
 /// A named semaphore: at most `max_count` holders at once, each with its own lease and guard.
 ///
 /// Each of the `max_count` slots is a lock document of its own,
-/// `{_id: {semaphore: <name>, slot: <i>}, maxCount, lockId, expiresAt, acquiredAt, fencingToken}`,
-/// created on first use. An attempt is one `findAndModify` that takes any free slot (missing or
+/// `{_id: {semaphore: <name>, slot: <i>}, maxCount, lockId, expiresAt, acquiredAt, fencingToken,
+/// details}`, created on first use. `details` are the holder's [`LockDetails`] (by default this
+/// process's host and id; see [`with_details`](Self::with_details)), shown by
+/// [`holders`](Self::holders). An attempt is one `findAndModify` that takes any free slot (missing or
 /// expired lease, by server time). Holders get a [`LockGuard`]: lease renewal, `lost`, `release`
 /// and release on drop work exactly as for [`MongoDistributedLock`]; its fencing token orders the
 /// acquisitions of that slot. Releases wake one waiter of the same semaphore in this process.
@@ -75,8 +82,36 @@ impl MongoDistributedSemaphore {
         self
     }
 
-    /// A semaphore over `lock`'s name, collection, options and renewal loops.
+    /// Stores `details` with each holder instead of [`LockDetails::new()`] (this process's host
+    /// and id).
+    pub fn with_details(mut self, details: LockDetails) -> Self {
+        self.lock = self.lock.with_stored_details(Some(details.to_document()));
+        self
+    }
+
+    /// The current holders, one per taken slot, at one server instant; each shows its lease,
+    /// fencing token and details.
+    ///
+    /// # Errors
+    /// [`Error::Mongo`] if the read fails; [`Error::InvalidCollectionName`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read only.
+    pub async fn holders(&self) -> Result<Vec<LockStatus>> {
+        let inner = self.lock.inner();
+        validate_collection_name(inner.collection.name())?;
+        let this_semaphore = doc! { format!("{ID}.{SEMAPHORE}"): &inner.name };
+        status::held(&inner.collection, LockKind::Semaphore, this_semaphore).await
+    }
+
+    /// A semaphore over `lock`'s name, collection, options and renewal loops, storing the
+    /// details of this process unless `lock` has others.
     pub(crate) fn from_lock(lock: MongoDistributedLock, max_count: u32) -> Self {
+        let lock = if lock.inner().details.is_some() {
+            lock
+        } else {
+            lock.with_stored_details(Some(LockDetails::new().to_document()))
+        };
         MongoDistributedSemaphore {
             lock,
             max_count,
@@ -174,7 +209,7 @@ impl MongoDistributedSemaphore {
 }
 
 fn slot_id(name: &str, slot: u32) -> Bson {
-    Bson::Document(doc! { "semaphore": name, "slot": i64::from(slot) })
+    Bson::Document(doc! { SEMAPHORE: name, "slot": i64::from(slot) })
 }
 
 /// One attempt: take any free slot; on the first failure, make sure the slots exist.
@@ -205,17 +240,21 @@ async fn take_slot(
         .collect();
     let free = doc! { "$lte": [{ "$ifNull": [format!("${EXPIRES_AT}"), Bson::Null] }, "$$NOW"] };
     let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut take = doc! {
+        LOCK_ID: &lock_id,
+        EXPIRES_AT: schema::lease_end(lock.options.expiry_millis()),
+        ACQUIRED_AT: "$$NOW",
+        FENCING_TOKEN: schema::next_fencing_token(FENCING_TOKEN),
+    };
+    if let Some(details) = &lock.details {
+        take.insert(DETAILS, schema::literal(details));
+    }
     let sent_at = Instant::now();
     let taken = lock
         .collection
         .find_one_and_update(
             doc! { ID: { "$in": slots }, MAX_COUNT: i64::from(max_count), "$expr": free },
-            vec![doc! { "$set": {
-                LOCK_ID: &lock_id,
-                EXPIRES_AT: schema::lease_end(lock.options.expiry_millis()),
-                ACQUIRED_AT: "$$NOW",
-                FENCING_TOKEN: schema::next_fencing_token(FENCING_TOKEN),
-            } }],
+            vec![doc! { "$set": take }],
         )
         .return_document(ReturnDocument::After)
         .write_concern(lock.options.write_concern().clone())
@@ -225,7 +264,15 @@ async fn take_slot(
     };
     let id = document.get(ID).cloned().unwrap_or(Bson::Null);
     let token = document.get(FENCING_TOKEN).and_then(schema::read_i64);
-    hold(lock, runtime, id, lock_id, sent_at, token)
+    hold(
+        lock,
+        runtime,
+        &Layout::LockDocument,
+        id,
+        lock_id,
+        sent_at,
+        token,
+    )
 }
 
 /// Creates the missing slots (each insert races harmlessly with other callers' on `_id`) and
@@ -233,7 +280,7 @@ async fn take_slot(
 async fn ensure_slots(lock: &Arc<LockInner>, max_count: u32) -> Result<()> {
     let existing: Vec<Document> = lock
         .collection
-        .find(doc! { "_id.semaphore": &lock.name })
+        .find(doc! { format!("{ID}.{SEMAPHORE}"): &lock.name })
         .projection(doc! { MAX_COUNT: 1 })
         .await?
         .try_collect()

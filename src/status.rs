@@ -7,25 +7,54 @@ use futures::TryStreamExt;
 use mongodb::Collection;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 
-use crate::schema::{ACQUIRED_AT, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout, read_i64};
-use crate::{FencingToken, Result};
+use crate::rw_lock::{READERS, WRITER};
+use crate::schema::{
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout,
+    live_members, read_i64,
+};
+use crate::semaphore::SEMAPHORE;
+use crate::{FencingToken, LockDetails, Result};
 
-/// What a lock document says, read at one server instant.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The server time added to each row read.
+const NOW: &str = "now";
+
+/// What kind of lock a [`LockStatus`] describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// A [`MongoDistributedLock`](crate::MongoDistributedLock) (also a member of a composite).
+    Exclusive,
+    /// The writer of a [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock).
+    Write,
+    /// A reader of a [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock).
+    Read,
+    /// A slot of a [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore).
+    Semaphore,
+}
+
+/// One holder of a lock (or, for an exclusive lock that is free, its last holder), read at one
+/// server instant.
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct LockStatus {
     /// The lock's name.
     pub name: String,
+    /// What kind of lock it is.
+    pub kind: LockKind,
     /// The current holder's lock id, while the lock is held.
     pub holder: Option<String>,
     /// When the current (or last) holder acquired it, by server time.
     pub acquired_at: Option<DateTime>,
     /// When the lease ends (or ended), by server time.
     pub expires_at: Option<DateTime>,
-    /// The fencing token of the current (or last) acquisition.
+    /// The fencing token of the current (or last) acquisition; `None` for readers, which have
+    /// none.
     pub fencing_token: Option<FencingToken>,
     /// How much of the lease is left by server time; `None` when the lock is not held.
     pub remaining: Option<Duration>,
+    /// Who holds it (owner, host, process id), if the holder stored details (see
+    /// [`LockDetails`]).
+    pub details: Option<LockDetails>,
 }
 
 impl LockStatus {
@@ -34,12 +63,33 @@ impl LockStatus {
         self.remaining.is_some()
     }
 
-    fn from_row(row: &Document) -> LockStatus {
-        let date = |field| row.get_datetime(field).ok().copied();
-        let now = date("now");
+    /// The holder's owner, from its details.
+    pub fn owner(&self) -> Option<&str> {
+        self.details.as_ref()?.owner.as_deref()
+    }
+
+    /// The holder's host, from its details.
+    pub fn host(&self) -> Option<&str> {
+        self.details.as_ref()?.host.as_deref()
+    }
+
+    /// The holder's process id, from its details.
+    pub fn pid(&self) -> Option<u32> {
+        self.details.as_ref()?.pid
+    }
+
+    /// The status of the lease in `holder`, whose lock id is in `id_field`, at server time `now`.
+    fn of_holder(
+        kind: LockKind,
+        name: String,
+        holder: &Document,
+        id_field: &str,
+        now: Option<DateTime>,
+    ) -> LockStatus {
+        let date = |field| holder.get_datetime(field).ok().copied();
         let expires_at = date(EXPIRES_AT);
-        let holder = row.get_str(LOCK_ID).ok().map(str::to_owned);
-        let remaining = match (&holder, expires_at, now) {
+        let holder_id = holder.get_str(id_field).ok().map(str::to_owned);
+        let remaining = match (&holder_id, expires_at, now) {
             (Some(_), Some(expires_at), Some(now)) if expires_at > now => {
                 let millis = expires_at.timestamp_millis() - now.timestamp_millis();
                 Some(Duration::from_millis(u64::try_from(millis).unwrap_or(0)))
@@ -47,47 +97,108 @@ impl LockStatus {
             _ => None,
         };
         LockStatus {
-            name: match row.get(ID) {
-                Some(Bson::String(name)) => name.clone(),
-                Some(other) => other.to_string(),
-                None => String::new(),
-            },
-            holder,
+            name,
+            kind,
+            holder: holder_id,
             acquired_at: date(ACQUIRED_AT),
             expires_at,
-            fencing_token: row
+            fencing_token: holder
                 .get(FENCING_TOKEN)
                 .and_then(read_i64)
                 .map(FencingToken::new),
             remaining,
+            details: holder.get(DETAILS).and_then(LockDetails::from_bson),
         }
     }
 }
 
-/// The status of lock `name`, or `None` if it has no document.
+/// The name of the lock a row belongs to: its `_id`, or for a semaphore slot the
+/// `_id.semaphore` part.
+fn name_of(row: &Document) -> String {
+    match row.get(ID) {
+        Some(Bson::String(name)) => name.clone(),
+        Some(Bson::Document(slot)) => match slot.get_str(SEMAPHORE) {
+            Ok(name) => name.to_owned(),
+            Err(_) => slot.to_string(),
+        },
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
+fn now_of(row: &Document) -> Option<DateTime> {
+    row.get_datetime(NOW).ok().copied()
+}
+
+/// The status of exclusive lock `name`, or `None` if it has no document.
 pub(crate) async fn status(
     collection: &Collection<Document>,
     name: &str,
 ) -> Result<Option<LockStatus>> {
     let rows = read(collection, doc! { ID: name }).await?;
-    Ok(rows.first().map(LockStatus::from_row))
+    Ok(rows.first().map(|row| {
+        LockStatus::of_holder(LockKind::Exclusive, name_of(row), row, LOCK_ID, now_of(row))
+    }))
 }
 
-/// Every lock that is held right now (by server time), by name.
-pub(crate) async fn held(collection: &Collection<Document>) -> Result<Vec<LockStatus>> {
-    let live = doc! {
+/// The live holders of the lock documents of `collection` (exclusive locks or semaphore slots)
+/// that match `filter`.
+pub(crate) async fn held(
+    collection: &Collection<Document>,
+    kind: LockKind,
+    filter: Document,
+) -> Result<Vec<LockStatus>> {
+    let mut live = doc! {
         LOCK_ID: { "$exists": true },
         "$expr": Layout::LockDocument.live(),
     };
+    live.extend(filter);
     let rows = read(collection, live).await?;
-    Ok(rows.iter().map(LockStatus::from_row).collect())
+    Ok(rows
+        .iter()
+        .map(|row| LockStatus::of_holder(kind, name_of(row), row, LOCK_ID, now_of(row)))
+        .collect())
+}
+
+/// The live writer and readers of the reader-writer locks of `collection` that match `filter`.
+pub(crate) async fn reader_writer_holders(
+    collection: &Collection<Document>,
+    filter: Document,
+) -> Result<Vec<LockStatus>> {
+    let mut held = doc! { "$expr": { "$or": [
+        Layout::Embedded(WRITER.to_owned()).live(),
+        { "$gt": [{ "$size": live_members(READERS, None) }, 0] },
+    ] } };
+    held.extend(filter);
+    let mut holders = Vec::new();
+    for row in read(collection, held).await? {
+        let (name, now) = (name_of(&row), now_of(&row));
+        let writer = row.get_document(WRITER).ok().map(|writer| {
+            LockStatus::of_holder(LockKind::Write, name.clone(), writer, EMBEDDED_ID, now)
+        });
+        let readers = row
+            .get_array(READERS)
+            .map(|readers| readers.iter().filter_map(Bson::as_document).collect())
+            .unwrap_or_else(|_| Vec::new())
+            .into_iter()
+            .map(|reader| {
+                LockStatus::of_holder(LockKind::Read, name.clone(), reader, EMBEDDED_ID, now)
+            });
+        holders.extend(
+            writer
+                .into_iter()
+                .chain(readers)
+                .filter(LockStatus::is_held),
+        );
+    }
+    Ok(holders)
 }
 
 async fn read(collection: &Collection<Document>, filter: Document) -> Result<Vec<Document>> {
     let rows = collection
         .aggregate([
             doc! { "$match": filter },
-            doc! { "$addFields": { "now": "$$NOW" } },
+            doc! { "$addFields": { NOW: "$$NOW" } },
             doc! { "$sort": { ID: 1 } },
         ])
         .await?
@@ -101,7 +212,10 @@ pub(crate) async fn force_release(collection: &Collection<Document>, name: &str)
     let result = collection
         .update_one(
             doc! { ID: name, LOCK_ID: { "$exists": true } },
-            Layout::LockDocument.release_update(),
+            vec![
+                doc! { "$set": { EXPIRES_AT: "$$NOW" } },
+                doc! { "$unset": LOCK_ID },
+            ],
         )
         .await?;
     Ok(result.modified_count > 0)

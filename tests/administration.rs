@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use distributed_lock_mongodb::Provider;
+use distributed_lock_mongodb::{LockDetails, LockKind, Provider};
 use mongodb::bson::{DateTime, Document, doc};
 
 async fn provider() -> (Provider, mongodb::Collection<Document>) {
@@ -150,4 +150,49 @@ async fn purge_removes_only_documents_whose_lease_ended() {
     assert_eq!(left, ["live", "live-foreign", "not-a-lock"]);
     assert!(!live.is_lost());
     live.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn details_are_opt_in_for_exclusive_locks_and_composites() {
+    let (provider, documents) = provider().await;
+    let plain = provider.create_lock("plain").acquire().await.unwrap();
+    let document = documents
+        .find_one(doc! { "_id": "plain" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !document.contains_key("details"),
+        ".NET's five fields only: {document}"
+    );
+    assert_eq!(
+        provider.status("plain").await.unwrap().unwrap().details,
+        None
+    );
+
+    let detailed = provider
+        .clone()
+        .with_details(LockDetails::new().with_owner("nightly-report"))
+        .store_details_in_exclusive_locks(true);
+    let composite = detailed
+        .acquire_all(&["m2", "m1"], Duration::from_secs(5))
+        .await
+        .unwrap();
+    let held = provider.held_locks().await.unwrap();
+    let summary: Vec<_> = held
+        .iter()
+        .map(|held| (held.name.as_str(), held.kind, held.owner(), held.pid()))
+        .collect();
+    let pid = Some(std::process::id());
+    assert_eq!(
+        summary,
+        [
+            ("m1", LockKind::Exclusive, Some("nightly-report"), pid),
+            ("m2", LockKind::Exclusive, Some("nightly-report"), pid),
+            ("plain", LockKind::Exclusive, None, None),
+        ]
+    );
+    assert_eq!(held[0].host(), LockDetails::new().host.as_deref());
+    composite.release().await.unwrap();
+    plain.release().await.unwrap();
 }

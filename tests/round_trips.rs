@@ -4,7 +4,9 @@ mod common;
 
 use std::time::Duration;
 
-use distributed_lock_mongodb::{MongoDistributedLock, Provider};
+use distributed_lock_mongodb::{
+    MongoDistributedLock, MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Provider,
+};
 use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};
 
@@ -87,4 +89,64 @@ async fn index_creation_is_attempted_once_per_collection() {
     );
     let creations = commands.count("createIndexes");
     assert_eq!(creations, 1);
+}
+
+#[tokio::test]
+async fn every_reader_writer_attempt_is_one_find_and_modify() {
+    let (database, commands) = common::counting_database().await;
+    let lock = MongoDistributedReaderWriterLock::new(common::unique("rw"), &database)
+        .with_collection(common::unique("rw"))
+        .with_options(common::options(5_000, 1_000));
+    let read = lock.try_acquire_read().await.unwrap().unwrap();
+    assert!(lock.try_acquire_write().await.unwrap().is_none());
+    assert_eq!(
+        commands.started(),
+        ["findAndModify"; 2],
+        "a single try leaves no marker"
+    );
+
+    commands.clear();
+    let timed_out = lock.acquire_write_timeout(Duration::from_millis(100)).await;
+    assert!(timed_out.unwrap_err().is_timeout());
+    let sent = commands.started();
+    let (last, attempts) = sent.split_last().unwrap();
+    assert!(attempts.len() >= 2, "{sent:?}");
+    assert!(
+        attempts.iter().all(|command| command == "findAndModify"),
+        "{sent:?}"
+    );
+    assert_eq!(
+        last, "update",
+        "one update removes the waiting writer's marker"
+    );
+
+    commands.clear();
+    read.release().await.unwrap();
+    let write = lock.acquire_write().await.unwrap();
+    write.release().await.unwrap();
+    assert_eq!(commands.started(), ["update", "findAndModify", "update"]);
+}
+
+#[tokio::test]
+async fn a_semaphore_attempt_is_one_find_and_modify_once_its_slots_exist() {
+    let (database, commands) = common::counting_database().await;
+    let semaphore = MongoDistributedSemaphore::new(common::unique("s"), 1, &database)
+        .with_collection(common::unique("semaphores"));
+    let held = semaphore.acquire().await.unwrap(); // the first use creates the slot
+
+    commands.clear();
+    assert!(semaphore.try_acquire().await.unwrap().is_none());
+    held.release().await.unwrap();
+    semaphore
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(
+        commands.started(),
+        ["findAndModify", "update", "findAndModify", "update"]
+    );
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use distributed_lock_mongodb::{Error, LockOptions, MongoDistributedSemaphore, Provider};
+use distributed_lock_mongodb::{
+    Error, LockDetails, LockKind, LockOptions, MongoDistributedSemaphore, Provider,
+};
 use mongodb::bson::{Document, doc};
 
 fn fast_options() -> LockOptions {
@@ -145,4 +147,35 @@ async fn disagreeing_or_zero_max_counts_are_clear_errors() {
         0,
         "nothing written"
     );
+}
+
+#[tokio::test]
+async fn holders_show_each_taken_slot_with_its_details() {
+    let database = common::database().await;
+    let semaphore = MongoDistributedSemaphore::new(common::unique("pool"), 3, &database)
+        .with_collection(common::unique("semaphores"))
+        .with_details(LockDetails::new().with_owner("importer"));
+    assert!(semaphore.holders().await.unwrap().is_empty());
+    let first = semaphore.acquire().await.unwrap();
+    let second = semaphore.acquire().await.unwrap();
+    let holders = semaphore.holders().await.unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    let mut tokens: Vec<_> = holders.iter().map(|h| h.fencing_token).collect();
+    tokens.sort();
+    let mut expected = vec![Some(first.fencing_token()), Some(second.fencing_token())];
+    expected.sort();
+    assert_eq!(tokens, expected);
+    for holder in &holders {
+        assert_eq!(
+            (holder.name.as_str(), holder.kind),
+            (semaphore.name(), LockKind::Semaphore)
+        );
+        assert_eq!(holder.owner(), Some("importer"));
+        assert_eq!(holder.pid(), Some(std::process::id()));
+        assert!(holder.is_held());
+    }
+    first.release().await.unwrap();
+    assert_eq!(semaphore.holders().await.unwrap().len(), 1);
+    second.release().await.unwrap();
+    assert!(semaphore.holders().await.unwrap().is_empty());
 }

@@ -1,0 +1,72 @@
+//! Many readers of a shared configuration at once, one writer at a time, and writers are not
+//! starved by a steady stream of readers: a distributed reader-writer lock.
+//! `scripts/run-example reader_writer` (uses `MONGODB_URI` when set).
+
+#[path = "../tests/common/server.rs"]
+mod server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use distributed_lock_mongodb::{LockDetails, Provider};
+use mongodb::Client;
+use tokio::time::Instant;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let client = Client::with_uri_str(server::uri()).await?;
+    let provider = Provider::new(&client.database("reader_writer_example"))
+        .with_details(LockDetails::new().with_owner("config-service"));
+    let config = provider.create_reader_writer_lock("feature-flags");
+
+    // Four readers keep reading the configuration, each holding the read lock for 100 ms.
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (1..=4)
+        .map(|reader| {
+            let (config, stop) = (config.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(25 * reader)).await;
+                let mut reads = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let guard = config.acquire_read().await?;
+                    reads += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    guard.release().await?;
+                }
+                Ok::<_, distributed_lock_mongodb::Error>(reads)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    for holder in provider.held_locks().await? {
+        println!(
+            "{} holds {:?} as {:?} (host {:?}, pid {:?})",
+            holder.owner().unwrap_or("?"),
+            holder.name,
+            holder.kind,
+            holder.host(),
+            holder.pid(),
+        );
+    }
+
+    // The writer announces itself, so new readers wait while the current ones finish.
+    let started = Instant::now();
+    let writer = config.acquire_write().await?;
+    let holders: Vec<_> = config.holders().await?.iter().map(|h| h.kind).collect();
+    println!(
+        "writer got in after {:?} with fencing token {}; holders now: {holders:?}",
+        started.elapsed(),
+        writer.fencing_token(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await; // write the new configuration
+    writer.release().await?;
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    for (reader, task) in readers.into_iter().enumerate() {
+        println!("reader {} read {} times", reader + 1, task.await??);
+    }
+    Ok(())
+}

@@ -1,0 +1,567 @@
+//! The reader-writer lock: any number of readers, or one writer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use mongodb::Database;
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::options::ReturnDocument;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::{is_duplicate_key, shown_name};
+use crate::lock::{LockInner, hold, validate_collection_name};
+use crate::schema::{
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, lease_end, literal,
+    live_members, next_fencing_token, read_i64,
+};
+use crate::status::{self, LockStatus};
+use crate::{
+    Error, LockDetails, LockGuard, LockOptions, MongoDistributedLock, Result, backoff, waiting,
+};
+
+/// The default collection of reader-writer locks.
+pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
+
+/// The array of readers' leases.
+pub(crate) const READERS: &str = "readers";
+/// The writer's lease.
+pub(crate) const WRITER: &str = "writer";
+/// The marker of the writer that waits first.
+const WAITING_WRITER: &str = "waitingWriter";
+/// A field that lives only inside one update pipeline.
+const WRITE_IS_FREE: &str = "_writeIsFree";
+
+/// A named reader-writer lock: any number of readers at once, or exactly one writer.
+///
+/// # Document
+/// One document per name in `distributed_rw_locks`:
+///
+/// ```text
+/// { _id: <name>,
+///   readers: [ { id, expiresAt, acquiredAt, details }, ... ],
+///   writer: { id, expiresAt, acquiredAt, fencingToken, details },
+///   waitingWriter: { id, expiresAt } }
+/// ```
+///
+/// Every acquisition attempt, read or write, is one `findAndModify` with a pipeline update
+/// (upsert): it drops expired readers and an expired waiting-writer marker, then adds us if the
+/// lock allows it, all in one atomic step on the server. A lease that has ended (by server time)
+/// is ignored, so a crashed holder blocks others for at most `expiry`. The documents stay (their
+/// writer's fencing token must keep growing); they are small.
+///
+/// # Writer preference
+/// A writer that has to wait leaves a *waiting-writer marker* with a short lease of its own
+/// (twice the longest busy-wait sleep plus one second: 2.6 s with the default options), which
+/// each of its attempts renews. While a live marker is present, new readers wait; readers that
+/// hold the lock keep it until they release it, then the writer gets in. So a steady stream of
+/// readers cannot starve writers. The marker is removed by the attempt that acquires the lock,
+/// and when the wait ends otherwise (timeout, error, or the future is dropped: a drop guard
+/// removes it in the background). A writer that vanishes without removing it (a crash) blocks new
+/// readers for at most the marker's lease. One writer at a time holds the marker; other waiting
+/// writers compete as usual once it is gone.
+///
+/// # Guards
+/// Readers get a [`ReadGuard`], the writer a [`LockGuard`] whose fencing token is larger than
+/// that of every earlier writer of the same name. Both renew their lease, signal `lost`, and
+/// release on `release()` or drop, exactly like the guards of
+/// [`MongoDistributedLock`]. A writer's release never touches readers and vice versa: each
+/// release is filtered on the holder's own lock id. Waiting callers poll at the busy-wait pace
+/// (there is no in-process handoff for reader-writer locks).
+///
+/// ```no_run
+/// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
+/// use distributed_lock_mongodb::MongoDistributedReaderWriterLock;
+///
+/// let config = MongoDistributedReaderWriterLock::new("config", &database);
+/// let reading = config.acquire_read().await?; // any number of readers at once
+/// reading.release().await?;
+/// let writing = config.acquire_write().await?; // alone: no readers, no other writer
+/// println!("writing with fencing token {}", writing.fencing_token());
+/// writing.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MongoDistributedReaderWriterLock {
+    lock: MongoDistributedLock,
+}
+
+/// Read or write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Read,
+    Write,
+}
+
+impl MongoDistributedReaderWriterLock {
+    /// A reader-writer lock called `name` in `database`'s `distributed_rw_locks` collection, with
+    /// default options, storing this process's [`LockDetails`] with each holder.
+    pub fn new(name: impl Into<String>, database: &Database) -> Self {
+        let lock = MongoDistributedLock::new(name, database).with_collection(DEFAULT_RW_COLLECTION);
+        MongoDistributedReaderWriterLock::from_lock(lock)
+    }
+
+    /// A reader-writer lock over `lock`'s name, collection, options and renewal loops, storing
+    /// the details of this process unless `lock` has others.
+    pub(crate) fn from_lock(lock: MongoDistributedLock) -> Self {
+        let lock = if lock.inner().details.is_some() {
+            lock
+        } else {
+            lock.with_stored_details(Some(LockDetails::new().to_document()))
+        };
+        MongoDistributedReaderWriterLock { lock }
+    }
+
+    /// Stores the lock in `collection` instead of `distributed_rw_locks`. An invalid name is
+    /// reported by the first call that talks to the server ([`Error::InvalidCollectionName`]).
+    pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
+        self.lock = self.lock.with_collection(collection);
+        self
+    }
+
+    /// Replaces the options.
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        self.lock = self.lock.with_options(options);
+        self
+    }
+
+    /// Stores `details` with each holder instead of [`LockDetails::new()`] (this process's host
+    /// and id).
+    pub fn with_details(mut self, details: LockDetails) -> Self {
+        self.lock = self.lock.with_stored_details(Some(details.to_document()));
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.lock.name()
+    }
+
+    /// The lock's options.
+    pub fn options(&self) -> &LockOptions {
+        self.lock.options()
+    }
+
+    /// Waits until a read lock is acquired: when no writer holds the lock and none waits.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::acquire`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    pub async fn acquire_read(&self) -> Result<ReadGuard> {
+        self.acquire(Mode::Read, None).await.map(ReadGuard)
+    }
+
+    /// Waits at most `timeout` for a read lock; [`Error::Timeout`] when it runs out.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::acquire_timeout`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    pub async fn acquire_read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
+        self.acquire(Mode::Read, Some(timeout)).await.map(ReadGuard)
+    }
+
+    /// One attempt at a read lock; `Ok(None)` if a writer holds the lock or waits for it.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::try_acquire`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    pub async fn try_acquire_read(&self) -> Result<Option<ReadGuard>> {
+        self.try_acquire_read_timeout(Duration::ZERO).await
+    }
+
+    /// Attempts at a read lock for up to `timeout`; `Ok(None)` if it stayed unavailable.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::try_acquire_timeout`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    pub async fn try_acquire_read_timeout(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
+        let deadline = backoff::deadline_after(Instant::now(), timeout);
+        Ok(self.wait_for(Mode::Read, deadline).await?.map(ReadGuard))
+    }
+
+    /// Waits until the write lock is acquired: when no reader and no other writer holds it.
+    /// While it waits, new readers are held back (see the type's docs).
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::acquire`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`MongoDistributedLock::acquire`]; a dropped wait also removes its
+    /// waiting-writer marker in the background.
+    pub async fn acquire_write(&self) -> Result<LockGuard> {
+        self.acquire(Mode::Write, None).await
+    }
+
+    /// Waits at most `timeout` for the write lock; [`Error::Timeout`] when it runs out (the
+    /// waiting-writer marker is removed before this returns).
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::acquire_timeout`].
+    ///
+    /// # Cancel safety
+    /// As [`acquire_write`](Self::acquire_write).
+    pub async fn acquire_write_timeout(&self, timeout: Duration) -> Result<LockGuard> {
+        self.acquire(Mode::Write, Some(timeout)).await
+    }
+
+    /// One attempt at the write lock; `Ok(None)` if it is held (by readers or a writer). A single
+    /// attempt leaves no waiting-writer marker.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::try_acquire`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    pub async fn try_acquire_write(&self) -> Result<Option<LockGuard>> {
+        self.try_acquire_write_timeout(Duration::ZERO).await
+    }
+
+    /// Attempts at the write lock for up to `timeout`; `Ok(None)` if it stayed unavailable.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::try_acquire_timeout`].
+    ///
+    /// # Cancel safety
+    /// As [`acquire_write`](Self::acquire_write).
+    pub async fn try_acquire_write_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        let deadline = backoff::deadline_after(Instant::now(), timeout);
+        self.wait_for(Mode::Write, deadline).await
+    }
+
+    /// The current holders (the writer, or the readers) at one server instant, each with its
+    /// lease and details; empty when the lock is free.
+    ///
+    /// # Errors
+    /// [`Error::Mongo`] if the read fails; [`Error::InvalidCollectionName`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read only.
+    pub async fn holders(&self) -> Result<Vec<LockStatus>> {
+        let inner = self.lock.inner();
+        validate_collection_name(inner.collection.name())?;
+        status::reader_writer_holders(&inner.collection, doc! { ID: &inner.name }).await
+    }
+
+    /// `acquire_*`: waits forever, or until `timeout`, then [`Error::Timeout`].
+    async fn acquire(&self, mode: Mode, timeout: Option<Duration>) -> Result<LockGuard> {
+        let started = Instant::now();
+        let deadline = timeout.and_then(|timeout| backoff::deadline_after(started, timeout));
+        let operation = match mode {
+            Mode::Read => "acquire_read",
+            Mode::Write => "acquire_write",
+        };
+        match self.wait_for(mode, deadline).await? {
+            Some(guard) => Ok(guard),
+            None if timeout.is_none() => Err(Error::BackgroundTaskEnded("acquire")),
+            None => Err(Error::Timeout {
+                operation,
+                name: self.name().to_owned(),
+                waited: started.elapsed(),
+            }),
+        }
+    }
+
+    /// Attempts until acquired or `deadline` (`None`: never) has passed.
+    async fn wait_for(&self, mode: Mode, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
+        let inner = self.lock.inner();
+        validate_collection_name(inner.collection.name())?;
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let marker = WaitingWriter {
+            lock: Arc::clone(inner),
+            runtime: runtime.clone(),
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            placed: AtomicBool::new(false),
+        };
+        let result = waiting::retry(&inner.options, deadline, None, || {
+            // Only a writer with time left to wait holds readers back.
+            let waits = deadline.is_none_or(|deadline| Instant::now() < deadline);
+            let update = match mode {
+                Mode::Read => read_update(inner),
+                Mode::Write => write_update(inner, &marker.id, waits),
+            };
+            if mode == Mode::Write && waits {
+                marker.placed.store(true, Ordering::Relaxed);
+            }
+            let attempt = attempt(Arc::clone(inner), runtime.clone(), mode, update);
+            waiting::spawned_attempt(&runtime, deadline, &inner.options, &inner.name, attempt)
+        })
+        .await;
+        match &result {
+            // The winning update removed the marker.
+            Ok(Some(_)) => marker.placed.store(false, Ordering::Relaxed),
+            // The wait ran out: readers may go on as soon as this returns.
+            Ok(None) => {
+                if let Some(removal) = marker.remove() {
+                    let _ = removal.await;
+                }
+            }
+            // Dropping the marker removes it in the background.
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+/// One attempt with `update` on the lock's document: `Ok(None)` if the lock is not available.
+/// The lease goes to the lock id the update was built with.
+async fn attempt(
+    lock: Arc<LockInner>,
+    runtime: Handle,
+    mode: Mode,
+    (lock_id, update): (String, Vec<Document>),
+) -> Result<Option<LockGuard>> {
+    let sent_at = Instant::now();
+    let result = lock
+        .collection
+        .find_one_and_update(doc! { ID: &lock.name }, update)
+        .upsert(true)
+        .return_document(ReturnDocument::After)
+        .write_concern(lock.options.write_concern().clone())
+        .await;
+    let document = match result {
+        Ok(Some(document)) => document,
+        Ok(None) => {
+            return Err(Error::UnexpectedReply(
+                "findAndModify with upsert returned no document".to_owned(),
+            ));
+        }
+        // Two concurrent upserts of a new name that the server did not retry: the other won.
+        Err(error) if is_duplicate_key(&error) => return Ok(None),
+        Err(error) => return Err(Error::Mongo(error)),
+    };
+    let id: Bson = lock.name.as_str().into();
+    match mode {
+        Mode::Read if holds_read(&document, &lock_id) => {
+            // Readers have no fencing token; the guard's is never shown.
+            let layout = Layout::Members(READERS.to_owned());
+            hold(&lock, &runtime, &layout, id, lock_id, sent_at, Some(0))
+        }
+        Mode::Write => match document.get_document(WRITER) {
+            Ok(writer) if writer.get_str(EMBEDDED_ID) == Ok(lock_id.as_str()) => {
+                let token = writer.get(FENCING_TOKEN).and_then(read_i64);
+                let layout = Layout::Embedded(WRITER.to_owned());
+                hold(&lock, &runtime, &layout, id, lock_id, sent_at, token)
+            }
+            _ => Ok(None),
+        },
+        Mode::Read => Ok(None),
+    }
+}
+
+fn holds_read(document: &Document, lock_id: &str) -> bool {
+    document.get_array(READERS).is_ok_and(|readers| {
+        readers.iter().any(|reader| {
+            reader
+                .as_document()
+                .is_some_and(|reader| reader.get_str(EMBEDDED_ID) == Ok(lock_id))
+        })
+    })
+}
+
+/// The lease of a new holder: `{id, expiresAt, acquiredAt, details}` (an expression).
+fn new_lease(lock: &LockInner, lock_id: &str) -> Document {
+    let mut lease = doc! {
+        EMBEDDED_ID: lock_id,
+        EXPIRES_AT: lease_end(lock.options.expiry_millis()),
+        ACQUIRED_AT: "$$NOW",
+    };
+    if let Some(details) = &lock.details {
+        lease.insert(DETAILS, literal(details));
+    }
+    lease
+}
+
+/// The first stage of every attempt: forget readers whose lease ended and a waiting-writer
+/// marker whose lease ended.
+fn drop_expired() -> Document {
+    doc! { "$set": {
+        READERS: live_members(READERS, None),
+        WAITING_WRITER: { "$cond": [
+            { "$gt": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+            format!("${WAITING_WRITER}"),
+            "$$REMOVE",
+        ] },
+    } }
+}
+
+/// A read attempt: join the readers unless a writer holds the lock or waits for it (a missing or
+/// ended lease compares below `$$NOW`). Returns the new reader's lock id and the update.
+fn read_update(lock: &LockInner) -> (String, Vec<Document>) {
+    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    let may_read = doc! { "$and": [
+        { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+        { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+    ] };
+    let join = doc! { "$concatArrays": [format!("${READERS}"), [new_lease(lock, &lock_id)]] };
+    let update = vec![
+        drop_expired(),
+        doc! { "$set": { READERS: { "$cond": [may_read, join, format!("${READERS}")] } } },
+    ];
+    (lock_id, update)
+}
+
+/// A write attempt of the waiting writer `marker_id`: take the lock if no live reader, no live
+/// writer and no other writer's live marker is there, with the next fencing token, removing the
+/// marker; otherwise, if `waits`, place or renew our marker (unless another writer's is live).
+/// Returns the writer's lock id and the update.
+fn write_update(lock: &LockInner, marker_id: &str, waits: bool) -> (String, Vec<Document>) {
+    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    let marker_is_ours_or_absent = doc! {
+        "$eq": [{ "$ifNull": [format!("${WAITING_WRITER}.{EMBEDDED_ID}"), marker_id] }, marker_id]
+    };
+    let free = doc! { "$and": [
+        { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+        { "$eq": [{ "$size": format!("${READERS}") }, 0] },
+        marker_is_ours_or_absent.clone(),
+    ] };
+    let mut writer = new_lease(lock, &lock_id);
+    writer.insert(
+        FENCING_TOKEN,
+        next_fencing_token(&format!("{WRITER}.{FENCING_TOKEN}")),
+    );
+    let keep_marker: Bson = format!("${WAITING_WRITER}").into();
+    let marker_when_busy: Bson = if waits {
+        let ours = doc! {
+            EMBEDDED_ID: marker_id,
+            EXPIRES_AT: lease_end(marker_lease_millis(&lock.options)),
+        };
+        doc! { "$cond": [marker_is_ours_or_absent, ours, keep_marker] }.into()
+    } else {
+        keep_marker
+    };
+    let is_free = format!("${WRITE_IS_FREE}");
+    let update = vec![
+        drop_expired(),
+        doc! { "$set": { WRITE_IS_FREE: free } },
+        doc! { "$set": {
+            WRITER: { "$cond": [&is_free, writer, format!("${WRITER}")] },
+            WAITING_WRITER: { "$cond": [&is_free, "$$REMOVE", marker_when_busy] },
+        } },
+        doc! { "$unset": WRITE_IS_FREE },
+    ];
+    (lock_id, update)
+}
+
+/// The waiting-writer marker's lease: longer than the longest sleep between two attempts.
+fn marker_lease_millis(options: &LockOptions) -> i64 {
+    let lease = options.busy_wait_sleep_time().1 * 2 + Duration::from_secs(1);
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A waiting writer's marker, removed when the wait ends without the lock (also on drop).
+struct WaitingWriter {
+    lock: Arc<LockInner>,
+    runtime: Handle,
+    id: String,
+    /// Whether an attempt may have placed the marker.
+    placed: AtomicBool,
+}
+
+impl WaitingWriter {
+    /// Starts removing the marker, if one may have been placed; once.
+    fn remove(&self) -> Option<JoinHandle<()>> {
+        if !self.placed.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let collection = self.lock.collection.clone();
+        let filter =
+            doc! { ID: &self.lock.name, format!("{WAITING_WRITER}.{EMBEDDED_ID}"): &self.id };
+        let write_concern = self.lock.options.write_concern().clone();
+        let name = self.lock.name.clone();
+        Some(self.runtime.spawn(async move {
+            let removed = collection
+                .update_one(filter, doc! { "$unset": { WAITING_WRITER: "" } })
+                .write_concern(write_concern)
+                .await;
+            if let Err(error) = removed {
+                tracing::warn!(
+                    lock = %shown_name(&name),
+                    %error,
+                    "could not remove the waiting-writer marker; it ends with its lease"
+                );
+            }
+        }))
+    }
+}
+
+impl Drop for WaitingWriter {
+    fn drop(&mut self) {
+        let _ = self.remove();
+    }
+}
+
+/// Proof that a read lock is held; returned by the `acquire_read*` methods of
+/// [`MongoDistributedReaderWriterLock`].
+///
+/// Behaves like [`LockGuard`]: the lease is renewed while the guard lives, [`lost`](Self::lost)
+/// turns `true` before the lease can end on the server, [`release`](Self::release) ends it, and
+/// dropping the guard releases it in the background. Readers have no fencing token: they share
+/// the lock, so there is no order among them to enforce.
+#[must_use = "dropping the guard releases the read lock at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct ReadGuard(LockGuard);
+
+impl ReadGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    /// `false` until the read lock is known or presumed lost, then `true`; see
+    /// [`LockGuard::lost`].
+    pub fn lost(&self) -> watch::Receiver<bool> {
+        self.0.lost()
+    }
+
+    /// Whether the read lock is known or presumed lost.
+    pub fn is_lost(&self) -> bool {
+        self.0.is_lost()
+    }
+
+    /// Stops renewing and releases the read lock: one update that removes this reader, and no
+    /// other, from the document.
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`LockGuard::release`].
+    pub async fn release(self) -> Result<()> {
+        self.0.release().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marker_outlives_the_longest_sleep_between_attempts() {
+        let options = LockOptions::default();
+        let longest_sleep = options.busy_wait_sleep_time().1;
+        let lease = Duration::from_millis(u64::try_from(marker_lease_millis(&options)).unwrap());
+        assert!(lease >= longest_sleep * 2, "{lease:?}");
+        assert_eq!(lease, Duration::from_millis(2_600));
+    }
+
+    #[test]
+    fn readers_are_found_by_lock_id_only() {
+        let document = doc! { READERS: [{ EMBEDDED_ID: "a" }, 5, { "other": "b" }] };
+        assert!(holds_read(&document, "a"));
+        assert!(!holds_read(&document, "b"));
+        assert!(!holds_read(&doc! { READERS: "a" }, "a"));
+    }
+}
