@@ -10,7 +10,7 @@ use crate::{FencingToken, Result};
 
 /// Proof that the lock is held; returned by the `acquire*` methods of
 /// [`MongoDistributedLock`](crate::MongoDistributedLock), by those of
-/// [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore) (one slot), and by the
+/// [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore) (one holder), and by the
 /// `acquire_write*` methods of
 /// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock) (the writer).
 ///

@@ -11,7 +11,7 @@ use crate::lock::{DEFAULT_COLLECTION, validate_collection_name};
 use crate::renewal::RenewalHub;
 use crate::rw_lock::DEFAULT_RW_COLLECTION;
 use crate::semaphore::DEFAULT_SEMAPHORE_COLLECTION;
-use crate::status::{self, LockKind, LockStatus};
+use crate::status::{self, LockStatus};
 use crate::{
     LockDetails, LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
     MongoDistributedSemaphore, Result,
@@ -114,12 +114,11 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: reads only.
     pub async fn held_locks(&self) -> Result<Vec<LockStatus>> {
-        let (any, database) = (Document::new(), &self.database);
-        let mut held = status::held(&self.collection()?, LockKind::Exclusive, any.clone()).await?;
-        let rw_locks = database.collection(DEFAULT_RW_COLLECTION);
-        held.extend(status::reader_writer_holders(&rw_locks, any.clone()).await?);
-        let semaphores = database.collection(DEFAULT_SEMAPHORE_COLLECTION);
-        held.extend(status::held(&semaphores, LockKind::Semaphore, any).await?);
+        let mut held = status::held(&self.collection()?).await?;
+        let rw_locks = self.database.collection(DEFAULT_RW_COLLECTION);
+        held.extend(status::reader_writer_holders(&rw_locks, Document::new()).await?);
+        let semaphores = self.database.collection(DEFAULT_SEMAPHORE_COLLECTION);
+        held.extend(status::semaphore_holders(&semaphores, Document::new()).await?);
         held.sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
         Ok(held)
     }

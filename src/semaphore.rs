@@ -1,20 +1,20 @@
 //! A counting semaphore: at most `max_count` holders at once.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReturnDocument;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::error::is_duplicate_key;
+use crate::error::{is_duplicate_key, shown_name};
 use crate::lock::{LockInner, hold, validate_collection_name};
-use crate::schema::{self, ACQUIRED_AT, DETAILS, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout};
-use crate::status::{self, LockKind, LockStatus};
+use crate::schema::{
+    self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout,
+};
+use crate::status::{self, LockStatus};
 use crate::{
     Error, LockDetails, LockGuard, LockOptions, MongoDistributedLock, Result, backoff, waiting,
 };
@@ -23,22 +23,32 @@ use crate::{
 pub const DEFAULT_SEMAPHORE_COLLECTION: &str = "distributed_semaphores";
 
 const MAX_COUNT: &str = "maxCount";
-/// The semaphore's name inside a slot's `_id`.
-pub(crate) const SEMAPHORE: &str = "semaphore";
+/// The array of holders' leases.
+pub(crate) const HOLDERS: &str = "holders";
+/// A field that lives only inside one update pipeline.
+const ADMITTED: &str = "_admitted";
 
 /// A named semaphore: at most `max_count` holders at once, each with its own lease and guard.
 ///
-/// Each of the `max_count` slots is a lock document of its own,
-/// `{_id: {semaphore: <name>, slot: <i>}, maxCount, lockId, expiresAt, acquiredAt, fencingToken,
-/// details}`, created on first use. `details` are the holder's [`LockDetails`] (by default this
-/// process's host and id; see [`with_details`](Self::with_details)), shown by
-/// [`holders`](Self::holders). An attempt is one `findAndModify` that takes any free slot (missing or
-/// expired lease, by server time). Holders get a [`LockGuard`]: lease renewal, `lost`, `release`
-/// and release on drop work exactly as for [`MongoDistributedLock`]; its fencing token orders the
-/// acquisitions of that slot. Releases wake one waiter of the same semaphore in this process.
+/// # Document
+/// One document per name in `distributed_semaphores`:
 ///
-/// Every user of a name must agree on `max_count`: a caller whose count differs from the one
-/// the slots were created with gets [`Error::InvalidArgument`] naming both counts.
+/// ```text
+/// { _id: <name>, maxCount: <n>, fencingToken: <last>,
+///   holders: [ { id, expiresAt, acquiredAt, fencingToken, details }, ... ] }
+/// ```
+///
+/// An attempt is one `findAndModify` (upsert) with a pipeline update that drops holders whose
+/// lease ended (by server time) and appends ours if fewer than `max_count` remain, all in one
+/// atomic step. Holders get a [`LockGuard`]: lease renewal, `lost`, `release` and release on drop
+/// work exactly as for [`MongoDistributedLock`]; fencing tokens strictly increase across all
+/// holders of the semaphore. `details` are the holder's [`LockDetails`] (by default this
+/// process's host and id; see [`with_details`](Self::with_details)), shown by
+/// [`holders`](Self::holders). Releases wake one waiter of the same semaphore in this process.
+///
+/// Every user of a name must agree on `max_count`: the first acquisition records it, and a
+/// caller whose count differs gets [`Error::InvalidArgument`] naming both counts (the document
+/// is left as it was). To change the count, let every holder go and delete the document.
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
@@ -54,9 +64,6 @@ pub(crate) const SEMAPHORE: &str = "semaphore";
 pub struct MongoDistributedSemaphore {
     lock: MongoDistributedLock,
     max_count: u32,
-    /// Set once the slots were seen to exist with our count: later failed attempts cost nothing
-    /// more than their `findAndModify`.
-    slots_ready: Arc<AtomicBool>,
 }
 
 impl MongoDistributedSemaphore {
@@ -69,10 +76,9 @@ impl MongoDistributedSemaphore {
         MongoDistributedSemaphore::from_lock(lock, max_count)
     }
 
-    /// Stores the slots in `collection` instead of `distributed_semaphores`.
+    /// Stores the semaphore in `collection` instead of `distributed_semaphores`.
     pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
         self.lock = self.lock.with_collection(collection);
-        self.slots_ready = Arc::default();
         self
     }
 
@@ -89,8 +95,8 @@ impl MongoDistributedSemaphore {
         self
     }
 
-    /// The current holders, one per taken slot, at one server instant; each shows its lease,
-    /// fencing token and details.
+    /// The current holders at one server instant; each shows its lease, fencing token and
+    /// details.
     ///
     /// # Errors
     /// [`Error::Mongo`] if the read fails; [`Error::InvalidCollectionName`].
@@ -100,8 +106,8 @@ impl MongoDistributedSemaphore {
     pub async fn holders(&self) -> Result<Vec<LockStatus>> {
         let inner = self.lock.inner();
         validate_collection_name(inner.collection.name())?;
-        let this_semaphore = doc! { format!("{ID}.{SEMAPHORE}"): &inner.name };
-        status::held(&inner.collection, LockKind::Semaphore, this_semaphore).await
+        let this_semaphore = doc! { ID: &inner.name };
+        status::semaphore_holders(&inner.collection, this_semaphore).await
     }
 
     /// A semaphore over `lock`'s name, collection, options and renewal loops, storing the
@@ -112,11 +118,7 @@ impl MongoDistributedSemaphore {
         } else {
             lock.with_stored_details(Some(LockDetails::new().to_document()))
         };
-        MongoDistributedSemaphore {
-            lock,
-            max_count,
-            slots_ready: Arc::default(),
-        }
+        MongoDistributedSemaphore { lock, max_count }
     }
 
     /// The semaphore's name.
@@ -129,11 +131,11 @@ impl MongoDistributedSemaphore {
         self.max_count
     }
 
-    /// Waits until a slot is acquired.
+    /// Waits until one of the `max_count` places is acquired.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `max_count` of 0 or one that differs from the count the
-    /// semaphore's slots were created with; otherwise as
+    /// semaphore was created with; otherwise as
     /// [`MongoDistributedLock::acquire`].
     ///
     /// # Cancel safety
@@ -144,7 +146,7 @@ impl MongoDistributedSemaphore {
             .ok_or(Error::BackgroundTaskEnded("acquire"))
     }
 
-    /// Waits at most `timeout` for a slot; [`Error::Timeout`] when it runs out.
+    /// Waits at most `timeout` for a place; [`Error::Timeout`] when it runs out.
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire), plus [`Error::Timeout`].
@@ -162,7 +164,7 @@ impl MongoDistributedSemaphore {
             })
     }
 
-    /// One attempt: `Ok(None)` if every slot is taken.
+    /// One attempt: `Ok(None)` if `max_count` holders hold it.
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire).
@@ -173,7 +175,7 @@ impl MongoDistributedSemaphore {
         self.try_acquire_timeout(Duration::ZERO).await
     }
 
-    /// Attempts for up to `timeout`: `Ok(None)` if every slot stayed taken.
+    /// Attempts for up to `timeout`: `Ok(None)` if the semaphore stayed full.
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire).
@@ -191,121 +193,108 @@ impl MongoDistributedSemaphore {
         if self.max_count == 0 {
             return Err(Error::InvalidArgument(format!(
                 "semaphore {:?}: max_count must be at least 1",
-                crate::error::shown_name(&inner.name)
+                shown_name(&inner.name)
             )));
         }
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         waiting::retry(&inner.options, deadline, Some(&inner.waiters), || {
-            let attempt = attempt(
-                Arc::clone(inner),
-                self.max_count,
-                Arc::clone(&self.slots_ready),
-                runtime.clone(),
-            );
+            let attempt = attempt(Arc::clone(inner), self.max_count, runtime.clone());
             waiting::spawned_attempt(&runtime, deadline, &inner.options, &inner.name, attempt)
         })
         .await
     }
 }
 
-fn slot_id(name: &str, slot: u32) -> Bson {
-    Bson::Document(doc! { SEMAPHORE: name, "slot": i64::from(slot) })
-}
-
-/// One attempt: take any free slot; on the first failure, make sure the slots exist.
+/// One attempt: join the holders if fewer than `max_count` hold a live lease, in one
+/// `findAndModify` (upsert) whose pipeline drops ended leases first.
 async fn attempt(
     lock: Arc<LockInner>,
     max_count: u32,
-    slots_ready: Arc<AtomicBool>,
     runtime: Handle,
 ) -> Result<Option<LockGuard>> {
-    if let Some(guard) = take_slot(&lock, max_count, &runtime).await? {
-        return Ok(Some(guard));
-    }
-    if slots_ready.load(Ordering::Relaxed) {
-        return Ok(None);
-    }
-    ensure_slots(&lock, max_count).await?;
-    slots_ready.store(true, Ordering::Relaxed);
-    take_slot(&lock, max_count, &runtime).await
-}
-
-async fn take_slot(
-    lock: &Arc<LockInner>,
-    max_count: u32,
-    runtime: &Handle,
-) -> Result<Option<LockGuard>> {
-    let slots: Vec<Bson> = (0..max_count)
-        .map(|slot| slot_id(&lock.name, slot))
-        .collect();
-    let free = doc! { "$lte": [{ "$ifNull": [format!("${EXPIRES_AT}"), Bson::Null] }, "$$NOW"] };
     let lock_id = uuid::Uuid::new_v4().simple().to_string();
-    let mut take = doc! {
-        LOCK_ID: &lock_id,
-        EXPIRES_AT: schema::lease_end(lock.options.expiry_millis()),
-        ACQUIRED_AT: "$$NOW",
-        FENCING_TOKEN: schema::next_fencing_token(FENCING_TOKEN),
-    };
-    if let Some(details) = &lock.details {
-        take.insert(DETAILS, schema::literal(details));
-    }
     let sent_at = Instant::now();
-    let taken = lock
+    let result = lock
         .collection
         .find_one_and_update(
-            doc! { ID: { "$in": slots }, MAX_COUNT: i64::from(max_count), "$expr": free },
-            vec![doc! { "$set": take }],
+            doc! { ID: &lock.name },
+            join_update(&lock, max_count, &lock_id),
         )
+        .upsert(true)
         .return_document(ReturnDocument::After)
         .write_concern(lock.options.write_concern().clone())
-        .await?;
-    let Some(document) = taken else {
-        return Ok(None);
+        .await;
+    let document = match result {
+        Ok(Some(document)) => document,
+        Ok(None) => {
+            return Err(Error::UnexpectedReply(
+                "findAndModify with upsert returned no document".to_owned(),
+            ));
+        }
+        // Two concurrent upserts of a new name that the server did not retry: the other won.
+        Err(error) if is_duplicate_key(&error) => return Ok(None),
+        Err(error) => return Err(Error::Mongo(error)),
     };
-    let id = document.get(ID).cloned().unwrap_or(Bson::Null);
-    let token = document.get(FENCING_TOKEN).and_then(schema::read_i64);
-    hold(
-        lock,
-        runtime,
-        &Layout::LockDocument,
-        id,
-        lock_id,
-        sent_at,
-        token,
-    )
-}
-
-/// Creates the missing slots (each insert races harmlessly with other callers' on `_id`) and
-/// checks that existing ones agree on the count.
-async fn ensure_slots(lock: &Arc<LockInner>, max_count: u32) -> Result<()> {
-    let existing: Vec<Document> = lock
-        .collection
-        .find(doc! { format!("{ID}.{SEMAPHORE}"): &lock.name })
-        .projection(doc! { MAX_COUNT: 1 })
-        .await?
-        .try_collect()
-        .await?;
-    if let Some(other) = existing
-        .iter()
-        .filter_map(|slot| slot.get(MAX_COUNT).and_then(schema::read_i64))
-        .find(|count| *count != i64::from(max_count))
-    {
+    let stored_count = document.get(MAX_COUNT).and_then(schema::read_i64);
+    if stored_count != Some(i64::from(max_count)) {
+        let stored = document
+            .get(MAX_COUNT)
+            .map_or_else(|| "none".to_owned(), ToString::to_string);
         return Err(Error::InvalidArgument(format!(
-            "semaphore {:?} was created with max_count {other}; this caller uses {max_count}",
-            crate::error::shown_name(&lock.name)
+            "semaphore {:?} was created with max_count {stored}; this caller uses {max_count}",
+            shown_name(&lock.name)
         )));
     }
-    for slot in 0..max_count {
-        let created = lock
-            .collection
-            .insert_one(doc! { ID: slot_id(&lock.name, slot), MAX_COUNT: i64::from(max_count) })
-            .write_concern(lock.options.write_concern().clone())
-            .await;
-        match created {
-            Ok(_) => {}
-            Err(error) if is_duplicate_key(&error) => {}
-            Err(error) => return Err(error.into()),
+    let ours = document.get_array(HOLDERS).ok().and_then(|holders| {
+        holders
+            .iter()
+            .filter_map(Bson::as_document)
+            .find(|holder| holder.get_str(EMBEDDED_ID) == Ok(lock_id.as_str()))
+    });
+    match ours {
+        Some(holder) => {
+            let token = holder.get(FENCING_TOKEN).and_then(schema::read_i64);
+            let id = lock.name.as_str().into();
+            let layout = Layout::Members(HOLDERS.to_owned());
+            hold(&lock, &runtime, &layout, id, lock_id, sent_at, token)
         }
+        None => Ok(None),
     }
-    Ok(())
+}
+
+/// The pipeline of an attempt: drop ended leases; record `max_count` on first use; if the stored
+/// count is ours and a place is free, take the next fencing token and append our lease.
+fn join_update(lock: &LockInner, max_count: u32, lock_id: &str) -> Vec<Document> {
+    let max_count = i64::from(max_count);
+    let admitted = format!("${ADMITTED}");
+    let mut lease = doc! {
+        EMBEDDED_ID: lock_id,
+        EXPIRES_AT: schema::lease_end(lock.options.expiry_millis()),
+        ACQUIRED_AT: "$$NOW",
+        FENCING_TOKEN: format!("${FENCING_TOKEN}"),
+    };
+    if let Some(details) = &lock.details {
+        lease.insert(DETAILS, schema::literal(details));
+    }
+    vec![
+        doc! { "$set": {
+            HOLDERS: schema::live_members(HOLDERS, None),
+            MAX_COUNT: { "$ifNull": [format!("${MAX_COUNT}"), max_count] },
+        } },
+        doc! { "$set": { ADMITTED: { "$and": [
+            { "$eq": [format!("${MAX_COUNT}"), max_count] },
+            { "$lt": [{ "$size": format!("${HOLDERS}") }, max_count] },
+        ] } } },
+        doc! { "$set": { FENCING_TOKEN: { "$cond": [
+            &admitted,
+            schema::next_fencing_token(FENCING_TOKEN),
+            format!("${FENCING_TOKEN}"),
+        ] } } },
+        doc! { "$set": { HOLDERS: { "$cond": [
+            &admitted,
+            { "$concatArrays": [format!("${HOLDERS}"), [lease]] },
+            format!("${HOLDERS}"),
+        ] } } },
+        doc! { "$unset": ADMITTED },
+    ]
 }

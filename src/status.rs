@@ -1,5 +1,5 @@
-//! Inspection and administration of the locks in a collection: who holds what, forced release
-//! of stuck locks, and purging of expired lock documents.
+//! Inspection and administration: who holds what (every kind of lock, with the holders'
+//! details), forced release of stuck exclusive locks, and purging of expired lock documents.
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use crate::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout,
     live_members, read_i64,
 };
-use crate::semaphore::SEMAPHORE;
+use crate::semaphore::HOLDERS;
 use crate::{FencingToken, LockDetails, Result};
 
 /// The server time added to each row read.
@@ -28,7 +28,7 @@ pub enum LockKind {
     Write,
     /// A reader of a [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock).
     Read,
-    /// A slot of a [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore).
+    /// A holder of a [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore).
     Semaphore,
 }
 
@@ -112,15 +112,10 @@ impl LockStatus {
     }
 }
 
-/// The name of the lock a row belongs to: its `_id`, or for a semaphore slot the
-/// `_id.semaphore` part.
+/// The name of the lock a row belongs to: its `_id`.
 fn name_of(row: &Document) -> String {
     match row.get(ID) {
         Some(Bson::String(name)) => name.clone(),
-        Some(Bson::Document(slot)) => match slot.get_str(SEMAPHORE) {
-            Ok(name) => name.to_owned(),
-            Err(_) => slot.to_string(),
-        },
         Some(other) => other.to_string(),
         None => String::new(),
     }
@@ -141,22 +136,18 @@ pub(crate) async fn status(
     }))
 }
 
-/// The live holders of the lock documents of `collection` (exclusive locks or semaphore slots)
-/// that match `filter`.
-pub(crate) async fn held(
-    collection: &Collection<Document>,
-    kind: LockKind,
-    filter: Document,
-) -> Result<Vec<LockStatus>> {
-    let mut live = doc! {
+/// The live holders of the exclusive locks of `collection`.
+pub(crate) async fn held(collection: &Collection<Document>) -> Result<Vec<LockStatus>> {
+    let live = doc! {
         LOCK_ID: { "$exists": true },
         "$expr": Layout::LockDocument.live(),
     };
-    live.extend(filter);
     let rows = read(collection, live).await?;
     Ok(rows
         .iter()
-        .map(|row| LockStatus::of_holder(kind, name_of(row), row, LOCK_ID, now_of(row)))
+        .map(|row| {
+            LockStatus::of_holder(LockKind::Exclusive, name_of(row), row, LOCK_ID, now_of(row))
+        })
         .collect())
 }
 
@@ -173,25 +164,41 @@ pub(crate) async fn reader_writer_holders(
     let mut holders = Vec::new();
     for row in read(collection, held).await? {
         let (name, now) = (name_of(&row), now_of(&row));
-        let writer = row.get_document(WRITER).ok().map(|writer| {
-            LockStatus::of_holder(LockKind::Write, name.clone(), writer, EMBEDDED_ID, now)
-        });
-        let readers = row
-            .get_array(READERS)
-            .map(|readers| readers.iter().filter_map(Bson::as_document).collect())
-            .unwrap_or_else(|_| Vec::new())
-            .into_iter()
-            .map(|reader| {
-                LockStatus::of_holder(LockKind::Read, name.clone(), reader, EMBEDDED_ID, now)
-            });
-        holders.extend(
-            writer
-                .into_iter()
-                .chain(readers)
-                .filter(LockStatus::is_held),
-        );
+        if let Ok(writer) = row.get_document(WRITER) {
+            let writer = LockStatus::of_holder(LockKind::Write, name, writer, EMBEDDED_ID, now);
+            holders.extend(Some(writer).filter(LockStatus::is_held));
+        }
+        holders.extend(members(&row, READERS, LockKind::Read));
     }
     Ok(holders)
+}
+
+/// The live holders of the semaphores of `collection` that match `filter`.
+pub(crate) async fn semaphore_holders(
+    collection: &Collection<Document>,
+    filter: Document,
+) -> Result<Vec<LockStatus>> {
+    let mut held = doc! { "$expr": { "$gt": [{ "$size": live_members(HOLDERS, None) }, 0] } };
+    held.extend(filter);
+    let rows = read(collection, held).await?;
+    Ok(rows
+        .iter()
+        .flat_map(|row| members(row, HOLDERS, LockKind::Semaphore))
+        .collect())
+}
+
+/// The holders with a live lease in array `field` of `row`.
+fn members(row: &Document, field: &str, kind: LockKind) -> Vec<LockStatus> {
+    let (name, now) = (name_of(row), now_of(row));
+    let Ok(members) = row.get_array(field) else {
+        return Vec::new();
+    };
+    members
+        .iter()
+        .filter_map(Bson::as_document)
+        .map(|member| LockStatus::of_holder(kind, name.clone(), member, EMBEDDED_ID, now))
+        .filter(LockStatus::is_held)
+        .collect()
 }
 
 async fn read(collection: &Collection<Document>, filter: Document) -> Result<Vec<Document>> {

@@ -128,13 +128,11 @@ async fn every_reader_writer_attempt_is_one_find_and_modify() {
 }
 
 #[tokio::test]
-async fn a_semaphore_attempt_is_one_find_and_modify_once_its_slots_exist() {
+async fn every_semaphore_attempt_is_one_find_and_modify_from_the_first_use() {
     let (database, commands) = common::counting_database().await;
     let semaphore = MongoDistributedSemaphore::new(common::unique("s"), 1, &database)
         .with_collection(common::unique("semaphores"));
-    let held = semaphore.acquire().await.unwrap(); // the first use creates the slot
-
-    commands.clear();
+    let held = semaphore.acquire().await.unwrap(); // the first use creates the document
     assert!(semaphore.try_acquire().await.unwrap().is_none());
     held.release().await.unwrap();
     semaphore
@@ -147,6 +145,12 @@ async fn a_semaphore_attempt_is_one_find_and_modify_once_its_slots_exist() {
         .unwrap();
     assert_eq!(
         commands.started(),
-        ["findAndModify", "update", "findAndModify", "update"]
+        [
+            "findAndModify",
+            "findAndModify",
+            "update",
+            "findAndModify",
+            "update"
+        ]
     );
 }

@@ -59,7 +59,7 @@ async fn sixteen_contenders_never_exceed_max_count() {
 }
 
 #[tokio::test]
-async fn slots_have_their_own_leases_and_free_up_on_release_and_drop() {
+async fn holders_have_their_own_leases_and_places_free_up_on_release_and_drop() {
     let database = common::database().await;
     let collection = common::unique("semaphores");
     let semaphore = MongoDistributedSemaphore::new("jobs", 2, &database)
@@ -71,13 +71,19 @@ async fn slots_have_their_own_leases_and_free_up_on_release_and_drop() {
     assert!(semaphore.try_acquire().await.unwrap().is_none(), "full");
     assert_eq!(first.name(), "jobs");
 
-    // Each slot is renewed on its own: one lost slot leaves the other held.
-    let slots = database.collection::<Document>(&collection);
-    assert_eq!(slots.count_documents(doc! {}).await.unwrap(), 2);
-    slots
+    // Each holder's lease is renewed on its own: one lost holder leaves the other held.
+    let documents = database.collection::<Document>(&collection);
+    assert_eq!(documents.count_documents(doc! {}).await.unwrap(), 1);
+    let stored = common::lock_document(&documents, "jobs").await.unwrap();
+    assert_eq!(stored.get_array("holders").unwrap().len(), 2, "{stored}");
+    assert!(
+        first.fencing_token() < second.fencing_token(),
+        "tokens increase across holders"
+    );
+    documents
         .update_one(
-            doc! { "lockId": { "$exists": true } },
-            doc! { "$set": { "lockId": "stolen" } },
+            doc! { "_id": "jobs" },
+            doc! { "$set": { "holders.0.id": "stolen" } },
         )
         .await
         .unwrap();
@@ -138,19 +144,25 @@ async fn disagreeing_or_zero_max_counts_are_clear_errors() {
         zero.acquire().await,
         Err(Error::InvalidArgument(_))
     ));
-    let slots = database.collection::<Document>(&collection);
+    let documents = database.collection::<Document>(&collection);
     assert_eq!(
-        slots
-            .count_documents(doc! { "_id.semaphore": "zero" })
+        documents
+            .count_documents(doc! { "_id": "zero" })
             .await
             .unwrap(),
         0,
         "nothing written"
     );
+    let shared = common::lock_document(&documents, "shared").await.unwrap();
+    assert_eq!(
+        shared.get_array("holders").unwrap().len(),
+        0,
+        "the refused caller changed nothing: {shared}"
+    );
 }
 
 #[tokio::test]
-async fn holders_show_each_taken_slot_with_its_details() {
+async fn holders_show_each_holder_with_its_details() {
     let database = common::database().await;
     let semaphore = MongoDistributedSemaphore::new(common::unique("pool"), 3, &database)
         .with_collection(common::unique("semaphores"))
