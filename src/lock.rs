@@ -117,6 +117,16 @@ impl MongoDistributedLock {
         self
     }
 
+    /// Stores this process's details unless details are set already (the default of the
+    /// primitives that are not .NET-compatible).
+    pub(crate) fn with_details_by_default(self) -> Self {
+        if self.inner.details.is_some() {
+            self
+        } else {
+            self.with_details(LockDetails::new())
+        }
+    }
+
     /// The lock's name.
     pub fn name(&self) -> &str {
         &self.inner.name
@@ -251,36 +261,48 @@ impl MongoDistributedLock {
 async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<LockGuard>> {
     let lock_id = uuid::Uuid::new_v4().simple().to_string();
     let sent_at = Instant::now();
+    let update = schema::acquire_update(
+        &lock_id,
+        lock.options.expiry_millis(),
+        lock.details.as_ref(),
+    );
+    let Some(document) = upsert_attempt(&lock, update).await? else {
+        return Ok(None);
+    };
+    match schema::read_attempt_reply(&document, &lock_id) {
+        AttemptReply::Acquired(token) => {
+            ttl_index::ensure(&runtime, &lock.collection);
+            let id = lock.name.as_str().into();
+            hold(
+                &lock,
+                &runtime,
+                &Layout::LockDocument,
+                id,
+                lock_id,
+                sent_at,
+                token,
+            )
+        }
+        AttemptReply::Busy => Ok(None),
+    }
+}
+
+/// Runs an attempt's pipeline `update` on the lock's document (`{_id: name}`, created if
+/// missing) and returns the document after it; `None` when a concurrent upsert of the same new
+/// name won (the lock is busy).
+pub(crate) async fn upsert_attempt(
+    lock: &LockInner,
+    update: Vec<Document>,
+) -> Result<Option<Document>> {
     let result = lock
         .collection
-        .find_one_and_update(
-            doc! { schema::ID: &lock.name },
-            schema::acquire_update(
-                &lock_id,
-                lock.options.expiry_millis(),
-                lock.details.as_ref(),
-            ),
-        )
+        .find_one_and_update(doc! { schema::ID: &lock.name }, update)
         .upsert(true)
         .return_document(ReturnDocument::After)
         .write_concern(lock.options.write_concern().clone())
         .await;
     match result {
-        Ok(Some(document)) => match schema::read_attempt_reply(&document, &lock_id) {
-            AttemptReply::Acquired(token) => {
-                ttl_index::ensure(&runtime, &lock.collection);
-                hold(
-                    &lock,
-                    &runtime,
-                    &Layout::LockDocument,
-                    lock.name.as_str().into(),
-                    lock_id,
-                    sent_at,
-                    token,
-                )
-            }
-            AttemptReply::Busy => Ok(None),
-        },
+        Ok(Some(document)) => Ok(Some(document)),
         Ok(None) => Err(Error::UnexpectedReply(
             "findAndModify with upsert returned no document".to_owned(),
         )),

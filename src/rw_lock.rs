@@ -6,14 +6,13 @@ use std::time::Duration;
 
 use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
-use mongodb::options::ReturnDocument;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::error::{is_duplicate_key, shown_name};
-use crate::lock::{LockInner, hold, validate_collection_name};
+use crate::error::shown_name;
+use crate::lock::{LockInner, hold, upsert_attempt, validate_collection_name};
 use crate::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, lease_end, literal,
     live_members, next_fencing_token, read_i64,
@@ -60,8 +59,9 @@ const WRITE_IS_FREE: &str = "_writeIsFree";
 /// hold the lock keep it until they release it, then the writer gets in. So a steady stream of
 /// readers cannot starve writers. The marker is removed by the attempt that acquires the lock,
 /// and when the wait ends otherwise (timeout, error, or the future is dropped: a drop guard
-/// removes it in the background). A writer that vanishes without removing it (a crash) blocks new
-/// readers for at most the marker's lease. One writer at a time holds the marker; other waiting
+/// removes it in the background). A writer that vanishes without removing it (a crash, or a
+/// dropped wait whose last attempt reached the server after the removal) blocks new readers for
+/// at most the marker's lease. One writer at a time holds the marker; other waiting
 /// writers compete as usual once it is gone.
 ///
 /// # Guards
@@ -108,11 +108,7 @@ impl MongoDistributedReaderWriterLock {
     /// A reader-writer lock over `lock`'s name, collection, options and renewal loops, storing
     /// the details of this process unless `lock` has others.
     pub(crate) fn from_lock(lock: MongoDistributedLock) -> Self {
-        let lock = if lock.inner().details.is_some() {
-            lock
-        } else {
-            lock.with_stored_details(Some(LockDetails::new().to_document()))
-        };
+        let lock = lock.with_details_by_default();
         MongoDistributedReaderWriterLock { lock }
     }
 
@@ -323,23 +319,8 @@ async fn attempt(
     (lock_id, update): (String, Vec<Document>),
 ) -> Result<Option<LockGuard>> {
     let sent_at = Instant::now();
-    let result = lock
-        .collection
-        .find_one_and_update(doc! { ID: &lock.name }, update)
-        .upsert(true)
-        .return_document(ReturnDocument::After)
-        .write_concern(lock.options.write_concern().clone())
-        .await;
-    let document = match result {
-        Ok(Some(document)) => document,
-        Ok(None) => {
-            return Err(Error::UnexpectedReply(
-                "findAndModify with upsert returned no document".to_owned(),
-            ));
-        }
-        // Two concurrent upserts of a new name that the server did not retry: the other won.
-        Err(error) if is_duplicate_key(&error) => return Ok(None),
-        Err(error) => return Err(Error::Mongo(error)),
+    let Some(document) = upsert_attempt(&lock, update).await? else {
+        return Ok(None);
     };
     let id: Bson = lock.name.as_str().into();
     match mode {

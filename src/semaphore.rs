@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
-use mongodb::options::ReturnDocument;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::error::{is_duplicate_key, shown_name};
-use crate::lock::{LockInner, hold, validate_collection_name};
+use crate::error::shown_name;
+use crate::lock::{LockInner, hold, upsert_attempt, validate_collection_name};
 use crate::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout,
 };
@@ -113,11 +112,7 @@ impl MongoDistributedSemaphore {
     /// A semaphore over `lock`'s name, collection, options and renewal loops, storing the
     /// details of this process unless `lock` has others.
     pub(crate) fn from_lock(lock: MongoDistributedLock, max_count: u32) -> Self {
-        let lock = if lock.inner().details.is_some() {
-            lock
-        } else {
-            lock.with_stored_details(Some(LockDetails::new().to_document()))
-        };
+        let lock = lock.with_details_by_default();
         MongoDistributedSemaphore { lock, max_count }
     }
 
@@ -214,26 +209,9 @@ async fn attempt(
 ) -> Result<Option<LockGuard>> {
     let lock_id = uuid::Uuid::new_v4().simple().to_string();
     let sent_at = Instant::now();
-    let result = lock
-        .collection
-        .find_one_and_update(
-            doc! { ID: &lock.name },
-            join_update(&lock, max_count, &lock_id),
-        )
-        .upsert(true)
-        .return_document(ReturnDocument::After)
-        .write_concern(lock.options.write_concern().clone())
-        .await;
-    let document = match result {
-        Ok(Some(document)) => document,
-        Ok(None) => {
-            return Err(Error::UnexpectedReply(
-                "findAndModify with upsert returned no document".to_owned(),
-            ));
-        }
-        // Two concurrent upserts of a new name that the server did not retry: the other won.
-        Err(error) if is_duplicate_key(&error) => return Ok(None),
-        Err(error) => return Err(Error::Mongo(error)),
+    let update = join_update(&lock, max_count, &lock_id);
+    let Some(document) = upsert_attempt(&lock, update).await? else {
+        return Ok(None);
     };
     let stored_count = document.get(MAX_COUNT).and_then(schema::read_i64);
     if stored_count != Some(i64::from(max_count)) {

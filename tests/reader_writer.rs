@@ -283,17 +283,19 @@ async fn a_cancelled_writer_removes_its_marker_long_before_its_lease_ends() {
         "the marker holds readers back"
     );
     waiting.abort();
-    let cancelled = Instant::now();
     assert!(waiting.await.unwrap_err().is_cancelled());
+    let removed = common::eventually(Duration::from_secs(2), || async {
+        !stored(&collection, &lock)
+            .await
+            .contains_key("waitingWriter")
+    })
+    .await;
+    assert!(removed, "the marker is removed, not left to its 7 s lease");
     let second = lock
-        .acquire_read_timeout(Duration::from_secs(10))
+        .try_acquire_read()
         .await
-        .unwrap();
-    let waited = cancelled.elapsed();
-    assert!(
-        waited < Duration::from_secs(2),
-        "readers waited {waited:?} after the cancel"
-    );
+        .unwrap()
+        .expect("readers go on at once");
     second.release().await.unwrap();
     reader.release().await.unwrap();
 }
