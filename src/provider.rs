@@ -90,8 +90,9 @@ impl Provider {
         self
     }
 
-    /// The status of lock `name` (holder, lease, fencing token) at one server instant, or `None`
-    /// if the lock has no document.
+    /// The status of exclusive lock `name` (holder, lease, fencing token, and details if it
+    /// stores them) at one server instant, or `None` if the lock has no document. For
+    /// reader-writer locks and semaphores, see their `holders()`.
     ///
     /// # Errors
     /// [`Error::Mongo`](crate::Error::Mongo) if the read fails;
