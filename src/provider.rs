@@ -183,10 +183,8 @@ impl Provider {
         name: impl Into<String>,
         max_count: u32,
     ) -> MongoDistributedSemaphore {
-        let lock = MongoDistributedLock::new(name, &self.database)
-            .with_collection(DEFAULT_SEMAPHORE_COLLECTION)
-            .with_options(self.options.clone())
-            .with_renewals(&self.renewals)
+        let lock = self
+            .lock_in(name, DEFAULT_SEMAPHORE_COLLECTION)
             .with_details(self.details.clone());
         MongoDistributedSemaphore::from_lock(lock, max_count)
     }
@@ -197,22 +195,25 @@ impl Provider {
         &self,
         name: impl Into<String>,
     ) -> MongoDistributedReaderWriterLock {
-        let lock = MongoDistributedLock::new(name, &self.database)
-            .with_collection(DEFAULT_RW_COLLECTION)
-            .with_options(self.options.clone())
-            .with_renewals(&self.renewals)
+        let lock = self
+            .lock_in(name, DEFAULT_RW_COLLECTION)
             .with_details(self.details.clone());
         MongoDistributedReaderWriterLock::from_lock(lock)
+    }
+
+    /// A lock called `name` in `collection`, with this provider's options and renewal loops.
+    fn lock_in(&self, name: impl Into<String>, collection: &str) -> MongoDistributedLock {
+        MongoDistributedLock::new(name, &self.database)
+            .with_collection(collection)
+            .with_options(self.options.clone())
+            .with_renewals(&self.renewals)
     }
 
     /// A lock called `name` with this provider's collection and options (and details, if
     /// [`store_details_in_exclusive_locks`](Self::store_details_in_exclusive_locks) is on).
     pub fn create_lock(&self, name: impl Into<String>) -> MongoDistributedLock {
         let details = self.exclusive_details.then(|| self.details.to_document());
-        MongoDistributedLock::new(name, &self.database)
-            .with_collection(self.collection.as_str())
-            .with_options(self.options.clone())
-            .with_renewals(&self.renewals)
+        self.lock_in(name, &self.collection)
             .with_stored_details(details)
     }
 }

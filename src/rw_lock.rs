@@ -274,37 +274,42 @@ impl MongoDistributedReaderWriterLock {
         let inner = self.lock.inner();
         validate_collection_name(inner.collection.name())?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        let marker = WaitingWriter {
+        // Only writers leave a marker.
+        let marker = (mode == Mode::Write).then(|| WaitingWriter {
             lock: Arc::clone(inner),
             runtime: runtime.clone(),
             id: uuid::Uuid::new_v4().simple().to_string(),
             placed: AtomicBool::new(false),
-        };
+        });
         let result = waiting::retry(&inner.options, deadline, None, || {
-            // Only a writer with time left to wait holds readers back.
-            let waits = deadline.is_none_or(|deadline| Instant::now() < deadline);
-            let update = match mode {
-                Mode::Read => read_update(inner),
-                Mode::Write => write_update(inner, &marker.id, waits),
+            let update = match &marker {
+                None => read_update(inner),
+                Some(marker) => {
+                    // Only a writer with time left to wait holds readers back.
+                    let waits = deadline.is_none_or(|deadline| Instant::now() < deadline);
+                    if waits {
+                        marker.placed.store(true, Ordering::Relaxed);
+                    }
+                    write_update(inner, &marker.id, waits)
+                }
             };
-            if mode == Mode::Write && waits {
-                marker.placed.store(true, Ordering::Relaxed);
-            }
             let attempt = attempt(Arc::clone(inner), runtime.clone(), mode, update);
             waiting::spawned_attempt(&runtime, deadline, &inner.options, &inner.name, attempt)
         })
         .await;
-        match &result {
-            // The winning update removed the marker.
-            Ok(Some(_)) => marker.placed.store(false, Ordering::Relaxed),
-            // The wait ran out: readers may go on as soon as this returns.
-            Ok(None) => {
-                if let Some(removal) = marker.remove() {
-                    let _ = removal.await;
+        if let Some(marker) = &marker {
+            match &result {
+                // The winning update removed the marker.
+                Ok(Some(_)) => marker.placed.store(false, Ordering::Relaxed),
+                // The wait ran out: readers may go on as soon as this returns.
+                Ok(None) => {
+                    if let Some(removal) = marker.remove() {
+                        let _ = removal.await;
+                    }
                 }
+                // Dropping the marker removes it in the background.
+                Err(_) => {}
             }
-            // Dropping the marker removes it in the background.
-            Err(_) => {}
         }
         result
     }
@@ -322,22 +327,27 @@ async fn attempt(
     let Some(document) = upsert_attempt(&lock, update).await? else {
         return Ok(None);
     };
-    let id: Bson = lock.name.as_str().into();
+    let Some((layout, token)) = won(&document, mode, &lock_id) else {
+        return Ok(None);
+    };
+    let id = lock.name.as_str().into();
+    hold(&lock, &runtime, &layout, id, lock_id, sent_at, token)
+}
+
+/// Whether the document returned by an attempt holds our lease `lock_id`, and if so where, with
+/// which fencing token. Readers have none; their guard's (0) is never shown.
+fn won(document: &Document, mode: Mode, lock_id: &str) -> Option<(Layout, Option<i64>)> {
     match mode {
-        Mode::Read if holds_read(&document, &lock_id) => {
-            // Readers have no fencing token; the guard's is never shown.
-            let layout = Layout::Members(READERS.to_owned());
-            hold(&lock, &runtime, &layout, id, lock_id, sent_at, Some(0))
+        Mode::Read => {
+            holds_read(document, lock_id).then(|| (Layout::Members(READERS.to_owned()), Some(0)))
         }
-        Mode::Write => match document.get_document(WRITER) {
-            Ok(writer) if writer.get_str(EMBEDDED_ID) == Ok(lock_id.as_str()) => {
+        Mode::Write => {
+            let writer = document.get_document(WRITER).ok()?;
+            (writer.get_str(EMBEDDED_ID) == Ok(lock_id)).then(|| {
                 let token = writer.get(FENCING_TOKEN).and_then(read_i64);
-                let layout = Layout::Embedded(WRITER.to_owned());
-                hold(&lock, &runtime, &layout, id, lock_id, sent_at, token)
-            }
-            _ => Ok(None),
-        },
-        Mode::Read => Ok(None),
+                (Layout::Embedded(WRITER.to_owned()), token)
+            })
+        }
     }
 }
 

@@ -154,17 +154,19 @@ impl Layout {
     /// An aggregation pipeline that yields, per document of `ids`, `{ours: [<lock id>...]}`:
     /// those of `lock_ids` that are live there.
     pub(crate) fn live_lock_ids(&self, ids: &[Bson], lock_ids: &[String]) -> Vec<Document> {
-        let ours = match self {
-            Layout::Members(field) => Bson::Document(doc! { "$map": {
-                "input": live_members(field, Some(lock_ids)),
-                "as": "m",
-                "in": format!("$$m.{EMBEDDED_ID}"),
-            } }),
-            _ => Bson::Array(vec![format!("${}", self.lock_id_path()).into()]),
-        };
-        let filter = match self {
-            Layout::Members(_) => doc! { ID: { "$in": ids } },
-            _ => self.renew_many_filter(ids, lock_ids),
+        let (filter, ours) = match self {
+            Layout::Members(field) => (
+                doc! { ID: { "$in": ids } },
+                Bson::Document(doc! { "$map": {
+                    "input": live_members(field, Some(lock_ids)),
+                    "as": "m",
+                    "in": format!("$$m.{EMBEDDED_ID}"),
+                } }),
+            ),
+            _ => (
+                self.renew_many_filter(ids, lock_ids),
+                Bson::Array(vec![format!("${}", self.lock_id_path()).into()]),
+            ),
         };
         vec![
             doc! { "$match": filter },
@@ -184,10 +186,7 @@ impl Layout {
     /// removed from its array.
     pub(crate) fn release_update(&self, lock_id: &str) -> Vec<Document> {
         match self {
-            Layout::LockDocument => vec![
-                doc! { "$set": { EXPIRES_AT: "$$NOW" } },
-                doc! { "$unset": LOCK_ID },
-            ],
+            Layout::LockDocument => end_lease(),
             Layout::Embedded(_) => {
                 vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
             }
@@ -198,6 +197,15 @@ impl Layout {
             } } } }],
         }
     }
+}
+
+/// Ends a lock document's lease, whoever holds it: `expiresAt` becomes now and `lockId` goes;
+/// the fencing token stays.
+pub(crate) fn end_lease() -> Vec<Document> {
+    vec![
+        doc! { "$set": { EXPIRES_AT: "$$NOW" } },
+        doc! { "$unset": LOCK_ID },
+    ]
 }
 
 /// The field of [`Layout::live_lock_ids`]' results.

@@ -9,7 +9,7 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 
 use crate::rw_lock::{READERS, WRITER};
 use crate::schema::{
-    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout,
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout, end_lease,
     live_members, read_i64,
 };
 use crate::semaphore::HOLDERS;
@@ -125,15 +125,18 @@ fn now_of(row: &Document) -> Option<DateTime> {
     row.get_datetime(NOW).ok().copied()
 }
 
+/// The status of the exclusive lock document `row`.
+fn exclusive(row: &Document) -> LockStatus {
+    LockStatus::of_holder(LockKind::Exclusive, name_of(row), row, LOCK_ID, now_of(row))
+}
+
 /// The status of exclusive lock `name`, or `None` if it has no document.
 pub(crate) async fn status(
     collection: &Collection<Document>,
     name: &str,
 ) -> Result<Option<LockStatus>> {
     let rows = read(collection, doc! { ID: name }).await?;
-    Ok(rows.first().map(|row| {
-        LockStatus::of_holder(LockKind::Exclusive, name_of(row), row, LOCK_ID, now_of(row))
-    }))
+    Ok(rows.first().map(exclusive))
 }
 
 /// The live holders of the exclusive locks of `collection`.
@@ -143,12 +146,7 @@ pub(crate) async fn held(collection: &Collection<Document>) -> Result<Vec<LockSt
         "$expr": Layout::LockDocument.live(),
     };
     let rows = read(collection, live).await?;
-    Ok(rows
-        .iter()
-        .map(|row| {
-            LockStatus::of_holder(LockKind::Exclusive, name_of(row), row, LOCK_ID, now_of(row))
-        })
-        .collect())
+    Ok(rows.iter().map(exclusive).collect())
 }
 
 /// The live writer and readers of the reader-writer locks of `collection` that match `filter`.
@@ -217,13 +215,7 @@ async fn read(collection: &Collection<Document>, filter: Document) -> Result<Vec
 /// Ends whatever lease `name` has, now. The document (and its fencing counter) stays.
 pub(crate) async fn force_release(collection: &Collection<Document>, name: &str) -> Result<bool> {
     let result = collection
-        .update_one(
-            doc! { ID: name, LOCK_ID: { "$exists": true } },
-            vec![
-                doc! { "$set": { EXPIRES_AT: "$$NOW" } },
-                doc! { "$unset": LOCK_ID },
-            ],
-        )
+        .update_one(doc! { ID: name, LOCK_ID: { "$exists": true } }, end_lease())
         .await?;
     Ok(result.modified_count > 0)
 }
