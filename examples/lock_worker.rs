@@ -78,8 +78,8 @@ async fn hold(
         .with_options(options);
     let guard = lock.acquire().await?;
     println!("acquired {}", guard.fencing_token());
-    let mut lost = guard.lost();
-    lost.wait_for(|lost| *lost).await?;
+    let lost = guard.lost();
+    lost.wait().await;
     Err("the lock was lost while holding it".into())
 }
 

@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let lock = MongoDistributedLock::new("file-writer", &database).with_options(options);
     let guard = lock.acquire().await?;
-    let mut lost = guard.lost();
+    let lost = guard.lost();
 
     let operator = database.collection::<Document>("distributed_locks");
     tokio::spawn(async move {
@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut chunks_written = 0;
     let outcome = loop {
         tokio::select! {
-            _ = lost.wait_for(|lost| *lost) => break "lock lost: stopped writing",
+            _ = lost.wait() => break "lock lost: stopped writing",
             _ = tokio::time::sleep(Duration::from_millis(100)) => {
                 chunks_written += 1; // one chunk of protected work
                 if chunks_written == 100 {

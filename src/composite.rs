@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
-use futures::future::select_all;
+use std::sync::Arc;
+
 use tokio::runtime::Handle;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::lost::LostSignal;
 use crate::{Error, FencingToken, LockGuard, Provider, Result, backoff};
 
 /// Several exclusive locks acquired together by
@@ -18,7 +19,6 @@ use crate::{Error, FencingToken, LockGuard, Provider, Result, backoff};
 pub struct CompositeGuard {
     /// In acquisition (sorted name) order.
     members: Vec<LockGuard>,
-    lost: watch::Receiver<bool>,
 }
 
 impl CompositeGuard {
@@ -34,10 +34,15 @@ impl CompositeGuard {
             .map(|member| (member.name(), member.fencing_token()))
     }
 
-    /// `false` until any member is known or presumed lost, then `true`. Closes when every
-    /// member has been released.
-    pub fn lost(&self) -> watch::Receiver<bool> {
-        self.lost.clone()
+    /// A signal that turns true when any member is known or presumed lost (see
+    /// [`LostSignal`]).
+    pub fn lost(&self) -> LostSignal {
+        LostSignal::new(
+            self.members
+                .iter()
+                .map(|member| Arc::clone(member.lease()))
+                .collect(),
+        )
     }
 
     /// Whether any member is known or presumed lost.
@@ -84,7 +89,7 @@ pub(crate) async fn acquire_all(
             crate::error::shown_name(pair[0])
         )));
     }
-    let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+    Handle::try_current().map_err(|_| Error::NoRuntime)?;
     let started = Instant::now();
     let deadline = backoff::deadline_after(started, timeout);
     let mut members = Vec::with_capacity(sorted.len());
@@ -107,24 +112,5 @@ pub(crate) async fn acquire_all(
             other => other,
         })?);
     }
-    let (lost_sender, lost) = watch::channel(false);
-    let watched: Vec<_> = members.iter().map(LockGuard::lost).collect();
-    runtime.spawn(watch_members(watched, lost_sender));
-    Ok(CompositeGuard { members, lost })
-}
-
-/// Turns the composite's `lost` true when any member's does; ends when all members are gone.
-async fn watch_members(mut members: Vec<watch::Receiver<bool>>, lost: watch::Sender<bool>) {
-    while !members.is_empty() {
-        let waits = members
-            .iter_mut()
-            .map(|member| Box::pin(async move { member.wait_for(|lost| *lost).await.is_ok() }));
-        let (member_lost, index, _) = select_all(waits).await;
-        if member_lost {
-            lost.send_replace(true);
-            return;
-        }
-        // That member was released: keep watching the others.
-        members.swap_remove(index);
-    }
+    Ok(CompositeGuard { members })
 }

@@ -7,19 +7,22 @@ use std::time::Duration;
 
 use mongodb::Collection;
 use mongodb::bson::{Bson, Document, doc};
+use mongodb::options::ReadConcern;
 use mongodb::options::ReturnDocument;
 use mongodb::results::UpdateResult;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout_at};
 
-use crate::error::is_duplicate_key;
-use crate::lock::validate_collection_name;
+use crate::error::is_duplicate_id;
+use crate::lock::{new_lock_id, validate_collection_name};
+use crate::lost::{LeaseState, LostSignal};
 use crate::renewal::{self, Command, Lease, RenewalHub};
 use crate::schema::{
-    EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, lease_end, next_fencing_token, read_i64,
+    EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, lease_end, next_fencing_token, primary,
+    read_i64,
 };
 use crate::{Error, FencingToken, LockOptions, Result, backoff, waiting};
 
@@ -267,17 +270,34 @@ where
         validate_field(&self.target.field)?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let target = &self.target;
-        let name = target.documents.name().to_owned();
         waiting::retry(&target.options, deadline, None, || {
+            let lock_id = new_lock_id();
+            let cleanup = target.cleanup(&lock_id);
             let attempt = attempt::<T>(
                 Arc::clone(target),
                 filter.clone(),
                 insert.clone(),
                 runtime.clone(),
+                lock_id,
             );
-            waiting::spawned_attempt(&runtime, deadline, &target.options, &name, attempt)
+            waiting::spawned_attempt(&runtime, deadline, &target.options, cleanup, attempt)
         })
         .await
+    }
+}
+
+impl Target {
+    /// What unlocks whichever document the attempt with `lock_id` may have locked, should its
+    /// outcome be unknown. The filter has no `_id` (the attempt's filter may match many
+    /// documents): on a sharded collection that needs MongoDB 7.0 or later.
+    fn cleanup(&self, lock_id: &str) -> waiting::Cleanup {
+        waiting::Cleanup {
+            collection: self.documents.clone(),
+            filter: doc! { self.layout.lock_id_path(): lock_id },
+            update: self.layout.release_update(lock_id),
+            options: self.options.clone(),
+            name: self.documents.name().to_owned(),
+        }
     }
 }
 
@@ -287,11 +307,12 @@ async fn attempt<T>(
     filter: Document,
     insert: Option<Document>,
     runtime: Handle,
+    lock_id: String,
 ) -> Result<Option<DocumentGuard<T>>>
 where
     T: DeserializeOwned + Send + Sync + 'static,
 {
-    if let Some(guard) = take::<T>(&target, &filter, &runtime).await? {
+    if let Some(guard) = take::<T>(&target, &filter, &runtime, &lock_id).await? {
         return Ok(Some(guard));
     }
     let write_concern = target.options.write_concern().clone();
@@ -304,9 +325,11 @@ where
                 .await
             {
                 // Inserted unlocked: lock it now (someone may beat us to it; then we wait).
-                Ok(_) => take::<T>(&target, &filter, &runtime).await,
-                // It exists: locked by someone else (or they just inserted it).
-                Err(error) if is_duplicate_key(&error) => Ok(None),
+                Ok(_) => take::<T>(&target, &filter, &runtime, &lock_id).await,
+                // It exists: locked by someone else (or they just inserted it). Only a
+                // duplicate `_id` means that; another unique index refusing the document would
+                // refuse it forever.
+                Err(error) if is_duplicate_id(&error) => Ok(None),
                 Err(error) => Err(error.into()),
             }
         }
@@ -315,6 +338,8 @@ where
                 .documents
                 .find_one(filter)
                 .projection(doc! { "_id": 1 })
+                .selection_criteria(primary())
+                .read_concern(ReadConcern::local())
                 .await?
                 .is_some();
             if exists {
@@ -333,12 +358,13 @@ async fn take<T>(
     target: &Arc<Target>,
     filter: &Document,
     runtime: &Handle,
+    lock_id: &str,
 ) -> Result<Option<DocumentGuard<T>>>
 where
     T: DeserializeOwned + Send + Sync + 'static,
 {
     let field = &target.field;
-    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    let lock_id = lock_id.to_owned();
     let expires_at = format!("${field}.{EXPIRES_AT}");
     let unlocked =
         doc! { "$expr": { "$lte": [{ "$ifNull": [&expires_at, Bson::Null] }, "$$NOW"] } };
@@ -364,13 +390,12 @@ where
         .and_then(|lock| lock.get(FENCING_TOKEN))
         .and_then(read_i64)
         .unwrap_or_default();
-    let (lost_sender, lost) = watch::channel(false);
+    let state = LeaseState::new(target.options.lost_deadline(sent_at));
     let lease = Lease {
         id: id.clone(),
         name: format!("{}/{id}", target.documents.name()),
         lock_id: lock_id.clone(),
-        confirmed_at: sent_at,
-        lost: lost_sender,
+        state: Arc::clone(&state),
         waiters: None,
     };
     let renewals = target.renewals.hold(
@@ -398,12 +423,11 @@ where
         id,
         lock_id: Some(lock_id),
         fencing_token: FencingToken::new(token),
-        lost,
+        lease: state,
         renewals,
         target: Arc::clone(target),
     };
-    let options = &target.options;
-    if Instant::now() >= sent_at + options.expiry() - options.safety_margin() {
+    if guard.is_lost() {
         // The reply came too late to trust the lease; dropping the guard unlocks.
         return Ok(None);
     }
@@ -421,7 +445,7 @@ pub struct DocumentGuard<T> {
     /// `None` once the lock was handed back to the renewal loop.
     lock_id: Option<String>,
     fencing_token: FencingToken,
-    lost: watch::Receiver<bool>,
+    lease: Arc<LeaseState>,
     renewals: mpsc::UnboundedSender<Command>,
     target: Arc<Target>,
 }
@@ -431,7 +455,7 @@ impl<T> fmt::Debug for DocumentGuard<T> {
         f.debug_struct("DocumentGuard")
             .field("id", &self.id)
             .field("fencing_token", &self.fencing_token)
-            .field("lost", &*self.lost.borrow())
+            .field("lost", &self.is_lost())
             .finish_non_exhaustive()
     }
 }
@@ -452,15 +476,15 @@ impl<T> DocumentGuard<T> {
         self.fencing_token
     }
 
-    /// `false` until the lock is known or presumed lost, then `true` (see
+    /// A signal that turns true when the lock is known or presumed lost (see
     /// [`LockGuard::lost`](crate::LockGuard::lost)).
-    pub fn lost(&self) -> watch::Receiver<bool> {
-        self.lost.clone()
+    pub fn lost(&self) -> LostSignal {
+        LostSignal::new(vec![Arc::clone(&self.lease)])
     }
 
     /// Whether the lock is known or presumed lost.
     pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.lease.is_lost()
     }
 
     /// Applies `update` (update operators such as `$set`, `$inc`, `$push`) and unlocks the
@@ -604,6 +628,7 @@ impl<T> DocumentGuard<T> {
         }
         // The write ended the lease itself: the renewal loop only has to forget it.
         self.lock_id = None;
+        self.lease.mark_released();
         let _ = self.renewals.send(Command::Forget { lock_id });
         Ok(())
     }

@@ -118,6 +118,47 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether the failure is likely to pass by itself: no reply in time, a network error, no
+    /// primary (an election), a primary stepping down or shutting down. Waiting acquisitions
+    /// retry these within their deadline (see the crate docs).
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout { operation, .. } => *operation == crate::waiting::NO_REPLY,
+            Error::Mongo(error) => is_transient_driver_error(error),
+            _ => false,
+        }
+    }
+}
+
+/// Server error codes of a replica-set state change or a network problem: the same set the
+/// driver retries writes on.
+const TRANSIENT_CODES: [i32; 12] = [
+    6,     // HostUnreachable
+    7,     // HostNotFound
+    89,    // NetworkTimeout
+    91,    // ShutdownInProgress
+    189,   // PrimarySteppedDown
+    262,   // ExceededTimeLimit
+    9001,  // SocketException
+    10107, // NotWritablePrimary
+    11600, // InterruptedAtShutdown
+    11602, // InterruptedDueToReplStateChange
+    13435, // NotPrimaryNoSecondaryOk
+    13436, // NotPrimaryOrSecondary
+];
+
+fn is_transient_driver_error(error: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    matches!(
+        error.kind.as_ref(),
+        ErrorKind::Io(_)
+            | ErrorKind::ConnectionPoolCleared { .. }
+            | ErrorKind::ServerSelection { .. }
+    ) || error.contains_label("RetryableWriteError")
+        || error_code(error).is_some_and(|code| TRANSIENT_CODES.contains(&code))
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -128,6 +169,44 @@ const DUPLICATE_KEY: i32 = 11000;
 /// and the server did not retry it. The lock then has another holder; the attempt failed.
 pub(crate) fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
     error_code(error) == Some(DUPLICATE_KEY)
+}
+
+/// Whether a driver error is a duplicate key on `_id` (not on some other unique index): the
+/// document exists already. Read from the reply's `keyPattern` where the server sent one (the
+/// command error itself, or its first write error), else from the index name in the message.
+pub(crate) fn is_duplicate_id(error: &mongodb::error::Error) -> bool {
+    if !is_duplicate_key(error) {
+        return false;
+    }
+    let reply = error
+        .server_response()
+        .and_then(|raw| mongodb::bson::Document::try_from(raw.to_owned()).ok());
+    let key_pattern = reply.as_ref().and_then(|reply| {
+        reply.get_document("keyPattern").ok().or_else(|| {
+            reply
+                .get_array("writeErrors")
+                .ok()?
+                .first()?
+                .as_document()?
+                .get_document("keyPattern")
+                .ok()
+        })
+    });
+    match key_pattern {
+        Some(pattern) => pattern.keys().eq(["_id"]),
+        None => {
+            duplicate_key_message(error).is_some_and(|message| message.contains(" index: _id_ "))
+        }
+    }
+}
+
+fn duplicate_key_message(error: &mongodb::error::Error) -> Option<&str> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match error.kind.as_ref() {
+        ErrorKind::Command(command) => Some(&command.message),
+        ErrorKind::Write(WriteFailure::WriteError(write)) => Some(&write.message),
+        _ => None,
+    }
 }
 
 /// The server's error code carried by a driver error, if any.
@@ -168,12 +247,55 @@ mod tests {
     }
 
     #[test]
+    fn only_a_duplicate_id_means_the_document_exists() {
+        let on = |index: &str| {
+            let write: WriteError = mongodb::bson::from_document(doc! {
+                "code": 11000,
+                "errmsg": format!("E11000 duplicate key error collection: db.c index: {index} dup key: {{ x: 1 }}"),
+            })
+            .expect("valid write error document");
+            mongodb::error::Error::from(ErrorKind::Write(WriteFailure::WriteError(write)))
+        };
+        assert!(is_duplicate_id(&on("_id_")));
+        assert!(!is_duplicate_id(&on("email_1")));
+        assert!(!is_duplicate_id(&on("_id_email")));
+        assert!(!is_duplicate_id(&write_error(121)));
+    }
+
+    #[test]
     fn other_errors_are_not_duplicate_keys() {
         assert!(!is_duplicate_key(&write_error(121)));
         assert!(!is_duplicate_key(&command_error(13)));
         let io = mongodb::error::Error::from(std::io::Error::other("reset"));
         assert!(!is_duplicate_key(&io));
         assert_eq!(error_code(&io), None);
+    }
+
+    #[test]
+    fn elections_and_network_errors_are_transient_other_errors_are_not() {
+        for code in [10107, 11602, 189, 91] {
+            assert!(Error::Mongo(command_error(code)).is_transient(), "{code}");
+        }
+        let io = mongodb::error::Error::from(std::io::Error::other("reset"));
+        assert!(Error::Mongo(io).is_transient());
+        assert!(
+            !Error::Mongo(command_error(13)).is_transient(),
+            "unauthorized"
+        );
+        assert!(!Error::Mongo(write_error(11000)).is_transient());
+        let no_reply = Error::Timeout {
+            operation: crate::waiting::NO_REPLY,
+            name: "n".into(),
+            waited: Duration::from_secs(5),
+        };
+        assert!(no_reply.is_transient());
+        let busy = Error::Timeout {
+            operation: "acquire",
+            name: "n".into(),
+            waited: Duration::from_secs(5),
+        };
+        assert!(!busy.is_transient());
+        assert!(!Error::InvalidArgument("x".into()).is_transient());
     }
 
     #[test]

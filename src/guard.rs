@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::lock::LockInner;
+use crate::lost::{LeaseState, LostSignal};
 use crate::renewal::{self, Command};
 use crate::{FencingToken, Result};
 
@@ -18,7 +19,7 @@ use crate::{FencingToken, Result};
 /// [`extension_cadence`](crate::LockOptions::extension_cadence) (by a renewal loop shared with
 /// the other guards of the same provider, one command per cadence for all of them). If the lease
 /// cannot be renewed (the document was deleted or taken over, or no renewal was confirmed in time)
-/// the [`lost`] channel turns `true` — before the lease ends on the server, so before anyone else
+/// the [`lost`] signal turns `true` — before the lease ends on the server, so before anyone else
 /// can acquire the lock (see the crate docs for the assumptions). Stop touching the protected
 /// resource when that happens.
 ///
@@ -39,7 +40,7 @@ pub struct LockGuard {
     /// `None` once a release was requested.
     lock_id: Option<String>,
     fencing_token: FencingToken,
-    lost: watch::Receiver<bool>,
+    lease: Arc<LeaseState>,
     renewals: mpsc::UnboundedSender<Command>,
 }
 
@@ -48,14 +49,14 @@ impl LockGuard {
         lock: Arc<LockInner>,
         lock_id: String,
         fencing_token: FencingToken,
-        lost: watch::Receiver<bool>,
+        lease: Arc<LeaseState>,
         renewals: mpsc::UnboundedSender<Command>,
     ) -> Self {
         LockGuard {
             lock,
             lock_id: Some(lock_id),
             fencing_token,
-            lost,
+            lease,
             renewals,
         }
     }
@@ -71,18 +72,24 @@ impl LockGuard {
         self.fencing_token
     }
 
-    /// A channel whose value is `false` until the lock is known or presumed lost, then `true`.
+    /// A signal that turns true when the lock is known or presumed lost, before anyone else can
+    /// take it over (see [`LostSignal`]).
     ///
-    /// Await `changed()` or `wait_for(|lost| *lost)` on it in a `tokio::select!` next to the work
-    /// the lock protects. After the guard is released or dropped the channel closes, keeping its
-    /// last value.
-    pub fn lost(&self) -> watch::Receiver<bool> {
-        self.lost.clone()
+    /// Await [`LostSignal::wait`] in a `tokio::select!` next to the work the lock protects. It
+    /// turns true by itself at the lease's local deadline, even if the renewal machinery cannot
+    /// run (for example because the runtime is shutting down).
+    pub fn lost(&self) -> LostSignal {
+        LostSignal::new(vec![Arc::clone(&self.lease)])
     }
 
-    /// Whether the lock is known or presumed lost.
+    /// Whether the lock is known or presumed lost (checked against the lease's local deadline
+    /// on every call).
     pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.lease.is_lost()
+    }
+
+    pub(crate) fn lease(&self) -> &Arc<LeaseState> {
+        &self.lease
     }
 
     /// Stops renewing and releases the lock: one update, filtered on this acquisition's lock id,

@@ -12,6 +12,7 @@ mod fencing;
 mod guard;
 mod handoff;
 mod lock;
+mod lost;
 mod options;
 mod provider;
 mod renewal;
@@ -30,6 +31,7 @@ pub use fence::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome};
 pub use fencing::FencingToken;
 pub use guard::LockGuard;
 pub use lock::{DEFAULT_COLLECTION, MongoDistributedLock};
+pub use lost::LostSignal;
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
 pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard};
@@ -57,6 +59,7 @@ fn _assert_send_sync() {
     send_sync::<LockDetails>();
     send_sync::<MongoDistributedReaderWriterLock>();
     send_sync::<ReadGuard>();
+    send_sync::<LostSignal>();
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
         send(&lock.acquire());
@@ -90,6 +93,7 @@ fn _assert_send_sync() {
         send(&semaphore.holders());
     }
     fn read_guard_futures(guard: ReadGuard) {
+        send(&guard.lost().wait());
         send(&guard.release());
     }
     let _ = read_guard_futures;

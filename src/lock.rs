@@ -7,13 +7,13 @@ use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backoff;
 use crate::error::{is_duplicate_key, shown_name};
 use crate::handoff;
+use crate::lost::LeaseState;
 use crate::renewal::{Lease, RenewalHub};
 use crate::schema::{self, AttemptReply, Layout};
 use crate::ttl_index;
@@ -146,13 +146,17 @@ impl MongoDistributedLock {
     /// Attempts alternate with sleeps in the busy-wait range (see [`LockOptions`]). Each attempt
     /// is one `findAndModify`.
     ///
+    /// Transient failures (no reply, a network error, no primary during an election) are
+    /// retried at the busy-wait pace for up to `expiry` in a row before they are returned; an
+    /// attempt whose outcome is unknown is cleaned up by its own lock id (see the crate docs).
+    ///
     /// # Errors
     /// - [`Error::InvalidCollectionName`] before anything is sent, for a collection name MongoDB
-    ///   would reject.
-    /// - [`Error::Mongo`] if an attempt fails in the driver (it already retries retryable writes
-    ///   once); the lock is not held then.
-    /// - [`Error::Timeout`] if an attempt gets no reply within `expiry` (the lock is then not
-    ///   held: a late win is released at once).
+    ///   would reject; [`Error::InvalidArgument`] for a name over 1 MiB.
+    /// - [`Error::Mongo`] if an attempt fails in the driver with an error that is not transient,
+    ///   or transient errors persisted for `expiry`; the lock is not held then.
+    /// - [`Error::Timeout`] if attempts got no reply within `expiry` for `expiry` in a row (the
+    ///   lock is then not held: a late win is released at once).
     /// - [`Error::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
@@ -168,12 +172,13 @@ impl MongoDistributedLock {
     /// Waits at most `timeout` for the lock. A zero timeout makes exactly one attempt; one too
     /// large to represent (such as `Duration::MAX`) waits forever. The sleep before the last
     /// attempt is shortened so that attempt starts at the deadline; an attempt in flight then
-    /// still gets at least a second (at most `expiry`) to answer.
+    /// still gets at least five seconds (at most `expiry`) to answer.
     ///
     /// # Errors
     /// [`Error::Timeout`] when the lock stayed busy until the deadline, or when an attempt got
-    /// no reply in time (at least a second, at most `expiry`; `operation` then says so);
-    /// otherwise as [`acquire`](Self::acquire).
+    /// no reply in time (at least five seconds, at most `expiry`; `operation` then says so) and
+    /// the deadline has passed; otherwise as [`acquire`](Self::acquire) (transient failures are
+    /// retried only until the deadline).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
@@ -204,7 +209,7 @@ impl MongoDistributedLock {
     /// until the deadline.
     ///
     /// # Errors
-    /// [`Error::Timeout`] only when an attempt got no reply in time (at least a second, at most
+    /// [`Error::Timeout`] only when an attempt got no reply in time (at least five seconds, at most
     /// `expiry`): an unreachable server is not reported as a busy lock. Otherwise as
     /// [`acquire`](Self::acquire).
     ///
@@ -246,29 +251,51 @@ impl MongoDistributedLock {
     }
 
     async fn attempt_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        validate_collection_name(self.inner.collection.name())?;
+        validate_target(&self.inner.name, self.inner.collection.name())?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let inner = &self.inner;
         waiting::retry(&inner.options, deadline, Some(&inner.waiters), || {
-            let attempt = run_attempt(Arc::clone(inner), runtime.clone());
-            waiting::spawned_attempt(&runtime, deadline, &inner.options, &inner.name, attempt)
+            let lock_id = new_lock_id();
+            let cleanup = inner.cleanup(&Layout::LockDocument, &lock_id);
+            let attempt = run_attempt(Arc::clone(inner), runtime.clone(), lock_id);
+            waiting::spawned_attempt(&runtime, deadline, &inner.options, cleanup, attempt)
         })
         .await
     }
 }
 
+impl LockInner {
+    /// What ends the lease that the attempt with `lock_id` may have taken in this lock's
+    /// document (stored as `layout` says), should its outcome be unknown.
+    pub(crate) fn cleanup(&self, layout: &Layout, lock_id: &str) -> waiting::Cleanup {
+        waiting::Cleanup {
+            collection: self.collection.clone(),
+            filter: layout.release_filter(&self.name.as_str().into(), lock_id),
+            update: layout.release_update(lock_id),
+            options: self.options.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// A fresh lock id: identifies one acquisition attempt and, if it wins, the lease.
+pub(crate) fn new_lock_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 /// One acquisition attempt: `Ok(None)` if the lock is busy.
-async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<LockGuard>> {
-    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+async fn run_attempt(
+    lock: Arc<LockInner>,
+    runtime: Handle,
+    lock_id: String,
+) -> Result<Option<LockGuard>> {
     let sent_at = Instant::now();
     let update = schema::acquire_update(
         &lock_id,
         lock.options.expiry_millis(),
         lock.details.as_ref(),
     );
-    let Some(document) = upsert_attempt(&lock, update).await? else {
-        return Ok(None);
-    };
+    let document = upsert_attempt(&lock, update).await?;
     match schema::read_attempt_reply(&document, &lock_id) {
         AttemptReply::Acquired(token) => {
             ttl_index::ensure(&runtime, &lock.collection);
@@ -288,26 +315,29 @@ async fn run_attempt(lock: Arc<LockInner>, runtime: Handle) -> Result<Option<Loc
 }
 
 /// Runs an attempt's pipeline `update` on the lock's document (`{_id: name}`, created if
-/// missing) and returns the document after it; `None` when a concurrent upsert of the same new
-/// name won (the lock is busy).
-pub(crate) async fn upsert_attempt(
-    lock: &LockInner,
-    update: Vec<Document>,
-) -> Result<Option<Document>> {
-    let result = lock
-        .collection
-        .find_one_and_update(doc! { schema::ID: &lock.name }, update)
-        .upsert(true)
-        .return_document(ReturnDocument::After)
-        .write_concern(lock.options.write_concern().clone())
-        .await;
+/// missing) and returns the document after it.
+///
+/// Two concurrent upserts of a new name can make one fail with a duplicate key (E11000) when
+/// the server does not retry it itself. The document exists then, and the attempt is repeated
+/// at once: for an exclusive lock it will find the lock busy, but a reader or a semaphore holder
+/// may well join.
+pub(crate) async fn upsert_attempt(lock: &LockInner, update: Vec<Document>) -> Result<Document> {
+    let send = || {
+        lock.collection
+            .find_one_and_update(doc! { schema::ID: &lock.name }, update.clone())
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .write_concern(lock.options.write_concern().clone())
+    };
+    let result = match send().await {
+        Err(error) if is_duplicate_key(&error) => send().await,
+        other => other,
+    };
     match result {
-        Ok(Some(document)) => Ok(Some(document)),
+        Ok(Some(document)) => Ok(document),
         Ok(None) => Err(Error::UnexpectedReply(
             "findAndModify with upsert returned no document".to_owned(),
         )),
-        // Two concurrent upserts of a new name that the server did not retry: the other won.
-        Err(error) if is_duplicate_key(&error) => Ok(None),
         Err(error) => Err(Error::Mongo(error)),
     }
 }
@@ -328,13 +358,12 @@ pub(crate) fn hold(
     sent_at: Instant,
     token: Option<i64>,
 ) -> Result<Option<LockGuard>> {
-    let (lost_sender, lost) = watch::channel(false);
+    let state = LeaseState::new(lock.options.lost_deadline(sent_at));
     let lease = Lease {
         id,
         name: lock.name.clone(),
         lock_id: lock_id.clone(),
-        confirmed_at: sent_at,
-        lost: lost_sender,
+        state: Arc::clone(&state),
         waiters: Some(Arc::clone(&lock.waiters)),
     };
     let renewals = lock
@@ -344,11 +373,10 @@ pub(crate) fn hold(
         Arc::clone(lock),
         lock_id,
         FencingToken::new(token.unwrap_or_default()),
-        lost,
+        Arc::clone(&state),
         renewals,
     );
-    let options = &lock.options;
-    if Instant::now() >= sent_at + options.expiry() - options.safety_margin() {
+    if state.is_lost() {
         return Ok(None);
     }
     match token {
@@ -357,6 +385,23 @@ pub(crate) fn hold(
             "the acquired lock document has no numeric fencingToken".to_owned(),
         )),
     }
+}
+
+/// The longest lock name, in bytes: a name is stored as the `_id` of its document and sent in
+/// every command about it, and must leave room within MongoDB's 16 MiB document limit.
+pub(crate) const MAX_NAME_BYTES: usize = 1 << 20;
+
+/// Rejects a lock name too long to store and a collection name MongoDB would refuse, before
+/// anything is sent.
+pub(crate) fn validate_target(name: &str, collection: &str) -> Result<()> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "lock name {:?} is {} bytes long; names are limited to {MAX_NAME_BYTES} bytes (1 MiB)",
+            shown_name(name),
+            name.len()
+        )));
+    }
+    validate_collection_name(collection)
 }
 
 /// Rejects collection names MongoDB would refuse, before anything is sent.

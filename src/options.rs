@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use mongodb::options::{Acknowledgment, WriteConcern};
+use tokio::time::Instant;
 
 use crate::{Error, Result};
 
@@ -12,6 +13,8 @@ const MIN_EXPIRY: Duration = Duration::from_millis(100);
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 const DEFAULT_MIN_BUSY_WAIT: Duration = Duration::from_millis(10);
 const DEFAULT_MAX_BUSY_WAIT: Duration = Duration::from_millis(800);
+/// The clock-skew tolerance for the default expiry; shorter expiries default to a tenth of it.
+const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
 
 /// How a lock behaves: lease length, renewal cadence, waiting and durability.
 ///
@@ -37,6 +40,7 @@ pub struct LockOptions {
     max_busy_wait: Duration,
     adaptive_backoff: bool,
     write_concern: WriteConcern,
+    max_clock_skew: Duration,
 }
 
 impl Default for LockOptions {
@@ -48,8 +52,14 @@ impl Default for LockOptions {
             max_busy_wait: DEFAULT_MAX_BUSY_WAIT,
             adaptive_backoff: false,
             write_concern: WriteConcern::majority(),
+            max_clock_skew: default_clock_skew(DEFAULT_EXPIRY),
         }
     }
+}
+
+/// `min(1 s, expiry / 10)`, in whole milliseconds.
+fn default_clock_skew(expiry: Duration) -> Duration {
+    whole_millis(DEFAULT_MAX_CLOCK_SKEW.min(expiry / 10))
 }
 
 impl LockOptions {
@@ -83,10 +93,32 @@ impl LockOptions {
         &self.write_concern
     }
 
-    /// How much earlier than the server-side expiry a holder considers its lease gone:
-    /// `max(2 ms, 1 % of expiry)`. It absorbs clock-rate differences and scheduling delays.
+    /// How much earlier than the server-side expiry a holder considers its lease gone, besides
+    /// [`max_clock_skew`](Self::max_clock_skew): `max(2 ms, 1 % of expiry)`. It absorbs
+    /// clock-rate differences and scheduling delays.
     pub fn safety_margin(&self) -> Duration {
         (self.expiry / 100).max(Duration::from_millis(2))
+    }
+
+    /// The largest disagreement assumed between the clocks of any two servers that evaluate
+    /// `$$NOW` for this lock: every `mongos` router clients use and every member that may become
+    /// primary. Lease ends are computed by whichever router or primary runs the command, and
+    /// another client's router may see the lease end this much earlier, so a holder presumes its
+    /// lease lost this much sooner.
+    pub fn max_clock_skew(&self) -> Duration {
+        self.max_clock_skew
+    }
+
+    /// When a lease whose last acquire or renew request was sent at `confirmed_at` (client
+    /// monotonic clock) is presumed lost: `confirmed_at + expiry − safety margin − max clock
+    /// skew`. The only place this formula exists; every primitive's lost deadline comes from it.
+    pub(crate) fn lost_deadline(&self, confirmed_at: Instant) -> Instant {
+        confirmed_at + self.lease_lifetime()
+    }
+
+    /// How long after a confirmed request the holder may rely on its lease.
+    fn lease_lifetime(&self) -> Duration {
+        self.expiry - self.safety_margin() - self.max_clock_skew
     }
 
     /// The expiry in whole milliseconds, as stored arithmetic on the server uses it.
@@ -105,6 +137,7 @@ pub struct LockOptionsBuilder {
     busy_wait: Option<(Duration, Duration)>,
     adaptive_backoff: bool,
     write_concern: Option<WriteConcern>,
+    max_clock_skew: Option<Duration>,
 }
 
 impl LockOptionsBuilder {
@@ -116,8 +149,9 @@ impl LockOptionsBuilder {
     }
 
     /// How often a held lock renews its lease. Defaults to `expiry / 3`; must be at least 1 ms and
-    /// less than `expiry` minus the [safety margin](LockOptions::safety_margin) (a slower cadence
-    /// would let every lease lapse before its renewal).
+    /// less than `expiry` minus the [safety margin](LockOptions::safety_margin) and the
+    /// [clock skew](Self::max_clock_skew) (a slower cadence would let every lease be presumed
+    /// lost before its renewal).
     pub fn extension_cadence(mut self, cadence: Duration) -> Self {
         self.extension_cadence = Some(cadence);
         self
@@ -148,6 +182,19 @@ impl LockOptionsBuilder {
         self
     }
 
+    /// The largest disagreement between the clocks of the servers that evaluate `$$NOW` for
+    /// these locks (every `mongos` any client routes through, every member that can become
+    /// primary). A holder presumes its lease lost `max_clock_skew` earlier than it otherwise
+    /// would, so that a client whose router's clock runs ahead cannot take the lock while the
+    /// holder still believes it holds it. Defaults to 1 s, or `expiry / 10` when that is
+    /// shorter; `expiry` must exceed skew + safety margin + cadence. Set it to your cluster's
+    /// real bound (NTP keeps servers within milliseconds; one without time sync can drift by
+    /// seconds a day). Zero is allowed for a single server whose clock is the only one.
+    pub fn max_clock_skew(mut self, skew: Duration) -> Self {
+        self.max_clock_skew = Some(skew);
+        self
+    }
+
     /// Validates the options.
     ///
     /// # Errors
@@ -163,19 +210,37 @@ impl LockOptionsBuilder {
         let mut options = LockOptions {
             expiry,
             extension_cadence: whole_millis(expiry / 3),
+            max_clock_skew: default_clock_skew(expiry),
             ..LockOptions::default()
         };
 
-        if let Some(cadence) = self.extension_cadence {
-            let latest = expiry - options.safety_margin();
-            if whole_millis(cadence) < Duration::from_millis(1) || cadence >= latest {
+        if let Some(skew) = self.max_clock_skew {
+            let largest = expiry / 2;
+            if skew > largest {
                 return Err(invalid(format!(
-                    "extension_cadence must be at least 1 ms and less than expiry minus the safety \
-                     margin ({latest:?} for an expiry of {expiry:?}), got {cadence:?}"
+                    "max_clock_skew must be at most half the expiry ({largest:?} for an expiry \
+                     of {expiry:?}), got {skew:?}"
                 )));
             }
-            options.extension_cadence = whole_millis(cadence);
+            options.max_clock_skew = whole_millis(skew);
         }
+
+        let latest = options.lease_lifetime();
+        let cadence = self.extension_cadence.unwrap_or(options.extension_cadence);
+        if whole_millis(cadence) < Duration::from_millis(1) || cadence >= latest {
+            let what = if self.extension_cadence.is_some() {
+                "extension_cadence"
+            } else {
+                "max_clock_skew"
+            };
+            return Err(invalid(format!(
+                "{what}: extension_cadence ({cadence:?}) must be at least 1 ms and less than \
+                 expiry minus the safety margin and max_clock_skew ({latest:?} for an expiry of \
+                 {expiry:?} and a skew of {:?})",
+                options.max_clock_skew
+            )));
+        }
+        options.extension_cadence = whole_millis(cadence);
 
         if let Some((min, max)) = self.busy_wait {
             if min > max || max.is_zero() || max > MAX_DURATION {
@@ -234,6 +299,7 @@ mod tests {
         assert!(!options.adaptive_backoff());
         assert_eq!(options.write_concern().w, Some(Acknowledgment::Majority));
         assert_eq!(options.safety_margin(), ms(300));
+        assert_eq!(options.max_clock_skew(), Duration::from_secs(1));
         let default = LockOptions::default();
         assert_eq!(default.expiry(), options.expiry());
         assert_eq!(default.extension_cadence(), options.extension_cadence());
@@ -246,6 +312,7 @@ mod tests {
         assert_eq!(options.safety_margin(), ms(10));
         let short = LockOptions::builder().expiry(ms(100)).build().unwrap();
         assert_eq!(short.safety_margin(), ms(2));
+        assert_eq!(short.max_clock_skew(), ms(10));
     }
 
     #[test]
@@ -275,7 +342,12 @@ mod tests {
     }
 
     #[test]
-    fn cadence_must_leave_room_for_the_safety_margin() {
+    fn cadence_must_leave_room_for_the_safety_margin_and_the_skew() {
+        let no_skew = || {
+            LockOptions::builder()
+                .expiry(ms(1_000))
+                .max_clock_skew(Duration::ZERO)
+        };
         for cadence in [
             Duration::ZERO,
             Duration::from_micros(500),
@@ -283,19 +355,42 @@ mod tests {
             ms(1_000),
             ms(5_000),
         ] {
-            let message = error_of(
-                LockOptions::builder()
-                    .expiry(ms(1_000))
-                    .extension_cadence(cadence),
-            );
+            let message = error_of(no_skew().extension_cadence(cadence));
             assert!(message.starts_with("extension_cadence"), "{message}");
         }
+        let ok = no_skew().extension_cadence(ms(989)).build().unwrap();
+        assert_eq!(ok.extension_cadence(), ms(989));
+        // The default skew for a 1 s expiry is 100 ms: the cadence must stay below 890 ms.
+        let with_skew = || LockOptions::builder().expiry(ms(1_000));
+        assert_eq!(with_skew().build().unwrap().max_clock_skew(), ms(100));
+        let message = error_of(with_skew().extension_cadence(ms(890)));
+        assert!(message.starts_with("extension_cadence"), "{message}");
+        assert!(message.contains("max_clock_skew"), "{message}");
+        with_skew().extension_cadence(ms(889)).build().unwrap();
+    }
+
+    #[test]
+    fn clock_skew_is_validated_against_expiry_and_cadence() {
+        let message = error_of(LockOptions::builder().max_clock_skew(ms(15_001)));
+        assert!(message.starts_with("max_clock_skew"), "{message}");
+        // Cadence 20 s + margin 300 ms + skew 10 s does not fit in 30 s.
+        let message = error_of(
+            LockOptions::builder()
+                .extension_cadence(ms(20_000))
+                .max_clock_skew(ms(10_000)),
+        );
+        assert!(message.starts_with("extension_cadence"), "{message}");
         let ok = LockOptions::builder()
-            .expiry(ms(1_000))
-            .extension_cadence(ms(989))
+            .max_clock_skew(ms(5_000))
             .build()
             .unwrap();
-        assert_eq!(ok.extension_cadence(), ms(989));
+        assert_eq!(ok.max_clock_skew(), ms(5_000));
+        let start = Instant::now();
+        assert_eq!(
+            ok.lost_deadline(start) - start,
+            ms(30_000 - 300 - 5_000),
+            "expiry - margin - skew"
+        );
     }
 
     #[test]

@@ -14,11 +14,22 @@
 //! # Loss detection
 //! Each confirmed acquire or renew request was *sent* at some instant `t` on the client's
 //! monotonic clock. The server computed `expiresAt` after receiving it, so the lease certainly
-//! lasts until `t + expiry` by a clock running at the server's rate. A lease counts as lost at
-//! `t + expiry - margin` unless a later renewal was confirmed first, and also as soon as a renewal
-//! finds it gone (deleted, taken over, or already expired). Either way `lost` turns true before
-//! another client can take the lock, provided the two clocks run at about the same rate and the
-//! process is not paused for longer than the margin.
+//! lasts until `t + expiry` by a clock running at that server's rate; another client's router
+//! may see it end up to `max_clock_skew` earlier. A lease counts as lost at
+//! `t + expiry - margin - skew` ([`LockOptions::lost_deadline`], checked by whoever asks, see
+//! `lost`) unless a later renewal was confirmed first, and also as soon as a renewal finds it
+//! gone (deleted, taken over, or already expired), and when the loop ends. Either way `lost`
+//! turns true before another client can take the lock, provided the clocks run at about the
+//! same rate, the servers' clocks agree within the skew, and the process is not paused for
+//! longer than the margin.
+//!
+//! # Hung calls
+//! The driver has no socket timeout: a command on a half-open connection can wait for many
+//! minutes. Rounds of renewals go out every cadence whether or not the previous round has
+//! answered, so a hung command delays nothing: the next round reaches the server on other
+//! connections. Each command is given up (aborted, which closes its connection) at the earliest
+//! deadline it serves. Leases are renewed in chunks of at most 2 MiB of ids, so no command nears
+//! MongoDB's size limit.
 //!
 //! # Release
 //! A guard's release or drop sends a message to its loop (a plain channel send: it works from
@@ -27,20 +38,22 @@
 //! longer match the lease: releases and renewals need no ordering.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use mongodb::bson::{Bson, Document};
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::options::ReadConcern;
 use mongodb::{Collection, Namespace};
 use tokio::runtime::{self, Handle};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::error::shown_name;
 use crate::handoff;
-use crate::schema::{LIVE_LOCK_IDS, Layout};
+use crate::lost::LeaseState;
+use crate::schema::{self, LIVE_LOCK_IDS, Layout};
 use crate::{Error, LockOptions, Result};
 
 /// Where the answer to a release request goes.
@@ -105,34 +118,50 @@ pub(crate) struct Lease {
     /// How the lock is named in messages.
     pub(crate) name: String,
     pub(crate) lock_id: String,
-    /// When the last confirmed acquire or renew request was sent.
-    pub(crate) confirmed_at: Instant,
-    pub(crate) lost: watch::Sender<bool>,
+    /// Its deadline and lost state, shared with the guard.
+    pub(crate) state: Arc<LeaseState>,
     /// Identifies the lock's in-process waiters, to wake one on release.
     pub(crate) waiters: Option<handoff::Key>,
 }
 
 impl Lease {
     fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.state.is_lost()
     }
 
-    fn mark_lost(&self, reason: &str) {
-        // send_replace: the value must change even when no receiver is left.
-        if !self.lost.send_replace(true) {
+    pub(crate) fn mark_lost(&self, reason: &str) {
+        if self.state.mark_lost() {
             tracing::warn!(lock = %shown_name(&self.name), reason, "lock lost");
         }
     }
+
+    /// Roughly how many bytes this lease adds to a renewal command (its `_id` and lock id appear
+    /// in the filter, the lock id once more in an array-member update).
+    fn command_bytes(&self) -> usize {
+        let id = match &self.id {
+            Bson::String(name) => name.len(),
+            other => {
+                mongodb::bson::to_vec(&doc! { "id": other.clone() }).map_or(64, |raw| raw.len())
+            }
+        };
+        id + 2 * self.lock_id.len() + 32
+    }
 }
+
+/// The most a renewal command carries: leases beyond it go into further commands, so no command
+/// nears MongoDB's 16 MiB limit whatever the number or size of the names.
+const RENEWAL_COMMAND_BYTES: usize = 2 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct LoopKey {
     runtime: runtime::Id,
     namespace: Namespace,
     layout: Layout,
+    /// The options, less what renewal does not use; `WriteConcern` is not `Hash`, so its debug
+    /// form identifies it.
     expiry: Duration,
     cadence: Duration,
-    /// `WriteConcern` is not `Hash`; its debug form identifies it.
+    skew: Duration,
     write_concern: String,
 }
 
@@ -151,6 +180,7 @@ impl RenewalHub {
 
     /// Registers `lease` with the loop for `runtime` and this configuration, starting the loop if
     /// there is none (or its runtime shut down). Returns the channel for later release requests.
+    /// If the loop cannot take the lease, the lease is marked lost at once.
     pub(crate) fn hold(
         &self,
         runtime: &Handle,
@@ -165,6 +195,7 @@ impl RenewalHub {
             layout: layout.clone(),
             expiry: options.expiry(),
             cadence: options.extension_cadence(),
+            skew: options.max_clock_skew(),
             write_concern: format!("{:?}", options.write_concern()),
         };
         let mut loops = self.loops();
@@ -184,16 +215,21 @@ impl RenewalHub {
             runtime.spawn(renewals.run(receiver));
             commands
         });
-        // The loop cannot have gone away while we hold the map's lock and saw it open; if the
-        // runtime shuts down right now the lease simply expires, as documented.
-        let _ = commands.send(Command::Hold(lease));
+        if let Err(mpsc::error::SendError(Command::Hold(lease))) =
+            commands.send(Command::Hold(lease))
+        {
+            // The runtime is shutting down: nobody will renew this lease.
+            lease.mark_lost("the renewal loop has ended");
+        }
         commands.clone()
     }
 }
 
-/// A renewal in flight: the lock ids it covers and when it was sent.
+/// One renewal command in flight: the lock ids it covers, when it was sent, and when to stop
+/// waiting for it.
 struct Renewal {
     sent_at: Instant,
+    give_up_at: Instant,
     lock_ids: Vec<String>,
     call: JoinHandle<mongodb::error::Result<Renewed>>,
 }
@@ -214,35 +250,60 @@ struct RenewalLoop {
     next_renewal: Instant,
 }
 
-/// The reply of the renewal in flight; never resolves when there is none.
-async fn reply_of(
-    in_flight: &mut Option<Renewal>,
-) -> std::result::Result<mongodb::error::Result<Renewed>, tokio::task::JoinError> {
-    match in_flight {
-        Some(renewal) => (&mut renewal.call).await,
-        None => std::future::pending().await,
+/// The first reply among the renewals in flight, with its index; never resolves when there is
+/// none.
+async fn next_reply(
+    in_flight: &mut [Renewal],
+) -> (
+    usize,
+    std::result::Result<mongodb::error::Result<Renewed>, tokio::task::JoinError>,
+) {
+    if in_flight.is_empty() {
+        return std::future::pending().await;
+    }
+    let (result, index, _) =
+        futures::future::select_all(in_flight.iter_mut().map(|renewal| &mut renewal.call)).await;
+    (index, result)
+}
+
+impl Drop for RenewalLoop {
+    /// However the loop ends (its runtime shut down, a panic), nobody renews its leases any
+    /// more: their guards must know at once.
+    fn drop(&mut self) {
+        for lease in self.leases.values() {
+            lease.mark_lost("the renewal loop has ended");
+        }
     }
 }
 
 impl RenewalLoop {
     /// Runs until every sender is gone: the hub (its locks) and all guards.
+    ///
+    /// Every cadence, a round of renewals goes out: one command per chunk of leases. A round
+    /// does not wait for the previous one: a command still unanswered (slow, or hung on a
+    /// half-open connection) stays in flight until the earliest deadline it serves, while the
+    /// next round reaches the server on other connections. Whichever confirms a lease first
+    /// extends it.
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
-        let mut in_flight: Option<Renewal> = None;
+        let mut in_flight: Vec<Renewal> = Vec::new();
         loop {
             let overdue_at = self.earliest_deadline();
-            let renew_due = in_flight.is_none() && self.leases.values().any(|l| !l.is_lost());
+            let renew_due = self.leases.values().any(|l| !l.is_lost());
+            let give_up_at = in_flight.iter().map(|renewal| renewal.give_up_at).min();
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.handle(command),
                     None => break,
                 },
-                result = reply_of(&mut in_flight), if in_flight.is_some() => {
-                    if let Some(renewal) = in_flight.take() {
-                        self.renewed(renewal, result);
-                    }
+                (index, result) = next_reply(&mut in_flight) => {
+                    let renewal = in_flight.swap_remove(index);
+                    self.renewed(&renewal, result);
                 }
                 () = sleep_until(self.next_renewal), if renew_due => {
-                    in_flight = Some(self.start_renewal());
+                    in_flight.extend(self.start_round());
+                }
+                () = sleep_until(give_up_at.unwrap_or_else(Instant::now)), if give_up_at.is_some() => {
+                    self.give_up(&mut in_flight);
                 }
                 () = sleep_until(overdue_at.unwrap_or_else(Instant::now)), if overdue_at.is_some() => {
                     self.expire_overdue();
@@ -251,15 +312,10 @@ impl RenewalLoop {
         }
     }
 
-    fn deadline(&self, lease: &Lease) -> Instant {
-        lease.confirmed_at + self.options.expiry() - self.options.safety_margin()
-    }
-
     fn earliest_deadline(&self) -> Option<Instant> {
         self.leases
             .values()
-            .filter(|lease| !lease.is_lost())
-            .map(|lease| self.deadline(lease))
+            .filter_map(|lease| lease.state.lost_at())
             .min()
     }
 
@@ -269,12 +325,14 @@ impl RenewalLoop {
                 let others_live = self.leases.values().any(|l| !l.is_lost());
                 if !others_live {
                     // Nothing to renew until this lease needs it: no extra round trip.
-                    self.next_renewal = lease.confirmed_at + self.options.extension_cadence();
+                    self.next_renewal = Instant::now() + self.options.extension_cadence();
                 }
                 self.leases.insert(lease.lock_id.clone(), lease);
             }
             Command::Forget { lock_id } => {
-                self.leases.remove(&lock_id);
+                if let Some(lease) = self.leases.remove(&lock_id) {
+                    lease.state.mark_released();
+                }
             }
             Command::Release { lock_id, reply } => match self.leases.remove(&lock_id) {
                 Some(lease) => {
@@ -295,14 +353,44 @@ impl RenewalLoop {
         }
     }
 
-    fn start_renewal(&mut self) -> Renewal {
-        let (ids, lock_ids): (Vec<Bson>, Vec<String>) = self
-            .leases
-            .values()
-            .filter(|lease| !lease.is_lost())
+    /// Sends one renewal command per chunk of live leases.
+    fn start_round(&mut self) -> Vec<Renewal> {
+        let sent_at = Instant::now();
+        self.next_renewal = sent_at + self.options.extension_cadence();
+        let mut chunks: Vec<Vec<&Lease>> = Vec::new();
+        let mut chunk_bytes = 0;
+        for lease in self.leases.values().filter(|lease| !lease.is_lost()) {
+            let bytes = lease.command_bytes();
+            match chunks.last_mut() {
+                Some(chunk) if chunk_bytes + bytes <= RENEWAL_COMMAND_BYTES => {
+                    chunk.push(lease);
+                    chunk_bytes += bytes;
+                }
+                _ => {
+                    chunks.push(vec![lease]);
+                    chunk_bytes = bytes;
+                }
+            }
+        }
+        chunks
+            .into_iter()
+            .map(|chunk| self.send_renewal(sent_at, &chunk))
+            .collect()
+    }
+
+    /// Renews `chunk` in a spawned task, waited for until the earliest deadline it serves: after
+    /// that its answer could not save that lease, and a call hung on a half-open connection (the
+    /// driver has no socket timeout) must not live on.
+    fn send_renewal(&self, sent_at: Instant, chunk: &[&Lease]) -> Renewal {
+        let (ids, lock_ids): (Vec<Bson>, Vec<String>) = chunk
+            .iter()
             .map(|lease| (lease.id.clone(), lease.lock_id.clone()))
             .unzip();
-        let sent_at = Instant::now();
+        let give_up_at = chunk
+            .iter()
+            .filter_map(|lease| lease.state.lost_at())
+            .min()
+            .unwrap_or(sent_at);
         let (collection, layout) = (self.collection.clone(), self.layout.clone());
         let options = self.options.clone();
         let renewing = lock_ids.clone();
@@ -311,6 +399,7 @@ impl RenewalLoop {
             .spawn(async move { renew(&collection, &layout, &options, &ids, &renewing).await });
         Renewal {
             sent_at,
+            give_up_at,
             lock_ids,
             call,
         }
@@ -318,33 +407,53 @@ impl RenewalLoop {
 
     fn renewed(
         &mut self,
-        renewal: Renewal,
+        renewal: &Renewal,
         result: std::result::Result<mongodb::error::Result<Renewed>, tokio::task::JoinError>,
     ) {
         let failure = match result {
             Ok(Ok(renewed)) => {
+                let lost_at = self.options.lost_deadline(renewal.sent_at);
                 for lock_id in &renewal.lock_ids {
-                    let Some(lease) = self.leases.get_mut(lock_id) else {
+                    let Some(lease) = self.leases.get(lock_id) else {
                         continue; // released meanwhile
                     };
                     let live = match &renewed {
                         Renewed::All => true,
                         Renewed::Only(live) => live.contains(lock_id),
                     };
-                    if live {
-                        lease.confirmed_at = lease.confirmed_at.max(renewal.sent_at);
-                    } else {
+                    if !live {
                         lease.mark_lost(
                             "the lease was no longer in the database (deleted, taken over or expired)",
                         );
+                    } else if !lease.state.extend(lost_at) {
+                        lease.mark_lost("the renewal was confirmed after the lease's deadline");
                     }
                 }
-                self.next_renewal = renewal.sent_at + self.options.extension_cadence();
                 return;
             }
             Ok(Err(error)) => error.to_string(),
             Err(join_error) => join_error.to_string(),
         };
+        self.retry_soon(renewal, &failure);
+    }
+
+    /// Stops waiting for the renewals that outlived their time (their tasks are aborted, which
+    /// closes their connections) and renews their other leases at once, on other connections.
+    fn give_up(&mut self, in_flight: &mut Vec<Renewal>) {
+        let now = Instant::now();
+        let (late, on_time): (Vec<Renewal>, Vec<Renewal>) = in_flight
+            .drain(..)
+            .partition(|renewal| renewal.give_up_at <= now);
+        *in_flight = on_time;
+        for renewal in late {
+            renewal.call.abort();
+            let waited = now - renewal.sent_at;
+            self.retry_soon(&renewal, &format!("no reply within {waited:?}"));
+            self.next_renewal = now;
+        }
+    }
+
+    fn retry_soon(&mut self, renewal: &Renewal, failure: &str) {
         let retry_delay = (self.options.extension_cadence() / 4)
             .clamp(Duration::from_millis(10), Duration::from_secs(1));
         tracing::warn!(
@@ -353,13 +462,12 @@ impl RenewalLoop {
             error = %failure,
             "lease renewal failed; retrying until each lease's deadline"
         );
-        self.next_renewal = Instant::now() + retry_delay;
+        self.next_renewal = self.next_renewal.min(Instant::now() + retry_delay);
     }
 
     fn expire_overdue(&mut self) {
-        let now = Instant::now();
         for lease in self.leases.values() {
-            if !lease.is_lost() && self.deadline(lease) <= now {
+            if lease.state.lost_at().is_none() {
                 lease.mark_lost("no renewal was confirmed before the lease's deadline");
             }
         }
@@ -367,7 +475,9 @@ impl RenewalLoop {
 }
 
 /// Renews every listed lease that is still ours and live, in one command; only when some did not
-/// match does a second command find out which.
+/// match does a second command find out which. That read goes to the primary with read concern
+/// `linearizable`: a secondary, or a primary deposed without knowing it yet, could show a lease
+/// as ours and live after the real primary gave it away.
 async fn renew(
     collection: &Collection<Document>,
     layout: &Layout,
@@ -391,6 +501,8 @@ async fn renew(
     // Leases just renewed are live now; the others are gone for good.
     let rows: Vec<Document> = collection
         .aggregate(layout.live_lock_ids(ids, lock_ids))
+        .selection_criteria(schema::primary())
+        .read_concern(ReadConcern::linearizable())
         .await?
         .try_collect()
         .await?;
@@ -441,6 +553,9 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
         options,
     } = context;
     let started = Instant::now();
+    // Lost before the release was sent: the release still goes out (it never touches another
+    // holder's lease), but the caller must hear that the lock was not held throughout.
+    let lost_before = lease.is_lost();
     // Wake the longest-waiting local waiter now: its attempt reaches the server right behind this
     // release. If it arrives first after all, it is woken again once the release is confirmed.
     let woken = lease.waiters.as_ref().and_then(handoff::wake_first);
@@ -470,11 +585,12 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
     if result.matched_count == 0 {
         lease.mark_lost("the lease was no longer in the database at release");
     }
-    if lease.is_lost() {
+    if lost_before || result.matched_count == 0 {
         return Err(Error::LockLost {
             name: lease.name.clone(),
         });
     }
+    lease.state.mark_released();
     if let (Some(waiters), Some(woken)) = (&lease.waiters, woken) {
         handoff::wake_again(waiters, woken);
     }

@@ -7,12 +7,12 @@ use std::time::Duration;
 use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::shown_name;
-use crate::lock::{LockInner, hold, upsert_attempt, validate_collection_name};
+use crate::lock::{LockInner, hold, new_lock_id, upsert_attempt, validate_target};
+use crate::lost::LostSignal;
 use crate::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, lease_end, literal,
     live_members, next_fencing_token, read_i64,
@@ -246,7 +246,7 @@ impl MongoDistributedReaderWriterLock {
     /// Cancel safe: a read only.
     pub async fn holders(&self) -> Result<Vec<LockStatus>> {
         let inner = self.lock.inner();
-        validate_collection_name(inner.collection.name())?;
+        validate_target(&inner.name, inner.collection.name())?;
         status::reader_writer_holders(&inner.collection, doc! { ID: &inner.name }).await
     }
 
@@ -272,13 +272,13 @@ impl MongoDistributedReaderWriterLock {
     /// Attempts until acquired or `deadline` (`None`: never) has passed.
     async fn wait_for(&self, mode: Mode, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
         let inner = self.lock.inner();
-        validate_collection_name(inner.collection.name())?;
+        validate_target(&inner.name, inner.collection.name())?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         // Only writers leave a marker.
         let marker = (mode == Mode::Write).then(|| WaitingWriter {
             lock: Arc::clone(inner),
             runtime: runtime.clone(),
-            id: uuid::Uuid::new_v4().simple().to_string(),
+            id: new_lock_id(),
             placed: AtomicBool::new(false),
         });
         let result = waiting::retry(&inner.options, deadline, None, || {
@@ -293,8 +293,9 @@ impl MongoDistributedReaderWriterLock {
                     write_update(inner, &marker.id, waits)
                 }
             };
+            let cleanup = inner.cleanup(&layout(mode), &update.0);
             let attempt = attempt(Arc::clone(inner), runtime.clone(), mode, update);
-            waiting::spawned_attempt(&runtime, deadline, &inner.options, &inner.name, attempt)
+            waiting::spawned_attempt(&runtime, deadline, &inner.options, cleanup, attempt)
         })
         .await;
         if let Some(marker) = &marker {
@@ -324,29 +325,31 @@ async fn attempt(
     (lock_id, update): (String, Vec<Document>),
 ) -> Result<Option<LockGuard>> {
     let sent_at = Instant::now();
-    let Some(document) = upsert_attempt(&lock, update).await? else {
-        return Ok(None);
-    };
-    let Some((layout, token)) = won(&document, mode, &lock_id) else {
+    let document = upsert_attempt(&lock, update).await?;
+    let Some(token) = won(&document, mode, &lock_id) else {
         return Ok(None);
     };
     let id = lock.name.as_str().into();
-    hold(&lock, &runtime, &layout, id, lock_id, sent_at, token)
+    hold(&lock, &runtime, &layout(mode), id, lock_id, sent_at, token)
 }
 
-/// Whether the document returned by an attempt holds our lease `lock_id`, and if so where, with
-/// which fencing token. Readers have none; their guard's (0) is never shown.
-fn won(document: &Document, mode: Mode, lock_id: &str) -> Option<(Layout, Option<i64>)> {
+/// Where a reader's or the writer's lease lives in the document.
+fn layout(mode: Mode) -> Layout {
     match mode {
-        Mode::Read => {
-            holds_read(document, lock_id).then(|| (Layout::Members(READERS.to_owned()), Some(0)))
-        }
+        Mode::Read => Layout::Members(READERS.to_owned()),
+        Mode::Write => Layout::Embedded(WRITER.to_owned()),
+    }
+}
+
+/// Whether the document returned by an attempt holds our lease `lock_id`, and if so with which
+/// fencing token. Readers have none; their guard's (0) is never shown.
+fn won(document: &Document, mode: Mode, lock_id: &str) -> Option<Option<i64>> {
+    match mode {
+        Mode::Read => holds_read(document, lock_id).then_some(Some(0)),
         Mode::Write => {
             let writer = document.get_document(WRITER).ok()?;
-            (writer.get_str(EMBEDDED_ID) == Ok(lock_id)).then(|| {
-                let token = writer.get(FENCING_TOKEN).and_then(read_i64);
-                (Layout::Embedded(WRITER.to_owned()), token)
-            })
+            (writer.get_str(EMBEDDED_ID) == Ok(lock_id))
+                .then(|| writer.get(FENCING_TOKEN).and_then(read_i64))
         }
     }
 }
@@ -374,9 +377,16 @@ fn new_lease(lock: &LockInner, lock_id: &str) -> Document {
     lease
 }
 
-/// The first stage of every attempt: forget readers whose lease ended and a waiting-writer
-/// marker whose lease ended.
+/// The first stage of every attempt: forget readers whose lease ended, a waiting-writer marker
+/// whose lease ended, and a writer whose lease ended (keeping only its fencing token).
+///
+/// Clearing the ended writer matters when clocks differ: a reader joining through a router whose
+/// clock is ahead sees the writer's lease over, while the writer's renewal through a router
+/// that is behind would still find it live. With the writer's id gone, that renewal matches
+/// nothing, so an ended writer never comes back to life beside a live reader.
 fn drop_expired() -> Document {
+    let writer_live = doc! { "$gt": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] };
+    let token_only = doc! { FENCING_TOKEN: format!("${WRITER}.{FENCING_TOKEN}") };
     doc! { "$set": {
         READERS: live_members(READERS, None),
         WAITING_WRITER: { "$cond": [
@@ -384,13 +394,14 @@ fn drop_expired() -> Document {
             format!("${WAITING_WRITER}"),
             "$$REMOVE",
         ] },
+        WRITER: { "$cond": [writer_live, format!("${WRITER}"), token_only] },
     } }
 }
 
 /// A read attempt: join the readers unless a writer holds the lock or waits for it (a missing or
 /// ended lease compares below `$$NOW`). Returns the new reader's lock id and the update.
 fn read_update(lock: &LockInner) -> (String, Vec<Document>) {
-    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    let lock_id = new_lock_id();
     let may_read = doc! { "$and": [
         { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
         { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
@@ -408,7 +419,7 @@ fn read_update(lock: &LockInner) -> (String, Vec<Document>) {
 /// marker; otherwise, if `waits`, place or renew our marker (unless another writer's is live).
 /// Returns the writer's lock id and the update.
 fn write_update(lock: &LockInner, marker_id: &str, waits: bool) -> (String, Vec<Document>) {
-    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    let lock_id = new_lock_id();
     let marker_is_ours_or_absent = doc! {
         "$eq": [{ "$ifNull": [format!("${WAITING_WRITER}.{EMBEDDED_ID}"), marker_id] }, marker_id]
     };
@@ -513,7 +524,7 @@ impl ReadGuard {
 
     /// `false` until the read lock is known or presumed lost, then `true`; see
     /// [`LockGuard::lost`].
-    pub fn lost(&self) -> watch::Receiver<bool> {
+    pub fn lost(&self) -> LostSignal {
         self.0.lost()
     }
 

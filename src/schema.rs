@@ -4,7 +4,10 @@
 //! `{ _id: <name>, lockId: <string>, expiresAt: <date>, acquiredAt: <date>, fencingToken: <long> }`
 //! and no other field.
 
+use std::time::Duration;
+
 use mongodb::bson::{Bson, Document, doc};
+use mongodb::options::{ReadPreference, SelectionCriteria};
 
 pub(crate) const ID: &str = "_id";
 pub(crate) const LOCK_ID: &str = "lockId";
@@ -18,6 +21,22 @@ pub(crate) const EMBEDDED_ID: &str = "id";
 
 /// Name of the TTL index on `expiresAt`.
 pub(crate) const TTL_INDEX_NAME: &str = "expiresAt_ttl";
+
+/// How long an exclusive lock document is kept after its lease ended before the TTL index (or
+/// `purge_expired`) deletes it.
+///
+/// Fencing tokens are `max(previous + 1, $$NOW in ms × 1000)`. While the document exists the
+/// first term makes them increase whatever any clock says; once it is gone only the second
+/// term is left, evaluated by whichever router or primary runs the next acquisition. Keeping
+/// documents a day means a token could go backwards only if that server's clock were behind
+/// the previous acquirer's by more than a day.
+pub(crate) const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Reads whose result the crate acts on go to the primary, whatever the client's default read
+/// preference (a lagging secondary could show a lease the primary already ended).
+pub(crate) fn primary() -> SelectionCriteria {
+    SelectionCriteria::ReadPreference(ReadPreference::Primary)
+}
 
 /// The pipeline update of an acquisition attempt, run with `find_one_and_update` on
 /// `{_id: name}`, `upsert: true`, returning the document after the update.

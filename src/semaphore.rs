@@ -9,7 +9,8 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::error::shown_name;
-use crate::lock::{LockInner, hold, upsert_attempt, validate_collection_name};
+use crate::handoff;
+use crate::lock::{LockInner, hold, new_lock_id, upsert_attempt, validate_target};
 use crate::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout,
 };
@@ -104,7 +105,7 @@ impl MongoDistributedSemaphore {
     /// Cancel safe: a read only.
     pub async fn holders(&self) -> Result<Vec<LockStatus>> {
         let inner = self.lock.inner();
-        validate_collection_name(inner.collection.name())?;
+        validate_target(&inner.name, inner.collection.name())?;
         let this_semaphore = doc! { ID: &inner.name };
         status::semaphore_holders(&inner.collection, this_semaphore).await
     }
@@ -184,7 +185,7 @@ impl MongoDistributedSemaphore {
 
     async fn wait_for(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
         let inner = self.lock.inner();
-        validate_collection_name(inner.collection.name())?;
+        validate_target(&inner.name, inner.collection.name())?;
         if self.max_count == 0 {
             return Err(Error::InvalidArgument(format!(
                 "semaphore {:?}: max_count must be at least 1",
@@ -192,27 +193,37 @@ impl MongoDistributedSemaphore {
             )));
         }
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        waiting::retry(&inner.options, deadline, Some(&inner.waiters), || {
-            let attempt = attempt(Arc::clone(inner), self.max_count, runtime.clone());
-            waiting::spawned_attempt(&runtime, deadline, &inner.options, &inner.name, attempt)
+        let layout = Layout::Members(HOLDERS.to_owned());
+        let joined = waiting::retry(&inner.options, deadline, Some(&inner.waiters), || {
+            let lock_id = new_lock_id();
+            let cleanup = inner.cleanup(&layout, &lock_id);
+            let attempt = attempt(Arc::clone(inner), self.max_count, runtime.clone(), lock_id);
+            waiting::spawned_attempt(&runtime, deadline, &inner.options, cleanup, attempt)
         })
-        .await
+        .await?;
+        Ok(joined.map(|(guard, places_left)| {
+            // Several places can free up at once (holders that expired or were released by
+            // another process): the next local waiter tries at once instead of after its sleep.
+            if places_left {
+                handoff::wake_first(&inner.waiters);
+            }
+            guard
+        }))
     }
 }
 
 /// One attempt: join the holders if fewer than `max_count` hold a live lease, in one
-/// `findAndModify` (upsert) whose pipeline drops ended leases first.
+/// `findAndModify` (upsert) whose pipeline drops ended leases first. On success, also whether
+/// places are left after ours.
 async fn attempt(
     lock: Arc<LockInner>,
     max_count: u32,
     runtime: Handle,
-) -> Result<Option<LockGuard>> {
-    let lock_id = uuid::Uuid::new_v4().simple().to_string();
+    lock_id: String,
+) -> Result<Option<(LockGuard, bool)>> {
     let sent_at = Instant::now();
     let update = join_update(&lock, max_count, &lock_id);
-    let Some(document) = upsert_attempt(&lock, update).await? else {
-        return Ok(None);
-    };
+    let document = upsert_attempt(&lock, update).await?;
     let stored_count = document.get(MAX_COUNT).and_then(schema::read_i64);
     if stored_count != Some(i64::from(max_count)) {
         let stored = document
@@ -223,18 +234,21 @@ async fn attempt(
             shown_name(&lock.name)
         )));
     }
-    let ours = document.get_array(HOLDERS).ok().and_then(|holders| {
-        holders
-            .iter()
-            .filter_map(Bson::as_document)
-            .find(|holder| holder.get_str(EMBEDDED_ID) == Ok(lock_id.as_str()))
-    });
+    let holders: Vec<&Document> = document
+        .get_array(HOLDERS)
+        .map(|holders| holders.iter().filter_map(Bson::as_document).collect())
+        .unwrap_or_default();
+    let ours = holders
+        .iter()
+        .find(|holder| holder.get_str(EMBEDDED_ID) == Ok(lock_id.as_str()));
     match ours {
         Some(holder) => {
             let token = holder.get(FENCING_TOKEN).and_then(schema::read_i64);
             let id = lock.name.as_str().into();
             let layout = Layout::Members(HOLDERS.to_owned());
-            hold(&lock, &runtime, &layout, id, lock_id, sent_at, token)
+            let places_left = holders.len() < usize::try_from(max_count).unwrap_or(usize::MAX);
+            let guard = hold(&lock, &runtime, &layout, id, lock_id, sent_at, token)?;
+            Ok(guard.map(|guard| (guard, places_left)))
         }
         None => Ok(None),
     }

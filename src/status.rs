@@ -1,16 +1,19 @@
 //! Inspection and administration: who holds what (every kind of lock, with the holders'
 //! details), forced release of stuck exclusive locks, and purging of expired lock documents.
+//! Reads go to the primary with read concern `local`, whatever the client's defaults, so they
+//! never show a lease the primary has already ended.
 
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::Collection;
 use mongodb::bson::{Bson, DateTime, Document, doc};
+use mongodb::options::ReadConcern;
 
 use crate::rw_lock::{READERS, WRITER};
 use crate::schema::{
-    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout, end_lease,
-    live_members, read_i64,
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout, RETENTION,
+    end_lease, live_members, primary, read_i64,
 };
 use crate::semaphore::HOLDERS;
 use crate::{FencingToken, LockDetails, Result};
@@ -206,6 +209,8 @@ async fn read(collection: &Collection<Document>, filter: Document) -> Result<Vec
             doc! { "$addFields": { NOW: "$$NOW" } },
             doc! { "$sort": { ID: 1 } },
         ])
+        .selection_criteria(primary())
+        .read_concern(ReadConcern::local())
         .await?
         .try_collect()
         .await?;
@@ -220,12 +225,14 @@ pub(crate) async fn force_release(collection: &Collection<Document>, name: &str)
     Ok(result.modified_count > 0)
 }
 
-/// Deletes lock documents whose lease ended strictly before now (server time).
+/// Deletes lock documents whose lease ended more than [`RETENTION`] before now (server time).
 pub(crate) async fn purge_expired(collection: &Collection<Document>) -> Result<u64> {
+    let retention_millis = i64::try_from(RETENTION.as_millis()).unwrap_or(i64::MAX);
+    let retained_until = doc! { "$add": [format!("${EXPIRES_AT}"), retention_millis] };
     let result = collection
         .delete_many(doc! {
             EXPIRES_AT: { "$type": "date" },
-            "$expr": { "$lt": [format!("${EXPIRES_AT}"), "$$NOW"] },
+            "$expr": { "$lt": [retained_until, "$$NOW"] },
         })
         .await?;
     Ok(result.deleted_count)

@@ -1,4 +1,5 @@
-//! The TTL index that removes lock documents some time after their lease ended.
+//! The TTL index that removes exclusive lock documents a day after their lease ended
+//! ([`RETENTION`]: long enough that fencing tokens never depend on two servers' clocks).
 //!
 //! Created in the background after the first successful acquisition per collection in the
 //! process, so it never delays or fails an acquisition. The registry is keyed by database and
@@ -18,7 +19,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::error::error_code;
-use crate::schema::{EXPIRES_AT, TTL_INDEX_NAME};
+use crate::schema::{EXPIRES_AT, RETENTION, TTL_INDEX_NAME};
 
 /// How long to wait before trying again after an unexpected failure.
 const RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -80,7 +81,7 @@ async fn create(collection: &Collection<Document>) -> IndexState {
         .options(
             IndexOptions::builder()
                 .name(TTL_INDEX_NAME.to_owned())
-                .expire_after(Duration::ZERO)
+                .expire_after(RETENTION)
                 .build(),
         )
         .build();
@@ -88,9 +89,8 @@ async fn create(collection: &Collection<Document>) -> IndexState {
         return IndexState::Ready;
     };
     match classify(error_code(&error)) {
-        Failure::Exists => IndexState::Ready,
-        Failure::Unauthorized => {
-            report_missing_permission(collection).await;
+        Failure::Exists | Failure::Unauthorized => {
+            report_unsuitable_index(collection).await;
             IndexState::Ready
         }
         Failure::Other => {
@@ -122,29 +122,54 @@ fn classify(code: Option<i32>) -> Failure {
     }
 }
 
-/// Without permission to create indexes, look for an equivalent one and warn if there is none.
-async fn report_missing_permission(collection: &Collection<Document>) {
-    let found = match collection.list_indexes().await {
+/// When our index could not be created (no permission, or an index of that name or on that key
+/// exists), warns unless an equivalent one is there: a TTL index on `expiresAt` that keeps
+/// documents at least [`RETENTION`] after their lease ended.
+async fn report_unsuitable_index(collection: &Collection<Document>) {
+    let ttl_on_expiry: Vec<Option<Duration>> = match collection.list_indexes().await {
         Ok(cursor) => cursor
-            .try_any(|index| {
-                let is_ttl_on_expiry = index.keys == doc! { EXPIRES_AT: 1 }
-                    && index
-                        .options
-                        .as_ref()
-                        .is_some_and(|options| options.expire_after.is_some());
-                async move { is_ttl_on_expiry }
-            })
+            .try_collect::<Vec<_>>()
             .await
-            .unwrap_or(false),
-        Err(_) => false,
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|index| index.keys == doc! { EXPIRES_AT: 1 })
+            .map(|index| index.options.and_then(|options| options.expire_after))
+            .collect(),
+        Err(_) => Vec::new(),
     };
-    if !found {
-        tracing::warn!(
+    match verdict(&ttl_on_expiry) {
+        Verdict::Suitable => {}
+        Verdict::Missing => tracing::warn!(
             collection = %collection.name(),
-            "not authorized to create the TTL index on expiresAt and none exists: released \
-             and expired lock documents will not be deleted automatically (create \
-             {{expiresAt: 1}} with expireAfterSeconds: 0, or run a periodic cleanup)"
-        );
+            "could not create the TTL index on expiresAt and none exists: released lock \
+             documents will not be deleted automatically (create {{expiresAt: 1}} with \
+             expireAfterSeconds: 86400, or call Provider::purge_expired periodically)"
+        ),
+        Verdict::TooShort(after) => tracing::warn!(
+            collection = %collection.name(),
+            expire_after = ?after,
+            "a TTL index on expiresAt deletes lock documents less than a day after their lease \
+             ended: fencing tokens may then go backwards when the next acquisition runs on a \
+             router or primary whose clock is behind (raise its expireAfterSeconds to 86400 \
+             with collMod)"
+        ),
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Suitable,
+    Missing,
+    /// The shortest retention of the TTL indexes on `expiresAt`.
+    TooShort(Duration),
+}
+
+/// Judges the `expireAfterSeconds` of the indexes on `{expiresAt: 1}` (`None`: not TTL).
+fn verdict(ttl_on_expiry: &[Option<Duration>]) -> Verdict {
+    match ttl_on_expiry.iter().flatten().min() {
+        None => Verdict::Missing,
+        Some(&shortest) if shortest < RETENTION => Verdict::TooShort(shortest),
+        Some(_) => Verdict::Suitable,
     }
 }
 
@@ -160,5 +185,16 @@ mod tests {
         assert_eq!(classify(Some(13)), Failure::Unauthorized);
         assert_eq!(classify(Some(11600)), Failure::Other);
         assert_eq!(classify(None), Failure::Other);
+    }
+
+    #[test]
+    fn existing_indexes_must_keep_documents_a_day() {
+        assert_eq!(verdict(&[]), Verdict::Missing);
+        assert_eq!(verdict(&[None]), Verdict::Missing);
+        assert_eq!(
+            verdict(&[Some(Duration::ZERO)]),
+            Verdict::TooShort(Duration::ZERO)
+        );
+        assert_eq!(verdict(&[Some(RETENTION)]), Verdict::Suitable);
     }
 }

@@ -1,13 +1,17 @@
 //! The waiting machinery shared by every kind of lock: attempts run to completion in spawned
-//! tasks (cancel safety), alternate with backoff sleeps, and respect deadlines.
+//! tasks (cancel safety), alternate with backoff sleeps, respect deadlines, ride out transient
+//! failures, and clean up after attempts whose outcome is unknown.
 
 use std::future::Future;
 
+use mongodb::Collection;
+use mongodb::bson::Document;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backoff;
+use crate::error::{is_duplicate_key, shown_name};
 use crate::handoff;
 use crate::{Error, LockOptions, Result};
 
@@ -31,15 +35,33 @@ where
 {
     let mut failed_attempts = 0_u32;
     let mut ticket: Option<handoff::Ticket> = None;
+    // Since when every attempt has failed with a transient error.
+    let mut failing_since: Option<Instant> = None;
     loop {
-        if let Some(guard) = attempt().await? {
-            if let Some(ticket) = ticket {
-                ticket.leave_with_lock();
-            }
-            return Ok(Some(guard));
-        }
+        let attempt_started = Instant::now();
+        let outcome = attempt().await;
         let now = Instant::now();
-        if deadline.is_some_and(|deadline| now >= deadline) {
+        let out_of_time = deadline.is_some_and(|deadline| now >= deadline);
+        match outcome {
+            Ok(Some(guard)) => {
+                if let Some(ticket) = ticket {
+                    ticket.leave_with_lock();
+                }
+                return Ok(Some(guard));
+            }
+            Ok(None) => failing_since = None,
+            // An election or a busy primary: wait and try again like for a busy lock, within
+            // the caller's deadline and for at most `expiry` in a row.
+            Err(error) if error.is_transient() => {
+                let since = *failing_since.get_or_insert(attempt_started);
+                if out_of_time || now - since >= options.expiry() {
+                    return Err(error);
+                }
+                tracing::debug!(%error, "transient failure of an acquisition attempt; retrying");
+            }
+            Err(error) => return Err(error),
+        }
+        if out_of_time {
             return Ok(None);
         }
         if ticket.is_none() {
@@ -71,13 +93,18 @@ where
 /// reply came too late), a guard the attempt won is dropped with the undelivered outcome, and
 /// the guard's drop releases the lock at once: nothing stays held until expiry.
 ///
-/// An attempt gets at least a second (at most `expiry`) to answer; no answer is
+/// An attempt gets at least five seconds (at most `expiry`) to answer; no answer is
 /// [`Error::Timeout`], never "busy".
+///
+/// When the attempt fails with an error after which its write may have been applied (a lost
+/// reply, a cut connection, a write-concern error) or gets no reply in time, `cleanup` is sent:
+/// it ends whatever lease the attempt's own lock id may hold, so the name is free again at once
+/// instead of after `expiry`.
 pub(crate) async fn spawned_attempt<G, W>(
     runtime: &Handle,
     deadline: Option<Instant>,
     options: &LockOptions,
-    name: &str,
+    cleanup: Cleanup,
     work: W,
 ) -> Result<Option<G>>
 where
@@ -86,17 +113,79 @@ where
 {
     let started = Instant::now();
     let (reply, outcome) = oneshot::channel();
-    runtime.spawn(async move {
-        let _ = reply.send(work.await);
-    });
+    {
+        let cleanup = cleanup.clone();
+        let runtime = runtime.clone();
+        runtime.clone().spawn(async move {
+            let result = work.await;
+            if let Err(Error::Mongo(error)) = &result
+                && !is_duplicate_key(error)
+            {
+                cleanup.spawn(&runtime);
+            }
+            let _ = reply.send(result);
+        });
+    }
     let limit = backoff::attempt_wait_limit(started, deadline, options.expiry());
     match timeout_at(limit, outcome).await {
         Ok(Ok(result)) => result,
         Ok(Err(_)) => Err(Error::BackgroundTaskEnded("acquire attempt")),
-        Err(_elapsed) => Err(Error::Timeout {
-            operation: NO_REPLY,
-            name: name.to_owned(),
-            waited: started.elapsed(),
-        }),
+        Err(_elapsed) => {
+            // The attempt goes on in its task: if it wins after all, its guard is dropped
+            // unclaimed and released. If its reply is lost for good, this ends the lease.
+            cleanup.spawn(runtime);
+            Err(Error::Timeout {
+                operation: NO_REPLY,
+                name: cleanup.name,
+                waited: started.elapsed(),
+            })
+        }
+    }
+}
+
+/// Undoes an acquisition attempt whose outcome is unknown: one update, filtered by the attempt's
+/// own lock id (so it can never touch anyone else's lease), that ends what it may have taken.
+#[derive(Clone, Debug)]
+pub(crate) struct Cleanup {
+    pub(crate) collection: Collection<Document>,
+    pub(crate) filter: Document,
+    pub(crate) update: Vec<Document>,
+    pub(crate) options: LockOptions,
+    /// The lock's name, for messages.
+    pub(crate) name: String,
+}
+
+impl Cleanup {
+    /// Sends the cleanup in the background, waiting at most `expiry` for it (by then any lease
+    /// the attempt took has ended anyway).
+    fn spawn(&self, runtime: &Handle) {
+        let Cleanup {
+            collection,
+            filter,
+            update,
+            options,
+            name,
+        } = self.clone();
+        runtime.spawn(async move {
+            let sent = collection
+                .update_one(filter, update)
+                .write_concern(options.write_concern().clone());
+            match tokio::time::timeout(options.expiry(), sent).await {
+                Ok(Ok(result)) if result.modified_count > 0 => tracing::debug!(
+                    lock = %shown_name(&name),
+                    "ended the lease of an attempt whose reply was lost"
+                ),
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => tracing::debug!(
+                    lock = %shown_name(&name),
+                    %error,
+                    "could not clean up after a failed attempt; its lease, if any, ends at expiry"
+                ),
+                Err(_elapsed) => tracing::debug!(
+                    lock = %shown_name(&name),
+                    "no reply to the cleanup of a failed attempt; its lease, if any, ends at expiry"
+                ),
+            }
+        });
     }
 }

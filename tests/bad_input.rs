@@ -65,6 +65,46 @@ async fn names_of_every_kind_are_stored_verbatim() {
     assert_eq!(panics.load(Ordering::SeqCst), 0);
 }
 
+#[tokio::test]
+async fn names_longer_than_one_mib_are_refused_by_every_kind_and_write_nothing() {
+    let panics = panics();
+    let database = common::database().await;
+    let collection_name = common::unique("names");
+    let provider = distributed_lock_mongodb::Provider::new(&database)
+        .with_collection(collection_name.as_str());
+    let too_long = "n".repeat((1 << 20) + 1);
+    let refused = |error: Error| {
+        assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+        assert!(
+            error.to_string().contains("limited to 1048576 bytes"),
+            "{error}"
+        );
+    };
+    refused(
+        provider
+            .create_lock(too_long.as_str())
+            .try_acquire()
+            .await
+            .unwrap_err(),
+    );
+    refused(
+        provider
+            .create_semaphore(too_long.as_str(), 2)
+            .try_acquire()
+            .await
+            .unwrap_err(),
+    );
+    let rw = provider.create_reader_writer_lock(too_long.as_str());
+    refused(rw.try_acquire_read().await.unwrap_err());
+    refused(rw.try_acquire_write().await.unwrap_err());
+    let collections = database.list_collection_names().await.unwrap();
+    assert!(
+        !collections.contains(&collection_name),
+        "nothing was written: {collections:?}"
+    );
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+}
+
 #[test]
 fn options_out_of_range_are_rejected_naming_the_option() {
     let panics = panics();

@@ -126,10 +126,9 @@ async fn a_commit_after_the_lock_was_lost_writes_nothing() {
         .update_one(doc! { "_id": "c" }, doc! { "$unset": { "lock": "" } })
         .await
         .unwrap();
-    let mut lost = guard.lost();
-    tokio::time::timeout(Duration::from_secs(3), lost.wait_for(|lost| *lost))
+    let lost = guard.lost();
+    tokio::time::timeout(Duration::from_secs(3), lost.wait())
         .await
-        .unwrap()
         .unwrap();
     assert!(
         guard
@@ -416,4 +415,41 @@ async fn bad_input_gives_clear_errors_and_writes_nothing() {
     assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
     let error = locks.lock_or_insert("other", job("x")).await.unwrap_err();
     assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+}
+
+#[tokio::test]
+async fn lock_or_insert_reports_a_duplicate_on_another_unique_index_instead_of_waiting() {
+    let jobs = jobs().await;
+    let unique_status = mongodb::IndexModel::builder()
+        .keys(doc! { "status": 1 })
+        .options(
+            mongodb::options::IndexOptions::builder()
+                .unique(true)
+                .name("status_unique".to_owned())
+                .build(),
+        )
+        .build();
+    jobs.create_index(unique_status).await.unwrap();
+    jobs.insert_one(job("first")).await.unwrap();
+    let locks = DocumentLock::new(&jobs);
+    // "second" does not exist, but its insert collides with "first" on `status`: the document
+    // will never exist, so waiting for it to be unlocked would wait forever.
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(20),
+        locks.lock_or_insert("second", job("second")),
+    )
+    .await
+    .expect("an unrelated duplicate key is an error, not a reason to wait");
+    let error = outcome.unwrap_err();
+    assert!(matches!(error, Error::Mongo(_)), "{error}");
+    assert!(error.to_string().contains("E11000"), "{error}");
+    assert_eq!(
+        raw(&jobs).count_documents(doc! {}).await.unwrap(),
+        1,
+        "nothing was inserted"
+    );
+    // A duplicate `_id` still means "it exists": lock_or_insert locks the existing document.
+    let guard = locks.lock_or_insert("first", job("first")).await.unwrap();
+    assert_eq!(guard.document().id, "first");
+    guard.release().await.unwrap();
 }

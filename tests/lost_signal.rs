@@ -20,7 +20,7 @@ async fn deleted_or_taken_over_documents_are_noticed_within_cadence_plus_one_sec
     for takeover in [false, true] {
         let (lock, collection) = common::fresh_lock("gone", options(4_000, 400)).await;
         let guard = lock.acquire().await.unwrap();
-        let mut lost = guard.lost();
+        let lost = guard.lost();
         let filter = doc! { "_id": lock.name() };
         if takeover {
             collection
@@ -31,13 +31,9 @@ async fn deleted_or_taken_over_documents_are_noticed_within_cadence_plus_one_sec
             collection.delete_one(filter).await.unwrap();
         }
         let changed = Instant::now();
-        tokio::time::timeout(
-            cadence + Duration::from_secs(1),
-            lost.wait_for(|lost| *lost),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("lost within cadence + 1 s (takeover: {takeover})"))
-        .unwrap();
+        tokio::time::timeout(cadence + Duration::from_secs(1), lost.wait())
+            .await
+            .unwrap_or_else(|_| panic!("lost within cadence + 1 s (takeover: {takeover})"));
         println!("takeover={takeover}: lost after {:?}", changed.elapsed());
         assert!(guard.release().await.unwrap_err().is_lock_lost());
     }
@@ -68,13 +64,12 @@ async fn a_blackholed_holder_sees_lost_before_the_server_side_expiry() {
     let watchers: Vec<_> = holders
         .iter()
         .map(|(lock, guard)| {
-            let (mut lost, name, collection) =
+            let (lost, name, collection) =
                 (guard.lost(), lock.name().to_owned(), collection.clone());
             tokio::spawn(async move {
-                tokio::time::timeout(expiry + Duration::from_secs(2), lost.wait_for(|lost| *lost))
+                tokio::time::timeout(expiry + Duration::from_secs(2), lost.wait())
                     .await
-                    .expect("lost fires while blackholed")
-                    .unwrap();
+                    .expect("lost fires while blackholed");
                 // Read the server's clock at once; the read's own latency only shrinks the margin.
                 let (now, expires_at) = common::server_now_and_expiry(&collection, &name).await;
                 let expires_at = expires_at.expect("the lease must still exist when lost fires");

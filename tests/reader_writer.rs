@@ -329,7 +329,7 @@ async fn lost_leases_are_signalled_and_releases_touch_only_their_own_holder() {
     let (lock, collection) = rw_lock(common::options(2_000, 200)).await;
     let mine = lock.acquire_read().await.unwrap();
     let other = lock.acquire_read().await.unwrap();
-    let mut lost = mine.lost();
+    let lost = mine.lost();
     // Someone removes our reader entry (as force-release tooling would).
     let mine_id = stored(&collection, &lock)
         .await
@@ -347,10 +347,9 @@ async fn lost_leases_are_signalled_and_releases_touch_only_their_own_holder() {
         )
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(2), lost.wait_for(|lost| *lost))
+    tokio::time::timeout(Duration::from_secs(2), lost.wait())
         .await
-        .expect("lost within a cadence or two")
-        .unwrap();
+        .expect("lost within a cadence or two");
     assert!(
         mine.is_lost() ^ other.is_lost(),
         "only the removed reader is lost"
@@ -378,11 +377,10 @@ async fn lost_leases_are_signalled_and_releases_touch_only_their_own_holder() {
         )
         .await
         .unwrap();
-    let mut lost = writer.lost();
-    tokio::time::timeout(Duration::from_secs(2), lost.wait_for(|lost| *lost))
+    let lost = writer.lost();
+    tokio::time::timeout(Duration::from_secs(2), lost.wait())
         .await
-        .expect("lost within a cadence or two")
-        .unwrap();
+        .expect("lost within a cadence or two");
     assert!(matches!(
         writer.release().await,
         Err(Error::LockLost { .. })

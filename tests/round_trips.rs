@@ -47,7 +47,8 @@ async fn an_uncontended_cycle_is_two_commands_and_the_ttl_index_is_created_once(
     assert_eq!(ttl.keys, doc! { "expiresAt": 1 });
     assert_eq!(
         ttl.options.as_ref().unwrap().expire_after,
-        Some(Duration::ZERO)
+        Some(Duration::from_secs(24 * 60 * 60)),
+        "lock documents are kept a day after their lease ended"
     );
 
     commands.clear();

@@ -11,9 +11,11 @@ use distributed_lock_mongodb::{
 };
 use mongodb::bson::{Document, doc};
 
-fn fast_options() -> LockOptions {
+/// Waiters behind the first poll at most every 100 ms: sixteen of them polling every 20 ms would
+/// saturate the single-threaded embedded server and slow every holder's commands.
+fn contention_options() -> LockOptions {
     LockOptions::builder()
-        .busy_wait_sleep_time(Duration::from_millis(1), Duration::from_millis(20))
+        .busy_wait_sleep_time(Duration::from_millis(1), Duration::from_millis(100))
         .build()
         .unwrap()
 }
@@ -22,7 +24,7 @@ fn fast_options() -> LockOptions {
 async fn sixteen_contenders_never_exceed_max_count() {
     const CONTENDERS: usize = 16;
     const ROUNDS: usize = 50;
-    let provider = Provider::new(&common::database().await).with_options(fast_options());
+    let provider = Provider::new(&common::database().await).with_options(contention_options());
     let semaphore = provider.create_semaphore(common::unique("pool"), 3);
     let holders = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
@@ -36,7 +38,12 @@ async fn sixteen_contenders_never_exceed_max_count() {
                         .await
                         .unwrap();
                     most.fetch_max(holders.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    // Hold until the semaphore is full (or 250 ms): whether three holders ever
+                    // overlap must not depend on how fast a loaded machine runs a 10 ms window.
+                    common::eventually(Duration::from_millis(250), || async {
+                        holders.load(Ordering::SeqCst) >= 3
+                    })
+                    .await;
                     holders.fetch_sub(1, Ordering::SeqCst);
                     slot.release().await.unwrap();
                 }
@@ -56,6 +63,74 @@ async fn sixteen_contenders_never_exceed_max_count() {
         most, 3,
         "the semaphore admits up to max_count holders concurrently"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_places_freed_at_once_are_refilled_by_local_waiters_at_once() {
+    // Waiters that are not first in line poll only every 5 s: places must be refilled by
+    // passing the turn on, not by polling.
+    let options = LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_millis(10), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let database = common::database().await;
+    let collection = common::unique("semaphores");
+    let name = common::unique("refill");
+    let semaphore = MongoDistributedSemaphore::new(name.as_str(), 3, &database)
+        .with_collection(collection.as_str())
+        .with_options(options);
+    let (a, b, c) = (
+        semaphore.acquire().await.unwrap(),
+        semaphore.acquire().await.unwrap(),
+        semaphore.acquire().await.unwrap(),
+    );
+    let holders = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(tokio::sync::Notify::new());
+    let waiters: Vec<_> = (0..6)
+        .map(|_| {
+            let (semaphore, holders, done) = (semaphore.clone(), holders.clone(), done.clone());
+            tokio::spawn(async move {
+                let Ok(Some(place)) = semaphore.try_acquire_timeout(Duration::from_secs(20)).await
+                else {
+                    return;
+                };
+                holders.fetch_add(1, Ordering::SeqCst);
+                done.notified().await;
+                place.release().await.unwrap();
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await; // every waiter has failed and queued
+    // Two places end on the server (as when their holders' leases end, or another process
+    // releases them), then the third holder releases locally: the woken waiter finds three free
+    // places and must pass the turn on.
+    database
+        .collection::<Document>(&collection)
+        .update_one(
+            doc! { "_id": name.as_str() },
+            doc! { "$pull": { "holders": { "id": { "$ne": "none" } } } },
+        )
+        .await
+        .unwrap();
+    let freed = std::time::Instant::now();
+    let _ = a.release().await; // its entry is gone already: LockLost
+    let refilled = common::eventually(Duration::from_secs(10), || async {
+        holders.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    let elapsed = freed.elapsed();
+    println!("semaphore refill: 3 free places refilled by local waiters in {elapsed:?}");
+    assert!(refilled, "three waiters got in");
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "refilled after {elapsed:?}: the second and third waiter waited for their 5 s poll"
+    );
+    done.notify_waiters();
+    drop((b, c));
+    for waiter in waiters {
+        waiter.abort();
+        let _ = waiter.await;
+    }
 }
 
 #[tokio::test]
@@ -87,11 +162,11 @@ async fn holders_have_their_own_leases_and_places_free_up_on_release_and_drop() 
         )
         .await
         .unwrap();
-    let (mut lost_first, mut lost_second) = (first.lost(), second.lost());
+    let (lost_first, lost_second) = (first.lost(), second.lost());
     let lost = tokio::time::timeout(Duration::from_secs(3), async {
         tokio::select! {
-            _ = lost_first.wait_for(|lost| *lost) => 0,
-            _ = lost_second.wait_for(|lost| *lost) => 1,
+            _ = lost_first.wait() => 0,
+            _ = lost_second.wait() => 1,
         }
     })
     .await

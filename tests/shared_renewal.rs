@@ -68,14 +68,46 @@ async fn only_the_lock_whose_document_vanished_is_lost() {
         .delete_one(doc! { "_id": "doomed" })
         .await
         .unwrap();
-    let mut lost = doomed.lost();
-    tokio::time::timeout(Duration::from_secs(2), lost.wait_for(|lost| *lost))
+    let lost = doomed.lost();
+    tokio::time::timeout(Duration::from_secs(2), lost.wait())
         .await
-        .expect("the deleted lock is lost within a cadence or two")
-        .unwrap();
+        .expect("the deleted lock is lost within a cadence or two");
     tokio::time::sleep(Duration::from_millis(700)).await; // two more renewals
     assert!(!kept.is_lost() && !also_kept.is_lost());
     assert!(doomed.release().await.unwrap_err().is_lock_lost());
     kept.release().await.unwrap();
     also_kept.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_of_huge_names_are_split_into_commands_of_bounded_size() {
+    const MIB: usize = 1 << 20;
+    let (database, commands) = common::counting_database().await;
+    let provider = Provider::new(&database)
+        .with_collection(common::unique("locks").as_str())
+        .with_options(common::options(10_000, 1_000));
+    // Three names of the longest allowed length: 3 MiB of ids in one renewal would approach
+    // MongoDB's 16 MiB command limit with a few more such locks.
+    let mut guards = Vec::new();
+    for letter in ["a", "b", "c"] {
+        let name = letter.repeat(MIB);
+        guards.push(provider.create_lock(name).acquire().await.unwrap());
+    }
+    commands.clear();
+    let renewed = common::eventually(Duration::from_secs(10), || async {
+        commands.sizes("update").len() >= 3
+    })
+    .await;
+    assert!(renewed, "renewal commands were sent");
+    let sizes = commands.sizes("update");
+    println!("renewal command sizes for three 1 MiB names: {sizes:?}");
+    let largest = sizes.iter().copied().max().unwrap();
+    assert!(
+        largest < 2 * MIB + 64 * 1024,
+        "a renewal command of {largest} bytes: ids must be chunked"
+    );
+    assert!(guards.iter().all(|guard| !guard.is_lost()));
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
 }

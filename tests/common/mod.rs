@@ -40,6 +40,10 @@ pub fn unique(prefix: &str) -> String {
 #[derive(Default)]
 pub struct CommandLog {
     started: Mutex<Vec<String>>,
+    /// Name and BSON size of each command started.
+    sizes: Mutex<Vec<(String, usize)>>,
+    /// The reads (`find`, `aggregate`) started, as sent.
+    reads: Mutex<Vec<Document>>,
     in_flight: AtomicI64,
 }
 
@@ -60,6 +64,23 @@ impl CommandLog {
 
     pub fn clear(&self) {
         self.started.lock().unwrap().clear();
+        self.sizes.lock().unwrap().clear();
+    }
+
+    /// The `find` and `aggregate` commands started so far, as sent.
+    pub fn reads(&self) -> Vec<Document> {
+        self.reads.lock().unwrap().clone()
+    }
+
+    /// The BSON sizes of the commands called `name` started so far.
+    pub fn sizes(&self, name: &str) -> Vec<usize> {
+        self.sizes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(command, _)| command == name)
+            .map(|(_, size)| *size)
+            .collect()
     }
 
     /// Commands started but not yet answered.
@@ -70,10 +91,18 @@ impl CommandLog {
 
 /// A client whose commands are recorded, for counting round trips.
 pub async fn counting_database() -> (Database, Arc<CommandLog>) {
+    counting_database_with(|_| {}).await
+}
+
+/// Like [`counting_database`], with client options changed by `configure`.
+pub async fn counting_database_with(
+    configure: impl FnOnce(&mut ClientOptions),
+) -> (Database, Arc<CommandLog>) {
     let log = Arc::new(CommandLog::default());
     let mut options = ClientOptions::parse(server::uri())
         .await
         .expect("valid MongoDB URI");
+    configure(&mut options);
     let recorder = Arc::clone(&log);
     options.command_event_handler = Some(EventHandler::callback(move |event| match event {
         CommandEvent::Started(started) => {
@@ -83,6 +112,15 @@ pub async fn counting_database() -> (Database, Arc<CommandLog>) {
                 .lock()
                 .unwrap()
                 .push(started.command_name.clone());
+            if matches!(started.command_name.as_str(), "find" | "aggregate") {
+                recorder.reads.lock().unwrap().push(started.command.clone());
+            }
+            let size = mongodb::bson::to_vec(&started.command).map_or(0, |raw| raw.len());
+            recorder
+                .sizes
+                .lock()
+                .unwrap()
+                .push((started.command_name.clone(), size));
         }
         CommandEvent::Succeeded(_) | CommandEvent::Failed(_) => {
             recorder.in_flight.fetch_sub(1, Ordering::SeqCst);

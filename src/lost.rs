@@ -1,0 +1,270 @@
+//! Whether a held lease is still safe to rely on.
+//!
+//! A lease is lost when its renewal loop finds it gone, when the loop itself ends (its runtime
+//! shut down, it panicked), or when its *lost deadline* ([`LockOptions::lost_deadline`] of the
+//! last confirmed request) has passed. The last condition is checked by whoever asks, on the
+//! client's monotonic clock: `is_lost()` and [`LostSignal::wait`] turn true by themselves at the
+//! deadline, even if no background task runs any more.
+//!
+//! Loss is sticky: once any observer has seen the deadline pass, a renewal confirmed later does
+//! not revive the lease (the state is behind one mutex, so "deadline passed" and "extended" are
+//! ordered).
+//!
+//! [`LockOptions::lost_deadline`]: crate::LockOptions
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::future::select_all;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+/// The state of one lease, shared by its guard, its renewal loop and every [`LostSignal`].
+#[derive(Debug)]
+pub(crate) struct LeaseState {
+    inner: Mutex<Phase>,
+    /// Bumped on every change that can end a wait (lost, released).
+    changes: watch::Sender<()>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Held; presumed lost at this instant unless a renewal extends it first.
+    Held { lost_at: Instant },
+    /// Lost; `announced` once [`LeaseState::mark_lost`] reported it (a deadline passing is
+    /// noticed by whoever asks first, and reported by the renewal loop).
+    Lost { announced: bool },
+    /// Released by its holder without having been lost.
+    Released,
+}
+
+impl LeaseState {
+    pub(crate) fn new(lost_at: Instant) -> Arc<LeaseState> {
+        Arc::new(LeaseState {
+            inner: Mutex::new(Phase::Held { lost_at }),
+            changes: watch::Sender::new(()),
+        })
+    }
+
+    fn phase(&self) -> MutexGuard<'_, Phase> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The current phase, turning `Held` into `Lost` once its deadline has passed.
+    fn current(&self) -> Phase {
+        settle(&mut self.phase())
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        matches!(self.current(), Phase::Lost { .. })
+    }
+
+    /// Moves the deadline to `lost_at` if that is later and the lease is still held (its
+    /// deadline not passed). Returns whether the lease is still held.
+    pub(crate) fn extend(&self, lost_at: Instant) -> bool {
+        let mut phase = self.phase();
+        match *phase {
+            Phase::Held { lost_at: current } if Instant::now() < current => {
+                *phase = Phase::Held {
+                    lost_at: current.max(lost_at),
+                };
+                true
+            }
+            Phase::Held { .. } => {
+                *phase = Phase::Lost { announced: false };
+                false
+            }
+            Phase::Lost { .. } | Phase::Released => false,
+        }
+    }
+
+    /// The deadline, while held.
+    pub(crate) fn lost_at(&self) -> Option<Instant> {
+        match self.current() {
+            Phase::Held { lost_at } => Some(lost_at),
+            Phase::Lost { .. } | Phase::Released => None,
+        }
+    }
+
+    /// Marks the lease lost (unless released); returns whether this is the first report of the
+    /// loss (also when its deadline had already passed unreported).
+    pub(crate) fn mark_lost(&self) -> bool {
+        let changed = {
+            let mut phase = self.phase();
+            let changed = matches!(
+                *phase,
+                Phase::Held { .. } | Phase::Lost { announced: false }
+            );
+            if changed {
+                *phase = Phase::Lost { announced: true };
+            }
+            changed
+        };
+        if changed {
+            self.changes.send_replace(());
+        }
+        changed
+    }
+
+    /// Marks the lease released, unless it was lost already.
+    pub(crate) fn mark_released(&self) {
+        let changed = {
+            let mut phase = self.phase();
+            let held = matches!(settle(&mut phase), Phase::Held { .. });
+            if held {
+                *phase = Phase::Released;
+            }
+            held
+        };
+        if changed {
+            self.changes.send_replace(());
+        }
+    }
+
+    /// Resolves once the lease is lost; never, if it is released first.
+    async fn wait(&self) {
+        let mut changes = self.changes.subscribe();
+        loop {
+            match self.current() {
+                Phase::Lost { .. } => return,
+                Phase::Released => std::future::pending::<()>().await,
+                Phase::Held { lost_at } => {
+                    tokio::select! {
+                        // The sender lives in `self`: it cannot close while we borrow it.
+                        _ = changes.changed() => {}
+                        () = sleep_until(lost_at) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `phase`, turned from `Held` into `Lost` if its deadline has passed.
+fn settle(phase: &mut Phase) -> Phase {
+    if let Phase::Held { lost_at } = *phase
+        && Instant::now() >= lost_at
+    {
+        *phase = Phase::Lost { announced: false };
+    }
+    *phase
+}
+
+/// Tells whether a held lock is (known or presumed) lost; returned by every guard's `lost()`.
+///
+/// Cheap to clone and `'static`, so it can move into the task doing the protected work. It
+/// turns true when the renewal finds the lease gone, when the renewal machinery stops (its
+/// runtime shut down), and, checked on the client's own clock whenever it is asked, when no
+/// renewal was confirmed before the lease's lost deadline — so it works even if no background
+/// task gets to run. Always before the lease can end on the server, under the assumptions in
+/// the crate docs. Once lost, it stays lost. After the guard was released without having been
+/// lost, it stays false and [`wait`](Self::wait) never resolves.
+///
+/// ```no_run
+/// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock) -> distributed_lock_mongodb::Result<()> {
+/// let guard = lock.acquire().await?;
+/// let lost = guard.lost();
+/// tokio::select! {
+///     () = lost.wait() => eprintln!("lock lost: stop touching the resource"),
+///     () = tokio::time::sleep(std::time::Duration::from_secs(60)) => {} // the protected work
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LostSignal {
+    /// One lease, or a composite's members: lost when any of them is.
+    leases: Vec<Arc<LeaseState>>,
+}
+
+impl LostSignal {
+    pub(crate) fn new(leases: Vec<Arc<LeaseState>>) -> Self {
+        LostSignal { leases }
+    }
+
+    /// Whether the lock is known or presumed lost.
+    pub fn is_lost(&self) -> bool {
+        self.leases.iter().any(|lease| lease.is_lost())
+    }
+
+    /// Resolves once the lock is known or presumed lost (at once if it is already).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn wait(&self) {
+        if self.leases.is_empty() {
+            return std::future::pending().await;
+        }
+        let waits = self.leases.iter().map(|lease| Box::pin(lease.wait()));
+        select_all(waits).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_passed_deadline_is_lost_by_itself_and_stays_lost() {
+        let state = LeaseState::new(Instant::now() + Duration::from_millis(30));
+        let signal = LostSignal::new(vec![Arc::clone(&state)]);
+        assert!(!signal.is_lost());
+        tokio::time::timeout(Duration::from_secs(5), signal.wait())
+            .await
+            .expect("wait resolves at the deadline without anyone marking it");
+        assert!(signal.is_lost());
+        // A renewal confirmed after the deadline does not revive it.
+        assert!(!state.extend(Instant::now() + Duration::from_secs(60)));
+        assert!(signal.is_lost());
+    }
+
+    #[tokio::test]
+    async fn extending_moves_the_deadline_and_marking_wakes_waiters() {
+        let state = LeaseState::new(Instant::now() + Duration::from_millis(50));
+        assert!(state.extend(Instant::now() + Duration::from_secs(60)));
+        let signal = LostSignal::new(vec![Arc::clone(&state)]);
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert!(!signal.is_lost(), "extended");
+        let waiting = tokio::spawn({
+            let signal = signal.clone();
+            async move { signal.wait().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(state.mark_lost());
+        assert!(!state.mark_lost(), "only the first marking changes it");
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_released_lease_is_never_lost() {
+        let state = LeaseState::new(Instant::now() + Duration::from_millis(20));
+        let signal = LostSignal::new(vec![Arc::clone(&state)]);
+        state.mark_released();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(!signal.is_lost());
+        assert!(!state.mark_lost());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), signal.wait())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_composite_is_lost_when_any_member_is() {
+        let far = Instant::now() + Duration::from_secs(60);
+        let (a, b) = (LeaseState::new(far), LeaseState::new(far));
+        let signal = LostSignal::new(vec![Arc::clone(&a), Arc::clone(&b)]);
+        assert!(!signal.is_lost());
+        b.mark_lost();
+        assert!(signal.is_lost());
+        tokio::time::timeout(Duration::from_secs(5), signal.wait())
+            .await
+            .unwrap();
+    }
+}

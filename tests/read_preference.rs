@@ -1,0 +1,82 @@
+//! Reads whose result the crate acts on go to the primary with a read concern that cannot show
+//! a lease the primary has already ended, whatever the client's defaults say.
+
+mod common;
+
+use std::time::Duration;
+
+use distributed_lock_mongodb::{DocumentLock, Error, Provider};
+use mongodb::bson::{Document, doc};
+use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
+
+/// Every read sent asks for the primary (when the driver sends a read preference at all: it
+/// does not to a standalone) and for read concern `local` or `linearizable`.
+fn assert_reads_are_fresh(reads: &[Document]) {
+    assert!(!reads.is_empty(), "no read was recorded");
+    for read in reads {
+        let level = read
+            .get_document("readConcern")
+            .and_then(|concern| concern.get_str("level"))
+            .unwrap_or_else(|_| panic!("no read concern in {read}"));
+        assert!(
+            ["local", "linearizable"].contains(&level),
+            "read concern {level} in {read}"
+        );
+        if let Ok(preference) = read.get_document("$readPreference") {
+            assert_eq!(preference.get_str("mode"), Ok("primary"), "{read}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_status_and_existence_reads_ignore_the_clients_read_defaults() {
+    // Client defaults that would weaken the lock if the crate used them.
+    let (database, commands) = common::counting_database_with(|options| {
+        options.selection_criteria = Some(SelectionCriteria::ReadPreference(
+            ReadPreference::SecondaryPreferred {
+                options: Default::default(),
+            },
+        ));
+        options.read_concern = Some(ReadConcern::majority());
+    })
+    .await;
+    let collection = common::unique("locks");
+    let provider = Provider::new(&database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(3_000, 300));
+    let kept = provider.create_lock("kept").acquire().await.unwrap();
+    let doomed = provider.create_lock("doomed").acquire().await.unwrap();
+    commands.clear();
+    // One of two leases vanishes: the renewal matches fewer leases than it sent and reads back
+    // which are still live. That read decides who keeps a lock.
+    common::database()
+        .await
+        .collection::<Document>(&collection)
+        .delete_one(doc! { "_id": "doomed" })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), doomed.lost().wait())
+        .await
+        .expect("the deleted lock is lost");
+    assert!(!kept.is_lost());
+    let renewal_reads = commands.reads();
+    assert!(
+        renewal_reads.iter().any(|read| read
+            .get_document("readConcern")
+            .and_then(|concern| concern.get_str("level"))
+            == Ok("linearizable")),
+        "the renewal read-back is linearizable: {renewal_reads:?}"
+    );
+
+    let status = provider.status("kept").await.unwrap().unwrap();
+    assert!(status.is_held());
+    assert_eq!(provider.held_locks().await.unwrap().len(), 1);
+
+    let jobs = database.collection::<Document>(&common::unique("jobs"));
+    let locks = DocumentLock::new(&jobs);
+    let error = locks.try_lock(doc! { "_id": "missing" }).await.unwrap_err();
+    assert!(matches!(error, Error::DocumentNotFound { .. }), "{error}");
+
+    assert_reads_are_fresh(&commands.reads());
+    kept.release().await.unwrap();
+}
