@@ -9,6 +9,11 @@
 //!     resource document, makes a fenced write with its token, logs the token in
 //!     <resource_collection>_log under a sequence number, and drops the count again;
 //!     prints "done acquisitions=<n> rejected=<n>"
+//! lock_worker chaos <collection> <name> <resource_collection> <tasks> <seconds>
+//!     like contend, for <seconds>, tolerating errors (a fault-injecting proxy may sit between
+//!     this process and the server): every holder also records the lock's server-side
+//!     acquiredAt and the server time it entered and left the protected section in the log;
+//!     prints "done acquisitions=<n> rejected=<n> errors=<n> lost=<n>"
 //! ```
 //!
 //! Uses `MONGODB_URI` (the tests pass theirs), or starts the embedded test server.
@@ -18,7 +23,7 @@ mod server;
 
 use std::time::Duration;
 
-use distributed_lock_mongodb::{FencingToken, LockOptions, MongoDistributedLock};
+use distributed_lock_mongodb::{FencingToken, LockOptions, MongoDistributedLock, Provider};
 use mongodb::bson::{Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Client, Collection, Database};
@@ -55,6 +60,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 resource,
                 tasks.parse()?,
                 rounds.parse()?,
+            )
+            .await
+        }
+        ["chaos", collection, name, resource, tasks, seconds] => {
+            chaos(
+                &database,
+                collection,
+                name,
+                resource,
+                tasks.parse()?,
+                Duration::from_secs(seconds.parse()?),
             )
             .await
         }
@@ -167,5 +183,145 @@ async fn protected_work(
     resource
         .update_one(id, doc! { "$inc": { "holders": -1 } })
         .await?;
+    Ok(fenced.matched_count == 1)
+}
+
+/// Outcome counts of the chaos mode.
+#[derive(Default)]
+struct Tally {
+    acquisitions: usize,
+    rejected: usize,
+    errors: usize,
+    lost: usize,
+}
+
+async fn chaos(
+    database: &Database,
+    collection: &str,
+    name: &str,
+    resource: &str,
+    tasks: usize,
+    run_for: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(3))
+        .extension_cadence(Duration::from_millis(500))
+        .busy_wait_sleep_time(Duration::from_millis(10), Duration::from_millis(200))
+        .adaptive_backoff(true)
+        .build()?;
+    let provider = Provider::new(database)
+        .with_collection(collection)
+        .with_options(options);
+    let log = database.collection::<Document>(&format!("{resource}_log"));
+    let resource = database.collection::<Document>(resource);
+    let end = tokio::time::Instant::now() + run_for;
+    let workers: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (provider, resource, log) = (provider.clone(), resource.clone(), log.clone());
+            let name = name.to_owned();
+            tokio::spawn(async move {
+                let lock = provider.create_lock(name.as_str());
+                let mut tally = Tally::default();
+                while tokio::time::Instant::now() < end {
+                    let guard = match lock.acquire_timeout(Duration::from_secs(20)).await {
+                        Ok(guard) => guard,
+                        Err(_) => {
+                            tally.errors += 1;
+                            continue;
+                        }
+                    };
+                    tally.acquisitions += 1;
+                    // The lock's own record of this acquisition, read on the server.
+                    let acquired_at = match provider.status(&name).await {
+                        Ok(Some(status)) if status.fencing_token == Some(guard.fencing_token()) => {
+                            status.acquired_at
+                        }
+                        _ => None,
+                    };
+                    if !guard.is_lost() {
+                        match timed_work(&resource, &log, guard.fencing_token(), acquired_at).await
+                        {
+                            Ok(true) => {}
+                            Ok(false) => tally.rejected += 1,
+                            Err(_) => tally.errors += 1,
+                        }
+                    }
+                    match guard.release().await {
+                        Ok(()) => {}
+                        Err(error) if error.is_lock_lost() => tally.lost += 1,
+                        Err(_) => tally.errors += 1,
+                    }
+                }
+                tally
+            })
+        })
+        .collect();
+    let mut total = Tally::default();
+    for worker in workers {
+        let tally = worker.await?;
+        total.acquisitions += tally.acquisitions;
+        total.rejected += tally.rejected;
+        total.errors += tally.errors;
+        total.lost += tally.lost;
+    }
+    println!(
+        "done acquisitions={} rejected={} errors={} lost={}",
+        total.acquisitions, total.rejected, total.errors, total.lost
+    );
+    Ok(())
+}
+
+/// Like `protected_work`, recording server times: the lock's `acquiredAt` (when read), and when
+/// the holder entered and left the protected section.
+async fn timed_work(
+    resource: &Collection<Document>,
+    log: &Collection<Document>,
+    token: FencingToken,
+    acquired_at: Option<mongodb::bson::DateTime>,
+) -> mongodb::error::Result<bool> {
+    let id = doc! { "_id": "resource" };
+    let entered = resource
+        .find_one_and_update(
+            id.clone(),
+            vec![
+                doc! { "$set": {
+                    "holders": { "$add": [{ "$ifNull": ["$holders", 0] }, 1] },
+                    "sequence": { "$add": [{ "$ifNull": ["$sequence", 0] }, 1] },
+                    "at": "$$NOW",
+                } },
+                doc! { "$set": { "maxHolders": { "$max": [{ "$ifNull": ["$maxHolders", 0] }, "$holders"] } } },
+            ],
+        )
+        .upsert(true)
+        .return_document(ReturnDocument::After)
+        .await?
+        .unwrap_or_default();
+    let fenced = resource
+        .update_one(
+            doc! { "_id": "resource", "$or": [
+                { "token": { "$lt": token.get() } },
+                { "token": { "$exists": false } },
+            ] },
+            doc! { "$set": { "token": token.get() } },
+        )
+        .await?;
+    let left = resource
+        .find_one_and_update(
+            id,
+            vec![doc! { "$set": { "holders": { "$add": ["$holders", -1] }, "at": "$$NOW" } }],
+        )
+        .return_document(ReturnDocument::After)
+        .await?
+        .unwrap_or_default();
+    let mut entry = doc! {
+        "_id": entered.get("sequence").cloned().unwrap_or_default(),
+        "token": token.get(),
+        "enteredAt": entered.get("at").cloned().unwrap_or_default(),
+        "leftAt": left.get("at").cloned().unwrap_or_default(),
+    };
+    if let Some(acquired_at) = acquired_at {
+        entry.insert("acquiredAt", acquired_at);
+    }
+    log.insert_one(entry).await?;
     Ok(fenced.matched_count == 1)
 }

@@ -131,11 +131,12 @@ impl Error {
     }
 }
 
-/// Server error codes of a replica-set state change or a network problem: the same set the
-/// driver retries writes on.
-const TRANSIENT_CODES: [i32; 12] = [
+/// Server error codes of a replica-set state change, a network problem or slow replication: the
+/// set the driver retries writes on, plus a write-concern timeout.
+const TRANSIENT_CODES: [i32; 13] = [
     6,     // HostUnreachable
     7,     // HostNotFound
+    64,    // WriteConcernFailed (wtimeout: replication is slow)
     89,    // NetworkTimeout
     91,    // ShutdownInProgress
     189,   // PrimarySteppedDown
