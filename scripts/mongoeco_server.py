@@ -1,6 +1,6 @@
 """Embedded MongoDB-compatible test server (mongoeco) for this crate's tests and examples.
 
-Usage: python mongoeco_server.py [--port N]
+Usage: python mongoeco_server.py [--port N] [--skewed-port-offset-ms N]
 
 Prints the connection string on the first line of stdout once the server accepts connections,
 then serves until its standard input reaches end-of-file (the parent process exited or closed
@@ -10,16 +10,23 @@ never leaves a server behind.
 mongoeco 4.11.0 has two reply-format quirks that the official Rust driver rejects; the two small
 shims below fix them at the wire boundary, using mongoeco's own functions (see
 shared TEST-SERVER.md, items 1 and 2). tests/test_server.rs covers both.
+
+With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
+is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
+second line of stdout. See start_skewed_port below; tests/fault_proxy.rs covers it.
 """
 
 import argparse
 import asyncio
+import datetime
 import os
 import signal
 import sys
 import threading
 
-from mongoeco.core.bson_scalars import BsonInt64
+from mongoeco.api import AsyncMongoClient
+from mongoeco.core.bson_scalars import BsonInt64, utc_bson_now
+from mongoeco.engines.memory import MemoryEngine
 from mongoeco.wire import proxy as wire_proxy
 
 # Shim 1: the Rust driver sends limit/skip/batchSize (and cursor ids, in getMore and killCursors)
@@ -64,15 +71,63 @@ wire_proxy.decode_op_msg = _decode_op_msg
 wire_proxy.encode_op_msg_response = _encode_op_msg_response
 
 
+# The skewed port. On a real cluster `$$NOW` is evaluated by the mongos (or primary) that runs the
+# command, so clients behind different routers can see different clocks. mongoeco takes an
+# operation's clock (`$$NOW`, `$currentDate`, ...) from its client's `now_factory`, and a wire
+# server serves one client; so the second port is a second wire server whose own client shares the
+# first one's engine (the data) and has a shifted `now_factory`. Cursors and sessions are per
+# port, as they are per router.
+#
+# TTL deletion: mongoeco deletes expired documents when they are accessed, judging expiry by the
+# accessing operation's clock on some paths and by the real clock on others. A real cluster's TTL
+# monitor runs on the data-bearing nodes with their own clock, whichever router a client uses; so
+# with a skewed port, every TTL judgement uses the unshifted clock (the "shards'" clock, the same
+# as the normal port's).
+async def start_skewed_port(engine, host: str, offset_ms: int):
+    offset = datetime.timedelta(milliseconds=offset_ms)
+    client = AsyncMongoClient(engine, now_factory=lambda: utc_bson_now() + offset)
+    await client.__aenter__()  # connects the shared engine (it counts its users)
+    server = wire_proxy.AsyncMongoEcoProxyServer(client=client, host=host, port=0)
+    await server.start()
+
+    original_purge = MemoryEngine._purge_expired_documents_locked
+
+    def purge_by_unshifted_clock(self, *args, now, **kwargs):
+        del now  # the operation's clock, shifted on the skewed port
+        unshifted = utc_bson_now().replace(tzinfo=datetime.UTC)
+        return original_purge(self, *args, now=unshifted, **kwargs)
+
+    MemoryEngine._purge_expired_documents_locked = purge_by_unshifted_clock
+    return client, server
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--skewed-port-offset-ms",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also serve the same data on a second (free) port whose clock is off by N ms",
+    )
     args = parser.parse_args()
 
-    server = wire_proxy.AsyncMongoEcoProxyServer(host=args.host, port=args.port)
-    address = await server.start()
+    skewed = None
+    if args.skewed_port_offset_ms is None:
+        server = wire_proxy.AsyncMongoEcoProxyServer(host=args.host, port=args.port)
+        address = await server.start()
+    else:
+        engine = MemoryEngine()
+        server = wire_proxy.AsyncMongoEcoProxyServer(
+            engine=engine, host=args.host, port=args.port
+        )
+        address = await server.start()
+        skewed = await start_skewed_port(engine, args.host, args.skewed_port_offset_ms)
     print(address.uri, flush=True)
+    if skewed is not None:
+        print(skewed[1].address.uri, flush=True)
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -90,6 +145,10 @@ async def main() -> None:
     try:
         await stop.wait()
     finally:
+        if skewed is not None:
+            skewed_client, skewed_server = skewed
+            await skewed_server.close()
+            await skewed_client.close()
         await server.close()
 
 

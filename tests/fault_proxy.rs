@@ -1,5 +1,5 @@
-//! The test infrastructure itself: the fault proxy's command rules, against a real wire-protocol
-//! server with raw driver calls.
+//! The test infrastructure itself: the fault proxy's command rules and the dedicated embedded
+//! server with a skewed second port, against a real wire-protocol server with raw driver calls.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::proxy::{self, Action, Fault, FaultProxy, Rule, replies};
 use common::server;
 use futures::TryStreamExt;
-use mongodb::bson::{Document, doc};
+use mongodb::bson::{DateTime, Document, doc};
 use mongodb::error::{Error, ErrorKind, WriteFailure};
 use mongodb::{Client, Collection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -563,4 +563,150 @@ async fn fragmented_messages_are_framed_and_garbage_passes_through() {
             .or(reply.get_i32("ok").ok().map(f64::from)),
         Some(1.0)
     );
+}
+
+// ---- The dedicated server's skewed port ----
+
+async fn client_for(uri: &str) -> Client {
+    Client::with_uri_str(uri).await.expect("valid MongoDB URI")
+}
+
+/// The `$$NOW` of one aggregate on `collection` (which holds a document).
+async fn server_now(collection: &Collection<Document>) -> DateTime {
+    let rows: Vec<Document> = collection
+        .aggregate([
+            doc! { "$limit": 1 },
+            doc! { "$project": { "now": "$$NOW" } },
+        ])
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    *rows[0].get_datetime("now").unwrap()
+}
+
+/// `$$NOW` through the skewed port minus `$$NOW` through the normal one, in milliseconds.
+async fn measured_skew(normal: &Collection<Document>, skewed: &Collection<Document>) -> i64 {
+    let before = server_now(normal).await;
+    let shifted = server_now(skewed).await;
+    shifted.timestamp_millis() - before.timestamp_millis()
+}
+
+#[tokio::test]
+async fn the_skewed_port_shifts_now_and_shares_the_data() {
+    let dedicated = tokio::task::spawn_blocking(|| server::start_dedicated(Some(60_000)))
+        .await
+        .unwrap();
+    let skewed_uri = dedicated.skewed_uri.clone().expect("a skewed port");
+    let normal = client_for(&dedicated.uri)
+        .await
+        .database("skew")
+        .collection::<Document>("c");
+    let skewed = client_for(&skewed_uri)
+        .await
+        .database("skew")
+        .collection::<Document>("c");
+
+    // Data written through one port is visible through the other.
+    normal
+        .insert_one(doc! { "_id": "from-normal" })
+        .await
+        .unwrap();
+    skewed
+        .insert_one(doc! { "_id": "from-skewed" })
+        .await
+        .unwrap();
+    assert!(exists(&skewed, "from-normal").await);
+    assert!(exists(&normal, "from-skewed").await);
+
+    let skew = measured_skew(&normal, &skewed).await;
+    assert!((58_000..=62_000).contains(&skew), "skew {skew} ms");
+
+    // Writes evaluate $$NOW by the port's clock too.
+    let pipeline = vec![doc! { "$set": { "at": "$$NOW" } }];
+    normal
+        .update_one(doc! { "_id": "from-normal" }, pipeline.clone())
+        .await
+        .unwrap();
+    let stamped = skewed
+        .find_one_and_update(doc! { "_id": "from-skewed" }, pipeline)
+        .return_document(mongodb::options::ReturnDocument::After)
+        .await
+        .unwrap()
+        .unwrap();
+    let normal_at = normal
+        .find_one(doc! { "_id": "from-normal" })
+        .await
+        .unwrap()
+        .unwrap();
+    let written_skew = stamped.get_datetime("at").unwrap().timestamp_millis()
+        - normal_at.get_datetime("at").unwrap().timestamp_millis();
+    assert!(
+        (58_000..=62_000).contains(&written_skew),
+        "skew {written_skew} ms"
+    );
+
+    // TTL deletion follows the unshifted clock on both ports: a document that expires in 30 s
+    // stays, though the skewed port's clock is past its expiry; an expired one goes.
+    let ttl = normal
+        .client()
+        .database("skew")
+        .collection::<Document>("ttl");
+    ttl.create_index(
+        mongodb::IndexModel::builder()
+            .keys(doc! { "expiresAt": 1 })
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .expire_after(Duration::ZERO)
+                    .build(),
+            )
+            .build(),
+    )
+    .await
+    .unwrap();
+    let now = DateTime::now().timestamp_millis();
+    ttl.insert_many([
+        doc! { "_id": "live", "expiresAt": DateTime::from_millis(now + 30_000) },
+        doc! { "_id": "expired", "expiresAt": DateTime::from_millis(now - 1_000) },
+    ])
+    .await
+    .unwrap();
+    let skewed_ttl = skewed
+        .client()
+        .database("skew")
+        .collection::<Document>("ttl");
+    assert!(exists(&skewed_ttl, "live").await);
+    assert_eq!(skewed_ttl.count_documents(doc! {}).await.unwrap(), 1);
+    assert!(exists(&ttl, "live").await);
+    assert!(!exists(&ttl, "expired").await);
+}
+
+#[tokio::test]
+async fn the_skew_may_be_negative() {
+    let dedicated = tokio::task::spawn_blocking(|| server::start_dedicated(Some(-60_000)))
+        .await
+        .unwrap();
+    let normal = client_for(&dedicated.uri)
+        .await
+        .database("skew")
+        .collection::<Document>("c");
+    let skewed = client_for(dedicated.skewed_uri.as_deref().unwrap())
+        .await
+        .database("skew")
+        .collection::<Document>("c");
+    normal.insert_one(doc! { "_id": "one" }).await.unwrap();
+    let skew = measured_skew(&normal, &skewed).await;
+    assert!((-62_000..=-58_000).contains(&skew), "skew {skew} ms");
+
+    // A dedicated server without skew has one port, and its own data.
+    let plain = tokio::task::spawn_blocking(|| server::start_dedicated(None))
+        .await
+        .unwrap();
+    assert!(plain.skewed_uri.is_none());
+    let other = client_for(&plain.uri)
+        .await
+        .database("skew")
+        .collection::<Document>("c");
+    assert_eq!(other.count_documents(doc! {}).await.unwrap(), 0);
 }

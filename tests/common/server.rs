@@ -1,6 +1,11 @@
 //! Finds the MongoDB server for tests and examples: `MONGODB_URI` if set, otherwise the embedded
 //! mongoeco server (scripts/mongoeco_server.py), started once per process and stopped when the
 //! process exits (the server ends when its standard input closes).
+//!
+//! Tests that need isolation or a special server start their own with [`start_dedicated`].
+
+// The examples include this file too, and use only `uri`.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -9,14 +14,74 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::Duration;
 
+const HOW_TO_GET_EMBEDDED: &str =
+    "install the embedded test server with `scripts/install-test-server` (needs Python 3.13)";
+
 const HOW_TO_GET_ONE: &str = "set MONGODB_URI to a MongoDB 4.2+ server (e.g. `docker compose up -d` and \
 MONGODB_URI=mongodb://localhost:27017/?directConnection=true), or install the embedded test server with \
 `scripts/install-test-server` (needs Python 3.13)";
 
 struct Embedded {
-    uri: String,
-    // Kept for the life of the process: its stdin pipe closing is the server's signal to stop.
-    _child: Child,
+    /// One connection string per port the server printed.
+    uris: Vec<String>,
+    // Its stdin pipe closing is the server's signal to stop.
+    child: Child,
+}
+
+/// An embedded server of one test's own, stopped when this is dropped.
+pub struct Dedicated {
+    pub uri: String,
+    /// The second port's connection string, when started with a clock skew: the same data,
+    /// with `$$NOW` shifted (see scripts/mongoeco_server.py).
+    pub skewed_uri: Option<String>,
+    child: Child,
+}
+
+impl Drop for Dedicated {
+    fn drop(&mut self) {
+        // Closing stdin stops the server; give it a moment to exit, then make sure.
+        drop(self.child.stdin.take());
+        for _ in 0..50 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts an embedded server for one test (even when `MONGODB_URI` is set: a dedicated server is
+/// always the embedded one). With `skew_ms`, it also serves the same data on a second port whose
+/// clock is `skew_ms` milliseconds ahead (behind, if negative), like a second `mongos` whose clock
+/// is off; TTL deletion there follows the unshifted clock, like a cluster's data-bearing nodes.
+///
+/// Blocks while the server starts (about a second).
+///
+/// # Panics
+/// If the embedded server cannot be started; the message says how to get one.
+pub fn start_dedicated(skew_ms: Option<i64>) -> Dedicated {
+    let args = match skew_ms {
+        Some(skew) => vec!["--skewed-port-offset-ms".to_owned(), skew.to_string()],
+        None => Vec::new(),
+    };
+    let python = embedded_python();
+    assert!(
+        python.exists(),
+        "no dedicated test server: it is always the embedded one (whatever MONGODB_URI says), and \
+         the embedded server's Python ({}) is missing; {HOW_TO_GET_EMBEDDED}",
+        python.display()
+    );
+    let ports = if skew_ms.is_some() { 2 } else { 1 };
+    let Embedded { mut uris, child } = start_embedded(&args, ports)
+        .unwrap_or_else(|problem| panic!("{problem}; {HOW_TO_GET_EMBEDDED}"));
+    let skewed_uri = (uris.len() > 1).then(|| uris.remove(1));
+    Dedicated {
+        uri: uris.remove(0),
+        skewed_uri,
+        child,
+    }
 }
 
 /// The connection string of the server to use.
@@ -31,23 +96,28 @@ pub fn uri() -> String {
     static EMBEDDED: OnceLock<Embedded> = OnceLock::new();
     EMBEDDED
         .get_or_init(|| {
-            start_embedded().unwrap_or_else(|problem| panic!("{problem}; {HOW_TO_GET_ONE}"))
+            start_embedded(&[], 1).unwrap_or_else(|problem| panic!("{problem}; {HOW_TO_GET_ONE}"))
         })
-        .uri
+        .uris[0]
         .clone()
 }
 
 /// Whether tests run against the embedded server (and may rely on its instant TTL deletion).
-#[allow(dead_code)]
 pub fn is_embedded() -> bool {
     std::env::var_os("MONGODB_URI").is_none()
 }
 
-fn start_embedded() -> Result<Embedded, String> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let python = std::env::var_os("MONGOECO_PYTHON")
+fn embedded_python() -> PathBuf {
+    std::env::var_os("MONGOECO_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".venv/bin/python"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"))
+}
+
+/// Starts scripts/mongoeco_server.py with `args` and waits for the `ports` connection strings it
+/// prints, one a line.
+fn start_embedded(args: &[String], ports: usize) -> Result<Embedded, String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let python = embedded_python();
     if !python.exists() {
         return Err(format!(
             "no MongoDB server: MONGODB_URI is unset and the embedded server's Python ({}) is missing",
@@ -56,6 +126,7 @@ fn start_embedded() -> Result<Embedded, String> {
     }
     let mut child = Command::new(&python)
         .arg(root.join("scripts/mongoeco_server.py"))
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -67,17 +138,23 @@ fn start_embedded() -> Result<Embedded, String> {
         .ok_or("the embedded server has no stdout")?;
     let (sender, receiver) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = sender.send(line);
+        let mut stdout = BufReader::new(stdout);
+        let mut lines = Vec::new();
+        for _ in 0..ports {
+            let mut line = String::new();
+            let _ = stdout.read_line(&mut line);
+            lines.push(line);
+        }
+        let _ = sender.send(lines);
     });
     match receiver.recv_timeout(Duration::from_secs(60)) {
-        Ok(line) if line.starts_with("mongodb://") => Ok(Embedded {
-            uri: line.trim().to_owned(),
-            _child: child,
+        Ok(lines) if lines.iter().all(|line| line.starts_with("mongodb://")) => Ok(Embedded {
+            uris: lines.iter().map(|line| line.trim().to_owned()).collect(),
+            child,
         }),
         other => {
             let _ = child.kill();
+            let _ = child.wait();
             Err(format!(
                 "the embedded server did not start (it printed {other:?})"
             ))
