@@ -7,12 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::proxy::{FaultProxy, Fault};
+use common::proxy::Fault;
 use common::server::{self, Dedicated};
-use distributed_lock_mongodb::{LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock};
+use distributed_lock_mongodb::{
+    LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
+};
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc};
-use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
 
 async fn database(uri: &str) -> Database {
@@ -43,25 +44,11 @@ async fn now_and_expiry(uri: &str, collection: &str, name: &str) -> (DateTime, D
     )
 }
 
-/// A client for the dedicated server's normal port, through a fault proxy.
-async fn proxied(dedicated: &Dedicated) -> (FaultProxy, Client) {
-    let upstream = common::proxy::address_of(&dedicated.uri).await;
-    let proxy = FaultProxy::start(upstream).await;
-    let mut options = ClientOptions::parse(&dedicated.uri).await.unwrap();
-    options.hosts = vec![mongodb::options::ServerAddress::Tcp {
-        host: proxy.address().ip().to_string(),
-        port: Some(proxy.address().port()),
-    }];
-    options.direct_connection = Some(true);
-    options.server_selection_timeout = Some(Duration::from_secs(5));
-    (proxy, Client::with_options(options).unwrap())
-}
-
 /// How long before a router whose clock runs `ahead` sees the lease end does a blackholed
 /// holder's `lost` fire, with `max_clock_skew` set to `tolerance`? Negative: after.
 async fn margin_seen_by_a_router_ahead(dedicated: &Dedicated, tolerance: Duration) -> i64 {
     let skewed = dedicated.skewed_uri.clone().expect("a skewed port");
-    let (proxy, client) = proxied(dedicated).await;
+    let (proxy, client) = common::proxy::proxied_client_with(&dedicated.uri, |_| {}).await;
     let collection = common::unique("locks");
     let name = common::unique("skew");
     let options = LockOptions::builder()
@@ -106,13 +93,17 @@ async fn lost_fires_before_a_router_whose_clock_runs_ahead_sees_the_lease_end() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_tokens_keep_increasing_when_the_next_router_is_a_minute_behind() {
-    let dedicated = server::start_dedicated(Some(-60_000));
+async fn fencing_tokens_keep_increasing_when_the_next_router_is_behind() {
+    // The next acquisition runs on a router 2 s behind. For it, the released lease (ended at the
+    // first router's "now") ends 2 s later: it waits that long. If the document had been deleted
+    // meanwhile, it would get `$$NOW × 1000` from a clock 2 s behind: a smaller token.
+    let dedicated = server::start_dedicated(Some(-2_000));
     let behind = database(dedicated.skewed_uri.as_deref().expect("a skewed port")).await;
     let normal = database(&dedicated.uri).await;
     let collection = common::unique("locks");
     let name = common::unique("tokens");
-    let first = MongoDistributedLock::new(name.as_str(), &normal).with_collection(collection.as_str());
+    let first =
+        MongoDistributedLock::new(name.as_str(), &normal).with_collection(collection.as_str());
     let guard = first.acquire().await.unwrap();
     let first_token = guard.fencing_token();
     guard.release().await.unwrap();
@@ -129,10 +120,11 @@ async fn fencing_tokens_keep_increasing_when_the_next_router_is_a_minute_behind(
     })
     .await;
     assert!(indexed, "the TTL index was created");
-    let second = MongoDistributedLock::new(name.as_str(), &behind).with_collection(collection.as_str());
+    let second =
+        MongoDistributedLock::new(name.as_str(), &behind).with_collection(collection.as_str());
     let guard = second.acquire().await.unwrap();
     println!(
-        "router a minute behind: token {} after {first_token}",
+        "router 2 s behind: token {} after {first_token}",
         guard.fencing_token()
     );
     assert!(

@@ -134,8 +134,8 @@ async fn semaphore_reader_writer_and_document_attempts_whose_reply_was_lost_leav
     let proxied_rw = MongoDistributedReaderWriterLock::new(name.as_str(), &proxied)
         .with_collection(rw.as_str())
         .with_options(long_lease());
-    let direct_rw = MongoDistributedReaderWriterLock::new(name.as_str(), &direct)
-        .with_collection(rw.as_str());
+    let direct_rw =
+        MongoDistributedReaderWriterLock::new(name.as_str(), &direct).with_collection(rw.as_str());
     let writer_gets_in = || async {
         match direct_rw.try_acquire_write().await.unwrap() {
             Some(guard) => guard.release().await.is_ok(),
@@ -158,10 +158,13 @@ async fn semaphore_reader_writer_and_document_attempts_whose_reply_was_lost_leav
         .insert_one(doc! { "_id": "job", "status": "pending" })
         .await
         .unwrap();
-    let proxied_jobs = DocumentLock::new(&proxied.collection::<Document>(&jobs))
-        .with_options(long_lease());
+    let proxied_jobs =
+        DocumentLock::new(&proxied.collection::<Document>(&jobs)).with_options(long_lease());
     drop_next_reply(&jobs);
-    proxied_jobs.try_lock(doc! { "_id": "job" }).await.unwrap_err();
+    proxied_jobs
+        .try_lock(doc! { "_id": "job" })
+        .await
+        .unwrap_err();
     proxy.clear_rules();
     let direct_jobs = DocumentLock::new(&direct.collection::<Document>(&jobs));
     free_within_five_seconds(|| async {
@@ -181,18 +184,24 @@ async fn a_writer_whose_attempts_all_fail_leaves_no_marker_holding_readers_back(
     let direct = MongoDistributedReaderWriterLock::new(name.as_str(), &control().await)
         .with_collection(rw.as_str());
     let reader = direct.acquire_read().await.unwrap();
-    let writer = MongoDistributedReaderWriterLock::new(name.as_str(), &client.database(common::DATABASE))
-        .with_collection(rw.as_str())
-        .with_options(long_lease());
+    let writer =
+        MongoDistributedReaderWriterLock::new(name.as_str(), &client.database(common::DATABASE))
+            .with_collection(rw.as_str())
+            .with_options(long_lease());
     // Every attempt is applied (placing or renewing the waiting-writer marker) and its reply lost.
     proxy.add_rule(
         Rule::new("findAndModify", Action::DropReplyAndClose)
             .on(&rw)
             .times(usize::MAX),
     );
-    let outcome = writer.acquire_write_timeout(Duration::from_millis(500)).await;
+    let outcome = writer
+        .acquire_write_timeout(Duration::from_millis(500))
+        .await;
     proxy.clear_rules();
-    assert!(outcome.is_err(), "the writer cannot have got in past a reader");
+    assert!(
+        outcome.is_err(),
+        "the writer cannot have got in past a reader"
+    );
     // The marker (lease 2 × 50 ms + 1 s here) is removed at once, not when its lease ends.
     let took = free_within_five_seconds(|| async {
         match direct.try_acquire_read().await.unwrap() {
@@ -258,8 +267,8 @@ async fn a_duplicate_key_from_a_first_use_race_is_retried_not_reported_busy() {
     assert!(place.is_some(), "a free semaphore place was reported busy");
 
     let rw = common::unique("rw");
-    let lock = MongoDistributedReaderWriterLock::new("first-use", &proxied)
-        .with_collection(rw.as_str());
+    let lock =
+        MongoDistributedReaderWriterLock::new("first-use", &proxied).with_collection(rw.as_str());
     race(&rw, "first-use");
     assert!(
         lock.try_acquire_read().await.unwrap().is_some(),
@@ -272,9 +281,12 @@ async fn a_duplicate_key_from_a_first_use_race_is_retried_not_reported_busy() {
 async fn elections_and_write_concern_timeouts_are_ridden_out_within_the_deadline() {
     let (proxy, client) = proxy::proxied_client().await;
     let collection = common::unique("locks");
-    let lock = MongoDistributedLock::new(common::unique("election"), &client.database(common::DATABASE))
-        .with_collection(collection.as_str())
-        .with_options(long_lease());
+    let lock = MongoDistributedLock::new(
+        common::unique("election"),
+        &client.database(common::DATABASE),
+    )
+    .with_collection(collection.as_str())
+    .with_options(long_lease());
     // Three attempts meet a primary stepping down, then one is applied but its replication
     // times out: the wait goes on, and the orphan of the applied one is cleaned up.
     let stepping_down = proxy.add_rule(
@@ -304,7 +316,10 @@ async fn elections_and_write_concern_timeouts_are_ridden_out_within_the_deadline
     proxy.add_rule(
         Rule::new(
             "findAndModify",
-            Action::Reply(replies::command_error(11602, "InterruptedDueToReplStateChange")),
+            Action::Reply(replies::command_error(
+                11602,
+                "InterruptedDueToReplStateChange",
+            )),
         )
         .on(&collection)
         .times(2),
