@@ -24,13 +24,13 @@ fn long_lease() -> LockOptions {
 }
 
 /// Polls `acquire` (a direct client's attempt) for up to 5 s; returns how long it took.
-async fn free_within_five_seconds<F, Fut>(mut acquire: F) -> Duration
+async fn free_within_five_seconds<F, Fut>(acquire: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     let started = Instant::now();
-    let freed = common::eventually(Duration::from_secs(5), || acquire()).await;
+    let freed = common::eventually(Duration::from_secs(5), acquire).await;
     assert!(
         freed,
         "the name stayed held: the attempt whose reply was lost left an orphan lease (expiry 30 s)"
