@@ -13,7 +13,7 @@
 //!     like contend, for <seconds>, tolerating errors (a fault-injecting proxy may sit between
 //!     this process and the server): every holder also records the lock's server-side
 //!     acquiredAt and the server time it entered and left the protected section in the log;
-//!     prints "done acquisitions=<n> rejected=<n> errors=<n> lost=<n>"
+//!     prints "done acquisitions=<n> rejected=<n> busy=<n> errors=<n> lost=<n>"
 //! ```
 //!
 //! Uses `MONGODB_URI` (the tests pass theirs), or starts the embedded test server.
@@ -23,7 +23,9 @@ mod server;
 
 use std::time::Duration;
 
-use distributed_lock_mongodb::{FencingToken, LockOptions, MongoDistributedLock, Provider};
+use distributed_lock_mongodb::{
+    Error, FencingToken, LockOptions, LostSignal, MongoDistributedLock, Provider,
+};
 use mongodb::bson::{Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Client, Collection, Database};
@@ -191,6 +193,9 @@ async fn protected_work(
 struct Tally {
     acquisitions: usize,
     rejected: usize,
+    /// Waits that ran out while the lock stayed busy.
+    busy: usize,
+    /// Every other error returned to the caller.
     errors: usize,
     lost: usize,
 }
@@ -215,6 +220,8 @@ async fn chaos(
     let log = database.collection::<Document>(&format!("{resource}_log"));
     let resource = database.collection::<Document>(resource);
     let end = tokio::time::Instant::now() + run_for;
+    // Short waits: the run must end soon after `run_for` even when a fault stalls an attempt.
+    let patience = Duration::from_secs(5);
     let workers: Vec<_> = (0..tasks)
         .map(|_| {
             let (provider, resource, log) = (provider.clone(), resource.clone(), log.clone());
@@ -223,8 +230,16 @@ async fn chaos(
                 let lock = provider.create_lock(name.as_str());
                 let mut tally = Tally::default();
                 while tokio::time::Instant::now() < end {
-                    let guard = match lock.acquire_timeout(Duration::from_secs(20)).await {
+                    let guard = match lock.acquire_timeout(patience).await {
                         Ok(guard) => guard,
+                        // Busy all along: 32 contenders for one lock.
+                        Err(Error::Timeout {
+                            operation: "acquire",
+                            ..
+                        }) => {
+                            tally.busy += 1;
+                            continue;
+                        }
                         Err(_) => {
                             tally.errors += 1;
                             continue;
@@ -238,9 +253,21 @@ async fn chaos(
                         }
                         _ => None,
                     };
+                    // One holder in eight stays a while (past a few renewals); the others leave
+                    // at once.
+                    let stay = if rand::random::<f64>() < 0.125 {
+                        Duration::from_millis(rand::random_range(0..1_500))
+                    } else {
+                        Duration::ZERO
+                    };
                     if !guard.is_lost() {
-                        match timed_work(&resource, &log, guard.fencing_token(), acquired_at).await
-                        {
+                        let holder = Holder {
+                            token: guard.fencing_token(),
+                            acquired_at,
+                            stay,
+                            lost: guard.lost(),
+                        };
+                        match timed_work(&resource, &log, holder).await {
                             Ok(true) => {}
                             Ok(false) => tally.rejected += 1,
                             Err(_) => tally.errors += 1,
@@ -261,24 +288,41 @@ async fn chaos(
         let tally = worker.await?;
         total.acquisitions += tally.acquisitions;
         total.rejected += tally.rejected;
+        total.busy += tally.busy;
         total.errors += tally.errors;
         total.lost += tally.lost;
     }
     println!(
-        "done acquisitions={} rejected={} errors={} lost={}",
-        total.acquisitions, total.rejected, total.errors, total.lost
+        "done acquisitions={} rejected={} busy={} errors={} lost={}",
+        total.acquisitions, total.rejected, total.busy, total.errors, total.lost
     );
     Ok(())
 }
 
-/// Like `protected_work`, recording server times: the lock's `acquiredAt` (when read), and when
-/// the holder entered and left the protected section.
+/// A holder in the chaos mode.
+struct Holder {
+    token: FencingToken,
+    /// The lock's `acquiredAt` as stored on the server, when it could be read.
+    acquired_at: Option<mongodb::bson::DateTime>,
+    /// How long to stay in the protected section, unless the lock is lost first.
+    stay: Duration,
+    lost: LostSignal,
+}
+
+/// Like `protected_work`, staying in the protected section for `holder.stay` (leaving at once if
+/// the lock is lost) and recording server times: the lock's `acquiredAt`, and when the holder
+/// entered and left the protected section.
 async fn timed_work(
     resource: &Collection<Document>,
     log: &Collection<Document>,
-    token: FencingToken,
-    acquired_at: Option<mongodb::bson::DateTime>,
+    holder: Holder,
 ) -> mongodb::error::Result<bool> {
+    let Holder {
+        token,
+        acquired_at,
+        stay,
+        lost,
+    } = holder;
     let id = doc! { "_id": "resource" };
     let entered = resource
         .find_one_and_update(
@@ -305,6 +349,10 @@ async fn timed_work(
             doc! { "$set": { "token": token.get() } },
         )
         .await?;
+    tokio::select! {
+        () = tokio::time::sleep(stay) => {}
+        () = lost.wait() => {}
+    }
     let left = resource
         .find_one_and_update(
             id,

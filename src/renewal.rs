@@ -454,8 +454,7 @@ impl RenewalLoop {
     }
 
     fn retry_soon(&mut self, renewal: &Renewal, failure: &str) {
-        let retry_delay = (self.options.extension_cadence() / 4)
-            .clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let retry_delay = retry_delay(&self.options);
         tracing::warn!(
             collection = %self.collection.name(),
             leases = renewal.lock_ids.len(),
@@ -472,6 +471,17 @@ impl RenewalLoop {
             }
         }
     }
+}
+
+/// How long to wait before retrying a failed renewal or release.
+fn retry_delay(options: &LockOptions) -> Duration {
+    (options.extension_cadence() / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// How long one release command is waited for before it is sent again: a quarter of the
+/// expiry, at least a second.
+fn release_call_limit(options: &LockOptions) -> Duration {
+    (options.expiry() / 4).max(Duration::from_secs(1))
 }
 
 /// Renews every listed lease that is still ours and live, in one command; only when some did not
@@ -561,27 +571,50 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
     let woken = lease.waiters.as_ref().and_then(handoff::wake_first);
     let filter = layout.release_filter(&lease.id, &lease.lock_id);
     let update = layout.release_update(&lease.lock_id);
-    let call = {
-        let collection = collection.clone();
-        let write_concern = options.write_concern().clone();
-        runtime.spawn(async move {
-            collection
-                .update_one(filter, update)
-                .write_concern(write_concern)
-                .await
-        })
-    };
-    let result = match timeout_at(started + options.expiry(), call).await {
-        Err(_elapsed) => {
-            return Err(Error::Timeout {
-                operation: "release",
-                name: lease.name.clone(),
-                waited: started.elapsed(),
-            });
+    let deadline = started + options.expiry();
+    // The first failure whose outcome is unknown (the update may have been applied).
+    let mut uncertain: Option<Error> = None;
+    let result = loop {
+        let mut call = {
+            let (collection, filter, update) = (collection.clone(), filter.clone(), update.clone());
+            let write_concern = options.write_concern().clone();
+            runtime.spawn(async move {
+                collection
+                    .update_one(filter, update)
+                    .write_concern(write_concern)
+                    .await
+            })
+        };
+        // A call hung on a half-open connection is given up early and sent again on another.
+        let call_deadline = deadline.min(Instant::now() + release_call_limit(options));
+        let failure = match timeout_at(call_deadline, &mut call).await {
+            Ok(Ok(Ok(result))) => break result,
+            Ok(Ok(Err(error))) => Error::Mongo(error),
+            Ok(Err(_join_error)) => return Err(Error::BackgroundTaskEnded("release")),
+            Err(_elapsed) => {
+                call.abort();
+                Error::Timeout {
+                    operation: "release",
+                    name: lease.name.clone(),
+                    waited: started.elapsed(),
+                }
+            }
+        };
+        // An election or a lost reply: try again until the lease would have ended anyway.
+        let retry_at = Instant::now() + retry_delay(options);
+        if !(failure.is_transient() || failure.is_timeout()) || retry_at >= deadline {
+            return Err(uncertain.unwrap_or(failure));
         }
-        Ok(Err(_join_error)) => return Err(Error::BackgroundTaskEnded("release")),
-        Ok(Ok(result)) => result?,
+        uncertain.get_or_insert(failure);
+        sleep_until(retry_at).await;
     };
+    if result.matched_count == 0
+        && let Some(error) = uncertain
+    {
+        // An earlier try may have released it, or the lease was gone: the lease is over either
+        // way, but whether it was lost before cannot be told.
+        return Err(error);
+    }
     if result.matched_count == 0 {
         lease.mark_lost("the lease was no longer in the database at release");
     }

@@ -8,7 +8,10 @@ use distributed_lock_mongodb::LockOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquisitions_cancelled_by_short_timeouts_leave_no_orphan() {
-    let (database, commands) = common::counting_database().await;
+    // Each test of this file floods a server of its own: a sibling's load must not turn this
+    // test's attempts into "no reply" errors.
+    let server = common::server::isolated();
+    let (database, commands) = common::counting_database_on(&server.uri, |_| {}).await;
     let collection = common::unique("locks");
     let options = LockOptions::builder()
         .expiry(Duration::from_secs(30))
@@ -59,9 +62,10 @@ async fn acquisitions_cancelled_by_short_timeouts_leave_no_orphan() {
 async fn a_thousand_cancellations_of_every_kind_leave_nothing_held() {
     const CONCURRENCY: u64 = 8;
     const PER_TASK: u64 = 130; // 8 × 130 = 1,040 cancelled or dropped acquisitions
-    let (database, commands) = common::counting_database().await;
+    let server = common::server::isolated();
+    let (database, commands) = common::counting_database_on(&server.uri, |_| {}).await;
     let collection_name = common::unique("locks");
-    let control = common::database()
+    let control = common::database_on(&server.uri)
         .await
         .collection::<mongodb::bson::Document>(&collection_name);
     let options = LockOptions::builder()

@@ -144,8 +144,10 @@ async fn expired_holders_are_ignored() {
 async fn a_waiting_writer_gets_in_while_eight_readers_keep_reacquiring() {
     const READERS: usize = 8;
     const HOLD: Duration = Duration::from_millis(200);
-    let provider =
-        Provider::new(&common::database().await).with_options(common::options(5_000, 1_000));
+    // Eight busy readers get a server of their own, away from this file's other tests.
+    let server = common::server::isolated();
+    let provider = Provider::new(&common::database_on(&server.uri).await)
+        .with_options(common::options(5_000, 1_000));
     let lock = provider.create_reader_writer_lock(common::unique("preference"));
     let stop = Arc::new(AtomicBool::new(false));
     let reading = Arc::new(AtomicUsize::new(0));

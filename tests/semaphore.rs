@@ -24,7 +24,10 @@ fn contention_options() -> LockOptions {
 async fn sixteen_contenders_never_exceed_max_count() {
     const CONTENDERS: usize = 16;
     const ROUNDS: usize = 50;
-    let provider = Provider::new(&common::database().await).with_options(contention_options());
+    // Sixteen busy contenders get a server of their own, away from this file's other tests.
+    let server = common::server::isolated();
+    let provider =
+        Provider::new(&common::database_on(&server.uri).await).with_options(contention_options());
     let semaphore = provider.create_semaphore(common::unique("pool"), 3);
     let holders = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));

@@ -11,7 +11,9 @@ use mongodb::bson::{Document, doc};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_held_locks_cost_one_renewal_command_per_cadence() {
     const LOCKS: usize = 1_000;
-    let (database, commands) = common::counting_database().await;
+    // A thousand locks get a server of their own, away from this file's other tests.
+    let server = common::server::isolated();
+    let (database, commands) = common::counting_database_on(&server.uri, |_| {}).await;
     let collection = common::unique("locks");
     let provider = Provider::new(&database)
         .with_collection(collection.as_str())
@@ -45,7 +47,9 @@ async fn a_thousand_held_locks_cost_one_renewal_command_per_cadence() {
     assert!(others.is_empty(), "only renewals while holding: {others:?}");
     assert!(guards.iter().all(|guard| !guard.is_lost()));
 
-    let control = common::database().await.collection::<Document>(&collection);
+    let control = common::database_on(&server.uri)
+        .await
+        .collection::<Document>(&collection);
     let (now, expires_at) = common::server_now_and_expiry(&control, "entity-999").await;
     assert!(expires_at.unwrap() > now, "the last lock's lease is live");
     for guard in guards {

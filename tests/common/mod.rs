@@ -28,7 +28,15 @@ pub async fn client() -> Client {
 }
 
 pub async fn database() -> Database {
-    client().await.database(DATABASE)
+    database_on(&server::uri()).await
+}
+
+/// The test database on the server at `uri` (e.g. an isolated one, see `server::isolated`).
+pub async fn database_on(uri: &str) -> Database {
+    Client::with_uri_str(uri)
+        .await
+        .expect("valid MongoDB URI")
+        .database(DATABASE)
 }
 
 /// A name no other test (or earlier run against a persistent server) uses.
@@ -98,10 +106,16 @@ pub async fn counting_database() -> (Database, Arc<CommandLog>) {
 pub async fn counting_database_with(
     configure: impl FnOnce(&mut ClientOptions),
 ) -> (Database, Arc<CommandLog>) {
+    counting_database_on(&server::uri(), configure).await
+}
+
+/// Like [`counting_database_with`], on the server at `uri`.
+pub async fn counting_database_on(
+    uri: &str,
+    configure: impl FnOnce(&mut ClientOptions),
+) -> (Database, Arc<CommandLog>) {
     let log = Arc::new(CommandLog::default());
-    let mut options = ClientOptions::parse(server::uri())
-        .await
-        .expect("valid MongoDB URI");
+    let mut options = ClientOptions::parse(uri).await.expect("valid MongoDB URI");
     configure(&mut options);
     let recorder = Arc::clone(&log);
     options.command_event_handler = Some(EventHandler::callback(move |event| match event {

@@ -102,6 +102,30 @@ pub fn uri() -> String {
         .clone()
 }
 
+/// A server for one heavy test alone, so its load cannot slow the other tests of its binary:
+/// `MONGODB_URI` when set (a real server runs commands concurrently), otherwise a dedicated
+/// embedded server, stopped when this is dropped.
+pub struct Isolated {
+    pub uri: String,
+    _dedicated: Option<Dedicated>,
+}
+
+pub fn isolated() -> Isolated {
+    match std::env::var("MONGODB_URI") {
+        Ok(uri) => Isolated {
+            uri,
+            _dedicated: None,
+        },
+        Err(_) => {
+            let dedicated = start_dedicated(None);
+            Isolated {
+                uri: dedicated.uri.clone(),
+                _dedicated: Some(dedicated),
+            }
+        }
+    }
+}
+
 /// Whether tests run against the embedded server (and may rely on its instant TTL deletion).
 pub fn is_embedded() -> bool {
     std::env::var_os("MONGODB_URI").is_none()

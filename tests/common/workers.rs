@@ -7,6 +7,11 @@ use tokio::process::{Child, Command};
 
 /// Starts the worker example with `args`, against the same server as this test.
 pub fn spawn(args: &[&str]) -> Child {
+    spawn_against(&super::server::uri(), args)
+}
+
+/// Starts the worker example with `args`, against the server at `uri`.
+pub fn spawn_against(uri: &str, args: &[&str]) -> Child {
     // target/<profile>/deps/<test binary> -> target/<profile>/examples/lock_worker
     let exe = std::env::current_exe().expect("test binary path");
     let worker: PathBuf = exe
@@ -22,7 +27,7 @@ pub fn spawn(args: &[&str]) -> Child {
     );
     Command::new(worker)
         .args(args)
-        .env("MONGODB_URI", super::server::uri())
+        .env("MONGODB_URI", uri)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
