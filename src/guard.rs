@@ -93,16 +93,21 @@ impl LockGuard {
     }
 
     /// Stops renewing and releases the lock: one update, filtered on this acquisition's lock id,
-    /// that ends the lease now. The document stays (for an exclusive lock, the TTL index removes it later) so the next
-    /// acquisition's fencing token is larger. The longest-waiting caller of `acquire*` for the
-    /// same lock in this process is woken at once.
+    /// that ends the lease now. The document stays (for an exclusive lock, the TTL index removes
+    /// it a day later) so the next acquisition's fencing token is larger. The longest-waiting
+    /// caller of `acquire*` for the same lock in this process is woken at once. Transient
+    /// failures (an election, a lost reply) are retried, and an update without a reply after a
+    /// quarter of `expiry` (at least 1 s) is sent again on another connection, until `expiry`.
     ///
     /// # Errors
-    /// - [`Error::LockLost`](crate::Error::LockLost) if the lock had been lost before the release (the update is still
-    ///   sent, and never touches another holder's lock).
-    /// - [`Error::Mongo`](crate::Error::Mongo) if the update failed, [`Error::Timeout`](crate::Error::Timeout) if it got no reply within
-    ///   `expiry`. The lease then ends by itself at its expiry at the latest.
-    /// - [`Error::BackgroundTaskEnded`](crate::Error::BackgroundTaskEnded) if the runtime the lock was acquired on has shut down.
+    /// - [`Error::LockLost`](crate::Error::LockLost) if the lock had been lost before the
+    ///   release (the update is still sent, and never touches another holder's lock).
+    /// - [`Error::Mongo`](crate::Error::Mongo) if the update failed for good, or if a retry
+    ///   found the lease gone after an earlier try's outcome was unknown (it may have released
+    ///   it); [`Error::Timeout`](crate::Error::Timeout) if no try got a reply within `expiry`.
+    ///   The lease then ends by itself at its expiry at the latest.
+    /// - [`Error::BackgroundTaskEnded`](crate::Error::BackgroundTaskEnded) if the runtime the
+    ///   lock was acquired on has shut down.
     ///
     /// # Cancel safety
     /// Cancel safe: the release is carried out by a background task, which finishes it even if

@@ -329,3 +329,50 @@ async fn elections_and_write_concern_timeouts_are_ridden_out_within_the_deadline
         other => panic!("expected the election error, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_meets_an_election_or_a_hung_connection_is_sent_again() {
+    let (proxy, client) = proxy::proxied_client().await;
+    let collection = common::unique("locks");
+    let name = common::unique("release");
+    let lock = MongoDistributedLock::new(name.as_str(), &client.database(common::DATABASE))
+        .with_collection(collection.as_str())
+        .with_options(long_lease());
+    let direct = MongoDistributedLock::new(name.as_str(), &control().await)
+        .with_collection(collection.as_str());
+
+    let guard = lock.acquire().await.unwrap();
+    let election = proxy.add_rule(
+        Rule::new(
+            "update",
+            Action::Reply(replies::command_error(
+                11602,
+                "InterruptedDueToReplStateChange",
+            )),
+        )
+        .on(&collection)
+        .times(2),
+    );
+    guard
+        .release()
+        .await
+        .expect("the release is retried after the election");
+    assert_eq!(proxy.hits(election), 2);
+    let next = direct
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("released at once");
+    next.release().await.unwrap();
+
+    // The release's connection goes half-open before the server sees it: it is sent again on
+    // another connection after a quarter of the expiry (7.5 s), not left to the 30 s expiry.
+    let guard = lock.acquire().await.unwrap();
+    let hung = proxy.add_rule(Rule::new("update", Action::Hang).on(&collection));
+    let started = Instant::now();
+    guard.release().await.expect("the release is sent again");
+    assert_eq!(proxy.hits(hung), 1);
+    println!("hung release: released after {:?}", started.elapsed());
+    let next = direct.try_acquire().await.unwrap().expect("released");
+    next.release().await.unwrap();
+}
