@@ -25,11 +25,12 @@
 //!
 //! # Hung calls
 //! The driver has no socket timeout: a command on a half-open connection can wait for many
-//! minutes. Rounds of renewals go out every cadence whether or not the previous round has
-//! answered, so a hung command delays nothing: the next round reaches the server on other
-//! connections. Each command is given up (aborted, which closes its connection) at the earliest
-//! deadline it serves. Leases are renewed in chunks of at most 2 MiB of ids, so no command nears
-//! MongoDB's size limit.
+//! minutes. A round of renewals waits for the previous one only until that one's commands are
+//! three quarters of the way to the earliest deadline they serve; then it goes out on other
+//! connections (never more than two rounds at once), so a hung command cannot make leases lapse,
+//! while a merely slow server gets little extra load. Each command
+//! is given up (aborted, which closes its connection) at the earliest deadline it serves. Leases
+//! are renewed in chunks of at most 2 MiB of ids, so no command nears MongoDB's size limit.
 //!
 //! # Release
 //! A guard's release or drop sends a message to its loop (a plain channel send: it works from
@@ -44,11 +45,12 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReadConcern;
+use mongodb::results::UpdateResult;
 use mongodb::{Collection, Namespace};
 use tokio::runtime::{self, Handle};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep_until};
 
 use crate::error::shown_name;
 use crate::handoff;
@@ -229,6 +231,9 @@ impl RenewalHub {
 /// waiting for it.
 struct Renewal {
     sent_at: Instant,
+    /// Three quarters of the way to `give_up_at`: if it is still unanswered then, the next
+    /// round need not wait for it.
+    suspect_at: Instant,
     give_up_at: Instant,
     lock_ids: Vec<String>,
     call: JoinHandle<mongodb::error::Result<Renewed>>,
@@ -250,20 +255,17 @@ struct RenewalLoop {
     next_renewal: Instant,
 }
 
-/// The first reply among the renewals in flight, with its index; never resolves when there is
-/// none.
-async fn next_reply(
-    in_flight: &mut [Renewal],
-) -> (
-    usize,
-    std::result::Result<mongodb::error::Result<Renewed>, tokio::task::JoinError>,
-) {
-    if in_flight.is_empty() {
+/// The first of `tasks` to finish, with its index; never resolves when there is none (a
+/// `select!` builds the futures of its disabled branches too).
+async fn first_finished<'a, T: 'a>(
+    tasks: impl IntoIterator<Item = &'a mut JoinHandle<T>>,
+) -> (std::result::Result<T, tokio::task::JoinError>, usize) {
+    let tasks: Vec<_> = tasks.into_iter().collect();
+    if tasks.is_empty() {
         return std::future::pending().await;
     }
-    let (result, index, _) =
-        futures::future::select_all(in_flight.iter_mut().map(|renewal| &mut renewal.call)).await;
-    (index, result)
+    let (result, index, _) = futures::future::select_all(tasks).await;
+    (result, index)
 }
 
 impl Drop for RenewalLoop {
@@ -279,27 +281,39 @@ impl Drop for RenewalLoop {
 impl RenewalLoop {
     /// Runs until every sender is gone: the hub (its locks) and all guards.
     ///
-    /// Every cadence, a round of renewals goes out: one command per chunk of leases. A round
-    /// does not wait for the previous one: a command still unanswered (slow, or hung on a
-    /// half-open connection) stays in flight until the earliest deadline it serves, while the
-    /// next round reaches the server on other connections. Whichever confirms a lease first
-    /// extends it.
+    /// Every cadence, a round of renewals goes out: one command per chunk of leases. While a
+    /// round is unanswered the next one waits, so a slow server gets no extra load, but only
+    /// until the unanswered commands are three quarters of the way to the earliest deadline they
+    /// serve: a command hung on a half-open connection then stays in flight (until that
+    /// deadline) while the next round reaches the server on other connections; never more than
+    /// two rounds at once. Whichever confirms a lease first extends it.
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut in_flight: Vec<Renewal> = Vec::new();
         loop {
             let overdue_at = self.earliest_deadline();
-            let renew_due = self.leases.values().any(|l| !l.is_lost());
+            // At most two rounds at once: a slow server must not be buried under renewals.
+            let rounds = in_flight
+                .iter()
+                .map(|renewal| renewal.sent_at)
+                .collect::<HashSet<_>>()
+                .len();
+            let renew_due = rounds < 2 && self.leases.values().any(|l| !l.is_lost());
+            let renew_at = in_flight
+                .iter()
+                .map(|renewal| renewal.suspect_at)
+                .max()
+                .map_or(self.next_renewal, |suspect| suspect.max(self.next_renewal));
             let give_up_at = in_flight.iter().map(|renewal| renewal.give_up_at).min();
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.handle(command),
                     None => break,
                 },
-                (index, result) = next_reply(&mut in_flight) => {
+                (result, index) = first_finished(in_flight.iter_mut().map(|renewal| &mut renewal.call)) => {
                     let renewal = in_flight.swap_remove(index);
                     self.renewed(&renewal, result);
                 }
-                () = sleep_until(self.next_renewal), if renew_due => {
+                () = sleep_until(renew_at), if renew_due => {
                     in_flight.extend(self.start_round());
                 }
                 () = sleep_until(give_up_at.unwrap_or_else(Instant::now)), if give_up_at.is_some() => {
@@ -399,6 +413,7 @@ impl RenewalLoop {
             .spawn(async move { renew(&collection, &layout, &options, &ids, &renewing).await });
         Renewal {
             sent_at,
+            suspect_at: sent_at + give_up_at.saturating_duration_since(sent_at) * 3 / 4,
             give_up_at,
             lock_ids,
             call,
@@ -525,6 +540,93 @@ async fn renew(
     Ok(Renewed::Only(live))
 }
 
+/// How a release ended.
+#[derive(Debug)]
+enum Released {
+    /// An update matched our lease: we ended it.
+    Ours,
+    /// The updates that answered matched nothing, and none had failed before: the lease was
+    /// gone (expired and taken, deleted, or ended by someone else).
+    NotOurs,
+    /// Every try failed, or an earlier try's outcome is unknown and the later ones matched
+    /// nothing (it may have ended the lease itself): the lease is over, whether lost before or
+    /// not cannot be told.
+    Unknown(Error),
+    /// No try answered within `expiry`: the lease ends by itself.
+    NoReply,
+}
+
+/// Sends the release update with `send` and waits for the outcome until `started + expiry`.
+///
+/// A try that fails transiently (an election, a lost reply) is sent again after a short delay.
+/// A try without a reply after a quarter of the expiry (at least 1 s) is not given up, but a
+/// second one goes out beside it, on another connection: a half-open connection must not keep
+/// the lease alive until it expires, and whichever try matches tells that the lease was ours.
+async fn release_outcome<S>(options: &LockOptions, started: Instant, send: S) -> Released
+where
+    S: Fn() -> JoinHandle<mongodb::error::Result<UpdateResult>>,
+{
+    let deadline = started + options.expiry();
+    let mut calls = vec![send()];
+    let mut resend_at = Some(Instant::now() + release_call_limit(options));
+    let mut matched_nothing = false;
+    // The first failure whose outcome is unknown, and the last failure.
+    let (mut uncertain, mut failure): (Option<Error>, Option<Error>) = (None, None);
+    let outcome = loop {
+        if calls.is_empty() && resend_at.is_none() {
+            break match (uncertain, failure, matched_nothing) {
+                (Some(error), _, _) => Released::Unknown(error),
+                (None, _, true) => Released::NotOurs,
+                (None, Some(error), false) => Released::Unknown(error),
+                (None, None, false) => Released::NoReply,
+            };
+        }
+        let resend = resend_at.filter(|at| *at < deadline);
+        tokio::select! {
+            (result, index) = first_finished(&mut calls), if !calls.is_empty() => {
+                calls.swap_remove(index);
+                match result {
+                    Ok(Ok(result)) if result.matched_count > 0 => break Released::Ours,
+                    // Definite answers: no more tries (one still in flight may yet match).
+                    Ok(Ok(_)) => {
+                        matched_nothing = true;
+                        resend_at = None;
+                    }
+                    Ok(Err(error)) => {
+                        let error = Error::Mongo(error);
+                        let retry_at = Instant::now() + retry_delay(options);
+                        if error.is_transient() && retry_at < deadline {
+                            uncertain.get_or_insert(error);
+                            if calls.is_empty() {
+                                resend_at = Some(retry_at);
+                            }
+                        } else {
+                            failure = Some(error);
+                            resend_at = None;
+                        }
+                    }
+                    Err(_join_error) => {
+                        failure = Some(Error::BackgroundTaskEnded("release"));
+                        resend_at = None;
+                    }
+                }
+            }
+            () = sleep_until(resend.unwrap_or(deadline)), if resend.is_some() => {
+                calls.push(send());
+                resend_at = Some(Instant::now() + release_call_limit(options));
+            }
+            () = sleep_until(deadline) => break uncertain.map_or(Released::NoReply, Released::Unknown),
+        }
+        if resend_at.is_some_and(|at| at >= deadline) {
+            resend_at = None;
+        }
+    };
+    for call in calls {
+        call.abort();
+    }
+    outcome
+}
+
 /// What a release needs besides the lease.
 struct ReleaseContext {
     runtime: Handle,
@@ -571,54 +673,34 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
     let woken = lease.waiters.as_ref().and_then(handoff::wake_first);
     let filter = layout.release_filter(&lease.id, &lease.lock_id);
     let update = layout.release_update(&lease.lock_id);
-    let deadline = started + options.expiry();
-    // The first failure whose outcome is unknown (the update may have been applied).
-    let mut uncertain: Option<Error> = None;
-    let result = loop {
-        let mut call = {
-            let (collection, filter, update) = (collection.clone(), filter.clone(), update.clone());
-            let write_concern = options.write_concern().clone();
-            runtime.spawn(async move {
-                collection
-                    .update_one(filter, update)
-                    .write_concern(write_concern)
-                    .await
-            })
-        };
-        // A call hung on a half-open connection is given up early and sent again on another.
-        let call_deadline = deadline.min(Instant::now() + release_call_limit(options));
-        let failure = match timeout_at(call_deadline, &mut call).await {
-            Ok(Ok(Ok(result))) => break result,
-            Ok(Ok(Err(error))) => Error::Mongo(error),
-            Ok(Err(_join_error)) => return Err(Error::BackgroundTaskEnded("release")),
-            Err(_elapsed) => {
-                call.abort();
-                Error::Timeout {
-                    operation: "release",
-                    name: lease.name.clone(),
-                    waited: started.elapsed(),
-                }
-            }
-        };
-        // An election or a lost reply: try again until the lease would have ended anyway.
-        let retry_at = Instant::now() + retry_delay(options);
-        if !(failure.is_transient() || failure.is_timeout()) || retry_at >= deadline {
-            return Err(uncertain.unwrap_or(failure));
-        }
-        uncertain.get_or_insert(failure);
-        sleep_until(retry_at).await;
+    let send = || {
+        let (collection, filter, update) = (collection.clone(), filter.clone(), update.clone());
+        let write_concern = options.write_concern().clone();
+        runtime.spawn(async move {
+            collection
+                .update_one(filter, update)
+                .write_concern(write_concern)
+                .await
+        })
     };
-    if result.matched_count == 0
-        && let Some(error) = uncertain
-    {
-        // An earlier try may have released it, or the lease was gone: the lease is over either
-        // way, but whether it was lost before cannot be told.
-        return Err(error);
+    match release_outcome(options, started, send).await {
+        Released::Ours => {}
+        Released::NotOurs => {
+            lease.mark_lost("the lease was no longer in the database at release");
+            return Err(Error::LockLost {
+                name: lease.name.clone(),
+            });
+        }
+        Released::Unknown(error) => return Err(error),
+        Released::NoReply => {
+            return Err(Error::Timeout {
+                operation: "release",
+                name: lease.name.clone(),
+                waited: started.elapsed(),
+            });
+        }
     }
-    if result.matched_count == 0 {
-        lease.mark_lost("the lease was no longer in the database at release");
-    }
-    if lost_before || result.matched_count == 0 {
+    if lost_before {
         return Err(Error::LockLost {
             name: lease.name.clone(),
         });
