@@ -17,7 +17,8 @@ use crate::{FencingToken, Result};
 ///
 /// While the guard lives, the lease is renewed every
 /// [`extension_cadence`](crate::LockOptions::extension_cadence) (by a renewal loop shared with
-/// the other guards of the same provider, one command per cadence for all of them). If the lease
+/// the other guards of the same provider: one command per cadence and per 2 MiB of names for all
+/// of them). If the lease
 /// cannot be renewed (the document was deleted or taken over, or no renewal was confirmed in time)
 /// the [`lost`] signal turns `true` — before the lease ends on the server, so before anyone else
 /// can acquire the lock (see the crate docs for the assumptions). Stop touching the protected

@@ -158,8 +158,10 @@ fn settle(phase: &mut Phase) -> Phase {
 /// runtime shut down), and, checked on the client's own clock whenever it is asked, when no
 /// renewal was confirmed before the lease's lost deadline — so it works even if no background
 /// task gets to run. Always before the lease can end on the server, under the assumptions in
-/// the crate docs. Once lost, it stays lost. After the guard was released without having been
-/// lost, it stays false and [`wait`](Self::wait) never resolves.
+/// the crate docs. Once lost, it stays lost. After the guard was released successfully without
+/// having been lost, it stays false and [`wait`](Self::wait) never resolves; after a release
+/// that failed, it turns true at the lease's deadline like an unreleased one (the lease may
+/// still be live until then).
 ///
 /// ```no_run
 /// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock) -> distributed_lock_mongodb::Result<()> {
@@ -189,6 +191,10 @@ impl LostSignal {
     }
 
     /// Resolves once the lock is known or presumed lost (at once if it is already).
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime with its time driver enabled (it sleeps until the lease's local
+    /// deadline). [`is_lost`](Self::is_lost) works anywhere.
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes.

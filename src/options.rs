@@ -117,7 +117,7 @@ impl LockOptions {
     }
 
     /// How long after a confirmed request the holder may rely on its lease.
-    fn lease_lifetime(&self) -> Duration {
+    pub(crate) fn lease_lifetime(&self) -> Duration {
         self.expiry - self.safety_margin() - self.max_clock_skew
     }
 

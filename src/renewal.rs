@@ -1,8 +1,9 @@
 //! Lease renewal, loss detection and release for held locks.
 //!
 //! Guards do not each run a task. Every held lock is registered with a *renewal loop*: one task
-//! per (Tokio runtime, collection, expiry, cadence, write concern) within a [`RenewalHub`], which
-//! renews all its leases with a single `update_many` per cadence, whatever their number. The hub
+//! per (Tokio runtime, collection, layout, expiry, cadence, clock skew, write concern) within a
+//! [`RenewalHub`], which renews all its leases with one `update_many` per cadence and per 2 MiB
+//! of ids, whatever their number. The hub
 //! is shared by the locks of one [`Provider`](crate::Provider) (and by clones of one
 //! [`MongoDistributedLock`](crate::MongoDistributedLock)); a `mongodb::Client` has no public
 //! identity, so sharing never crosses what the application itself tied together.
@@ -27,8 +28,8 @@
 //! The driver has no socket timeout: a command on a half-open connection can wait for many
 //! minutes. A round of renewals waits for the previous one only until that one's commands are
 //! three quarters of the way to the earliest deadline they serve; then it goes out on other
-//! connections (never more than two rounds at once), so a hung command cannot make leases lapse,
-//! while a merely slow server gets little extra load. Each command
+//! connections, so a hung command cannot make leases lapse, while a merely slow server gets
+//! little extra load. Each command
 //! is given up (aborted, which closes its connection) at the earliest deadline it serves. Leases
 //! are renewed in chunks of at most 2 MiB of ids, so no command nears MongoDB's size limit.
 //!
@@ -52,7 +53,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
-use crate::error::shown_name;
+use crate::error::{error_code, shown_name};
 use crate::handoff;
 use crate::lost::LeaseState;
 use crate::schema::{self, LIVE_LOCK_IDS, Layout};
@@ -231,10 +232,6 @@ impl RenewalHub {
 /// waiting for it.
 struct Renewal {
     sent_at: Instant,
-    /// Three quarters of the way to `give_up_at`: if it is still unanswered then, the next
-    /// round need not wait for it.
-    suspect_at: Instant,
-    give_up_at: Instant,
     lock_ids: Vec<String>,
     call: JoinHandle<mongodb::error::Result<Renewed>>,
 }
@@ -285,25 +282,22 @@ impl RenewalLoop {
     /// round is unanswered the next one waits, so a slow server gets no extra load, but only
     /// until the unanswered commands are three quarters of the way to the earliest deadline they
     /// serve: a command hung on a half-open connection then stays in flight (until that
-    /// deadline) while the next round reaches the server on other connections; never more than
-    /// two rounds at once. Whichever confirms a lease first extends it.
+    /// deadline) while the next round reaches the server on other connections. Whichever
+    /// confirms a lease first extends it.
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut in_flight: Vec<Renewal> = Vec::new();
         loop {
             let overdue_at = self.earliest_deadline();
-            // At most two rounds at once: a slow server must not be buried under renewals.
-            let rounds = in_flight
-                .iter()
-                .map(|renewal| renewal.sent_at)
-                .collect::<HashSet<_>>()
-                .len();
-            let renew_due = rounds < 2 && self.leases.values().any(|l| !l.is_lost());
+            let renew_due = self.leases.values().any(|l| !l.is_lost());
             let renew_at = in_flight
                 .iter()
-                .map(|renewal| renewal.suspect_at)
+                .map(|renewal| self.suspect_at(renewal))
                 .max()
                 .map_or(self.next_renewal, |suspect| suspect.max(self.next_renewal));
-            let give_up_at = in_flight.iter().map(|renewal| renewal.give_up_at).min();
+            let give_up_at = in_flight
+                .iter()
+                .map(|renewal| self.give_up_at(renewal))
+                .min();
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.handle(command),
@@ -326,6 +320,28 @@ impl RenewalLoop {
         }
     }
 
+    /// When an unanswered renewal stops being waited for: at the earliest current deadline of
+    /// the leases it serves (other rounds may have moved them), and at the latest when even a
+    /// reply could no longer extend them (`sent_at` + the lease's lifetime).
+    fn give_up_at(&self, renewal: &Renewal) -> Instant {
+        let latest = renewal.sent_at + self.options.lease_lifetime();
+        renewal
+            .lock_ids
+            .iter()
+            .filter_map(|lock_id| self.leases.get(lock_id)?.state.lost_at())
+            .min()
+            .map_or(renewal.sent_at, |deadline| deadline.min(latest))
+    }
+
+    /// Three quarters of the way from sending `renewal` to giving it up: if it is still
+    /// unanswered then, the next round need not wait for it.
+    fn suspect_at(&self, renewal: &Renewal) -> Instant {
+        let patience = self
+            .give_up_at(renewal)
+            .saturating_duration_since(renewal.sent_at);
+        renewal.sent_at + patience * 3 / 4
+    }
+
     fn earliest_deadline(&self) -> Option<Instant> {
         self.leases
             .values()
@@ -336,11 +352,17 @@ impl RenewalLoop {
     fn handle(&mut self, command: Command) {
         match command {
             Command::Hold(lease) => {
+                // A cadence after the acquisition was sent (a slow reply may have eaten into
+                // the lease), and no later than the round already planned for the others.
+                let renew_by = lease.state.lost_at().map_or_else(Instant::now, |lost_at| {
+                    lost_at - self.options.lease_lifetime() + self.options.extension_cadence()
+                });
                 let others_live = self.leases.values().any(|l| !l.is_lost());
-                if !others_live {
-                    // Nothing to renew until this lease needs it: no extra round trip.
-                    self.next_renewal = Instant::now() + self.options.extension_cadence();
-                }
+                self.next_renewal = if others_live {
+                    self.next_renewal.min(renew_by)
+                } else {
+                    renew_by
+                };
                 self.leases.insert(lease.lock_id.clone(), lease);
             }
             Command::Forget { lock_id } => {
@@ -392,19 +414,14 @@ impl RenewalLoop {
             .collect()
     }
 
-    /// Renews `chunk` in a spawned task, waited for until the earliest deadline it serves: after
-    /// that its answer could not save that lease, and a call hung on a half-open connection (the
-    /// driver has no socket timeout) must not live on.
+    /// Renews `chunk` in a spawned task, waited for until the earliest deadline it serves (see
+    /// `give_up_at`): after that its answer could not save that lease, and a call hung on a
+    /// half-open connection (the driver has no socket timeout) must not live on.
     fn send_renewal(&self, sent_at: Instant, chunk: &[&Lease]) -> Renewal {
         let (ids, lock_ids): (Vec<Bson>, Vec<String>) = chunk
             .iter()
             .map(|lease| (lease.id.clone(), lease.lock_id.clone()))
             .unzip();
-        let give_up_at = chunk
-            .iter()
-            .filter_map(|lease| lease.state.lost_at())
-            .min()
-            .unwrap_or(sent_at);
         let (collection, layout) = (self.collection.clone(), self.layout.clone());
         let options = self.options.clone();
         let renewing = lock_ids.clone();
@@ -413,8 +430,6 @@ impl RenewalLoop {
             .spawn(async move { renew(&collection, &layout, &options, &ids, &renewing).await });
         Renewal {
             sent_at,
-            suspect_at: sent_at + give_up_at.saturating_duration_since(sent_at) * 3 / 4,
-            give_up_at,
             lock_ids,
             call,
         }
@@ -458,13 +473,20 @@ impl RenewalLoop {
         let now = Instant::now();
         let (late, on_time): (Vec<Renewal>, Vec<Renewal>) = in_flight
             .drain(..)
-            .partition(|renewal| renewal.give_up_at <= now);
+            .partition(|renewal| self.give_up_at(renewal) <= now);
         *in_flight = on_time;
         for renewal in late {
             renewal.call.abort();
-            let waited = now - renewal.sent_at;
-            self.retry_soon(&renewal, &format!("no reply within {waited:?}"));
-            self.next_renewal = now;
+            let still_held = renewal.lock_ids.iter().any(|lock_id| {
+                self.leases
+                    .get(lock_id)
+                    .is_some_and(|lease| !lease.is_lost())
+            });
+            if still_held {
+                let waited = now - renewal.sent_at;
+                self.retry_soon(&renewal, &format!("no reply within {waited:?}"));
+                self.next_renewal = now;
+            }
         }
     }
 
@@ -487,6 +509,9 @@ impl RenewalLoop {
         }
     }
 }
+
+/// NotAReplicaSet: the server is a standalone.
+const NOT_A_REPLICA_SET: i32 = 123;
 
 /// How long to wait before retrying a failed renewal or release.
 fn retry_delay(options: &LockOptions) -> Duration {
@@ -524,13 +549,21 @@ async fn renew(
         return Ok(Renewed::All);
     }
     // Leases just renewed are live now; the others are gone for good.
-    let rows: Vec<Document> = collection
-        .aggregate(layout.live_lock_ids(ids, lock_ids))
-        .selection_criteria(schema::primary())
-        .read_concern(ReadConcern::linearizable())
-        .await?
-        .try_collect()
-        .await?;
+    let read = |concern: ReadConcern| {
+        collection
+            .aggregate(layout.live_lock_ids(ids, lock_ids))
+            .selection_criteria(schema::primary())
+            .read_concern(concern)
+    };
+    let cursor = match read(ReadConcern::linearizable()).await {
+        // A standalone server refuses `linearizable`; with no secondary and no other primary,
+        // `local` is exact there.
+        Err(error) if error_code(&error) == Some(NOT_A_REPLICA_SET) => {
+            read(ReadConcern::local()).await?
+        }
+        other => other?,
+    };
+    let rows: Vec<Document> = cursor.try_collect().await?;
     let live = rows
         .iter()
         .filter_map(|row| row.get_array(LIVE_LOCK_IDS).ok())
