@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};
-use tokio::io::AsyncReadExt;
 
 const PROCESSES: usize = 4;
 const TASKS: usize = 8;
@@ -34,24 +33,10 @@ async fn four_processes_of_eight_tasks_never_overlap() {
         .collect();
     let mut acquisitions = 0;
     for child in &mut children {
-        let status = tokio::time::timeout(Duration::from_secs(540), child.wait())
-            .await
-            .expect("the workers finish within 9 minutes")
-            .unwrap();
-        let mut output = String::new();
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut output)
-            .await
-            .unwrap();
-        assert!(status.success(), "worker failed: {output}");
-        let summary = output.lines().last().unwrap_or_default();
+        let summary = common::workers::summary(child, Duration::from_secs(540)).await;
         assert_eq!(
             summary,
             format!("done acquisitions={} rejected=0", TASKS * ROUNDS),
-            "{output}"
         );
         acquisitions += TASKS * ROUNDS;
     }

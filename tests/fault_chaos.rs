@@ -19,7 +19,6 @@ use mongodb::Client;
 use mongodb::bson::{DateTime, Document, doc};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use tokio::io::AsyncReadExt;
 
 const PROCESSES: usize = 4;
 const TASKS: usize = 8;
@@ -150,20 +149,7 @@ async fn thirty_two_contenders_under_random_wire_faults_never_overlap() {
 
     let (mut acquisitions, mut busy, mut errors, mut lost) = (0, 0, 0, 0);
     for child in &mut children {
-        let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-            .await
-            .expect("the workers finish soon after the run")
-            .unwrap();
-        let mut output = String::new();
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut output)
-            .await
-            .unwrap();
-        assert!(status.success(), "worker failed: {output}");
-        let summary = output.lines().last().unwrap_or_default();
+        let summary = common::workers::summary(child, Duration::from_secs(60)).await;
         let count = |key: &str| -> usize {
             summary
                 .split_whitespace()

@@ -34,3 +34,25 @@ pub fn spawn_against(uri: &str, args: &[&str]) -> Child {
         .spawn()
         .expect("start lock_worker")
 }
+
+/// Waits at most `limit` for a worker to exit successfully and returns the last line it printed
+/// (its summary).
+///
+/// # Panics
+/// If it does not exit in time or fails; the message shows what it printed.
+pub async fn summary(child: &mut Child, limit: std::time::Duration) -> String {
+    use tokio::io::AsyncReadExt;
+    let status = tokio::time::timeout(limit, child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("the worker did not finish within {limit:?}"))
+        .expect("wait for the worker");
+    let mut output = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        stdout
+            .read_to_string(&mut output)
+            .await
+            .expect("read the worker's output");
+    }
+    assert!(status.success(), "worker failed: {output}");
+    output.lines().last().unwrap_or_default().to_owned()
+}
