@@ -123,17 +123,25 @@ fn classify(code: Option<i32>) -> Failure {
 }
 
 /// When our index could not be created (no permission, or an index of that name or on that key
-/// exists), warns unless an equivalent one is there: a TTL index on `expiresAt` that keeps
-/// documents at least [`RETENTION`] after their lease ended.
+/// exists), checks that an equivalent one is there: a TTL index on `expiresAt` that keeps
+/// documents at least [`RETENTION`] after their lease ended. Our own index left by a release
+/// that deleted documents as soon as their lease ended (`expireAfterSeconds: 0`) is raised with
+/// `collMod`; anything else that falls short gets a warning.
 async fn report_unsuitable_index(collection: &Collection<Document>) {
-    let ttl_on_expiry: Vec<Option<Duration>> = match collection.list_indexes().await {
+    let ttl_on_expiry: Vec<TtlIndex> = match collection.list_indexes().await {
         Ok(cursor) => cursor
             .try_collect::<Vec<_>>()
             .await
             .unwrap_or_default()
             .into_iter()
             .filter(|index| index.keys == doc! { EXPIRES_AT: 1 })
-            .map(|index| index.options.and_then(|options| options.expire_after))
+            .map(|index| {
+                let options = index.options.unwrap_or_default();
+                TtlIndex {
+                    ours: options.name.as_deref() == Some(TTL_INDEX_NAME),
+                    expire_after: options.expire_after,
+                }
+            })
             .collect(),
         Err(_) => Vec::new(),
     };
@@ -145,31 +153,88 @@ async fn report_unsuitable_index(collection: &Collection<Document>) {
              documents will not be deleted automatically (create {{expiresAt: 1}} with \
              expireAfterSeconds: 86400, or call Provider::purge_expired periodically)"
         ),
-        Verdict::TooShort(after) => tracing::warn!(
-            collection = %collection.name(),
-            expire_after = ?after,
-            "a TTL index on expiresAt deletes lock documents less than a day after their lease \
-             ended: fencing tokens may then go backwards when the next acquisition runs on a \
-             router or primary whose clock is behind (raise its expireAfterSeconds to 86400 \
-             with collMod)"
-        ),
+        Verdict::RaiseOurs(after) => match raise_retention(collection).await {
+            Ok(()) => tracing::info!(
+                collection = %collection.name(),
+                from = ?after,
+                to = ?RETENTION,
+                "raised the expireAfterSeconds of the TTL index on expiresAt"
+            ),
+            Err(error) => warn_too_short(collection, after, Some(&error)),
+        },
+        Verdict::TooShort(after) => warn_too_short(collection, after, None),
     }
+}
+
+fn warn_too_short(
+    collection: &Collection<Document>,
+    after: Duration,
+    collmod_error: Option<&mongodb::error::Error>,
+) {
+    tracing::warn!(
+        collection = %collection.name(),
+        expire_after = ?after,
+        collmod_error = collmod_error.map(tracing::field::display),
+        "a TTL index on expiresAt deletes lock documents less than a day after their lease \
+         ended: fencing tokens may then go backwards when the next acquisition runs on a \
+         router or primary whose clock is behind (raise its expireAfterSeconds to 86400 \
+         with collMod)"
+    );
+}
+
+/// Sets our TTL index's `expireAfterSeconds` to [`RETENTION`].
+async fn raise_retention(collection: &Collection<Document>) -> mongodb::error::Result<()> {
+    let command = doc! {
+        "collMod": collection.name(),
+        "index": { "name": TTL_INDEX_NAME, "expireAfterSeconds": RETENTION.as_secs() as i64 },
+    };
+    collection
+        .client()
+        .database(&collection.namespace().db)
+        .run_command(command)
+        .await
+        .map(drop)
+}
+
+/// An index on `{expiresAt: 1}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TtlIndex {
+    /// Named [`TTL_INDEX_NAME`]: created by this crate.
+    ours: bool,
+    /// `None`: not a TTL index.
+    expire_after: Option<Duration>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
     Suitable,
     Missing,
-    /// The shortest retention of the TTL indexes on `expiresAt`.
+    /// None keeps documents long enough, and ours is among them: raise its retention.
+    RaiseOurs(Duration),
+    /// The shortest retention of the TTL indexes on `expiresAt`, none of them ours.
     TooShort(Duration),
 }
 
-/// Judges the `expireAfterSeconds` of the indexes on `{expiresAt: 1}` (`None`: not TTL).
-fn verdict(ttl_on_expiry: &[Option<Duration>]) -> Verdict {
-    match ttl_on_expiry.iter().flatten().min() {
+/// Judges the indexes on `{expiresAt: 1}`: one that keeps documents [`RETENTION`] is enough.
+fn verdict(ttl_on_expiry: &[TtlIndex]) -> Verdict {
+    let retention = |index: &TtlIndex| index.expire_after;
+    if ttl_on_expiry
+        .iter()
+        .filter_map(retention)
+        .any(|after| after >= RETENTION)
+    {
+        return Verdict::Suitable;
+    }
+    if let Some(after) = ttl_on_expiry
+        .iter()
+        .filter(|index| index.ours)
+        .find_map(retention)
+    {
+        return Verdict::RaiseOurs(after);
+    }
+    match ttl_on_expiry.iter().filter_map(retention).min() {
         None => Verdict::Missing,
-        Some(&shortest) if shortest < RETENTION => Verdict::TooShort(shortest),
-        Some(_) => Verdict::Suitable,
+        Some(shortest) => Verdict::TooShort(shortest),
     }
 }
 
@@ -189,12 +254,33 @@ mod tests {
 
     #[test]
     fn existing_indexes_must_keep_documents_a_day() {
+        let theirs = |after: Option<Duration>| TtlIndex {
+            ours: false,
+            expire_after: after,
+        };
+        let ours = |after: Option<Duration>| TtlIndex {
+            ours: true,
+            expire_after: after,
+        };
         assert_eq!(verdict(&[]), Verdict::Missing);
-        assert_eq!(verdict(&[None]), Verdict::Missing);
+        assert_eq!(verdict(&[theirs(None)]), Verdict::Missing);
         assert_eq!(
-            verdict(&[Some(Duration::ZERO)]),
+            verdict(&[theirs(Some(Duration::ZERO))]),
             Verdict::TooShort(Duration::ZERO)
         );
-        assert_eq!(verdict(&[Some(RETENTION)]), Verdict::Suitable);
+        assert_eq!(verdict(&[theirs(Some(RETENTION))]), Verdict::Suitable);
+        assert_eq!(
+            verdict(&[ours(Some(Duration::ZERO))]),
+            Verdict::RaiseOurs(Duration::ZERO)
+        );
+        assert_eq!(
+            verdict(&[ours(Some(Duration::ZERO)), theirs(Some(RETENTION))]),
+            Verdict::Suitable
+        );
+        // Ours is not a TTL index (someone replaced it): not ours to change.
+        assert_eq!(
+            verdict(&[ours(None), theirs(Some(Duration::from_secs(5)))]),
+            Verdict::TooShort(Duration::from_secs(5))
+        );
     }
 }

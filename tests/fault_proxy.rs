@@ -10,6 +10,7 @@ use common::server;
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc};
 use mongodb::error::{Error, ErrorKind, WriteFailure};
+use mongodb::options::ReadConcern;
 use mongodb::{Client, Collection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -456,6 +457,41 @@ async fn reads_are_matched_too() {
         .unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(proxy.hits(rule), 1);
+}
+
+#[tokio::test]
+async fn a_rule_may_require_a_field_value() {
+    let (proxy, proxied, control, _client) = setup().await;
+    control.insert_one(doc! { "_id": "a" }).await.unwrap();
+    let rule = proxy.add_rule(
+        Rule::new(
+            "aggregate",
+            Action::Reply(replies::command_error(123, "NotAReplicaSet")),
+        )
+        .where_field("readConcern.level", "linearizable")
+        .times(usize::MAX),
+    );
+    let pipeline = [doc! { "$match": {} }];
+    for _ in 0..2 {
+        let error = proxied
+            .aggregate(pipeline.clone())
+            .read_concern(ReadConcern::linearizable())
+            .await
+            .unwrap_err();
+        assert_eq!(code(&error), Some(123));
+    }
+    for concern in [ReadConcern::local(), ReadConcern::majority()] {
+        let rows: Vec<Document> = proxied
+            .aggregate(pipeline.clone())
+            .read_concern(concern)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+    }
+    assert_eq!(proxy.hits(rule), 2);
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::proxy::{self, Action, Rule, replies};
 use distributed_lock_mongodb::{DocumentLock, Error, Provider};
 use mongodb::bson::{Document, doc};
 use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
@@ -78,5 +79,45 @@ async fn renewal_status_and_existence_reads_ignore_the_clients_read_defaults() {
     assert!(matches!(error, Error::DocumentNotFound { .. }), "{error}");
 
     assert_reads_are_fresh(&commands.reads());
+    kept.release().await.unwrap();
+}
+
+/// A standalone server refuses read concern `linearizable` (NotAReplicaSet, 123). The renewal
+/// read-back then reads with `local`, which is exact there: the lease still held stays held, the
+/// one that vanished is lost. (The embedded server accepts `linearizable`, so the proxy refuses
+/// it in the server's place.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_renewal_read_back_falls_back_to_local_where_linearizable_is_refused() {
+    let (proxy, client) = proxy::proxied_client().await;
+    let refused = proxy.add_rule(
+        Rule::new(
+            "aggregate",
+            Action::Reply(replies::command_error(123, "NotAReplicaSet")),
+        )
+        .where_field("readConcern.level", "linearizable")
+        .times(usize::MAX),
+    );
+    let collection = common::unique("locks");
+    let provider = Provider::new(&client.database(common::DATABASE))
+        .with_collection(collection.as_str())
+        .with_options(common::options(3_000, 300));
+    let kept = provider.create_lock("kept").acquire().await.unwrap();
+    let doomed = provider.create_lock("doomed").acquire().await.unwrap();
+    common::database()
+        .await
+        .collection::<Document>(&collection)
+        .delete_one(doc! { "_id": "doomed" })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), doomed.lost().wait())
+        .await
+        .expect("the deleted lock is lost");
+    assert!(
+        proxy.hits(refused) >= 1,
+        "the read-back asked for linearizable"
+    );
+    // Past the kept lease's own expiry: only renewals that were confirmed keep it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!kept.is_lost(), "the lease still ours is kept");
     kept.release().await.unwrap();
 }

@@ -2,13 +2,20 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::proxy::{self, Action, Rule};
+use common::server;
 use distributed_lock_mongodb::{
     MongoDistributedLock, MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Provider,
 };
 use futures::TryStreamExt;
+use mongodb::IndexModel;
 use mongodb::bson::{Document, doc};
+use mongodb::event::EventHandler;
+use mongodb::event::command::CommandEvent;
+use mongodb::options::IndexOptions;
 
 #[tokio::test]
 async fn an_uncontended_cycle_is_two_commands_and_the_ttl_index_is_created_once() {
@@ -154,4 +161,75 @@ async fn every_semaphore_attempt_is_one_find_and_modify_from_the_first_use() {
             "update"
         ]
     );
+}
+
+/// Earlier versions of this crate created the TTL index with `expireAfterSeconds: 0`; the first
+/// acquisition of this release raises it to a day with `collMod` (the embedded server has no
+/// `collMod`: there the proxy answers in its place, and the command sent is what is checked).
+#[tokio::test]
+async fn an_earlier_zero_second_ttl_index_is_raised_to_a_day() {
+    let collection = common::unique("locks");
+    let observer = common::database().await.collection::<Document>(&collection);
+    observer
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! { "expiresAt": 1 })
+                .options(
+                    IndexOptions::builder()
+                        .name("expiresAt_ttl".to_owned())
+                        .expire_after(Duration::ZERO)
+                        .build(),
+                )
+                .build(),
+        )
+        .await
+        .unwrap();
+
+    let sent = Arc::new(Mutex::new(Vec::<Document>::new()));
+    let recorder = Arc::clone(&sent);
+    let (proxy, client) = proxy::proxied_client_with(&server::uri(), |options| {
+        options.command_event_handler = Some(EventHandler::callback(move |event| {
+            if let CommandEvent::Started(started) = event {
+                if started.command_name == "collMod" {
+                    recorder.lock().unwrap().push(started.command);
+                }
+            }
+        }));
+    })
+    .await;
+    if server::is_embedded() {
+        proxy.add_rule(Rule::new("collMod", Action::Reply(doc! { "ok": 1 })));
+    }
+    let lock = MongoDistributedLock::new(common::unique("a"), &client.database(common::DATABASE))
+        .with_collection(collection.as_str());
+    lock.acquire().await.unwrap().release().await.unwrap();
+
+    let raised = common::eventually(Duration::from_secs(10), || async {
+        !sent.lock().unwrap().is_empty()
+    })
+    .await;
+    assert!(raised, "a collMod is sent");
+    let command = sent.lock().unwrap()[0].clone();
+    assert_eq!(command.get_str("collMod").unwrap(), collection);
+    assert_eq!(
+        command.get_document("index").unwrap(),
+        &doc! { "name": "expiresAt_ttl", "expireAfterSeconds": 86_400_i64 }
+    );
+    if !server::is_embedded() {
+        let indexes: Vec<_> = observer
+            .list_indexes()
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let ttl = indexes
+            .iter()
+            .find(|index| index.keys == doc! { "expiresAt": 1 })
+            .unwrap();
+        assert_eq!(
+            ttl.options.as_ref().unwrap().expire_after,
+            Some(Duration::from_secs(24 * 60 * 60))
+        );
+    }
 }

@@ -111,6 +111,9 @@ pub struct Rule {
     /// The collection the command targets (its first field's value, or `collection` for
     /// `getMore`); `None` matches any.
     pub collection: Option<String>,
+    /// Fields the command must carry, by dotted path (e.g. `readConcern.level`), with these
+    /// values.
+    pub fields: Vec<(String, Bson)>,
     /// How many matching commands it acts on; then it is spent.
     pub times: usize,
     pub action: Action,
@@ -122,9 +125,16 @@ impl Rule {
         Rule {
             command: command.to_owned(),
             collection: None,
+            fields: Vec::new(),
             times: 1,
             action,
         }
+    }
+
+    /// Only commands whose field at the dotted `path` equals `value`.
+    pub fn where_field(mut self, path: &str, value: impl Into<Bson>) -> Rule {
+        self.fields.push((path.to_owned(), value.into()));
+        self
     }
 
     /// Only commands on `collection`.
@@ -139,12 +149,16 @@ impl Rule {
         self
     }
 
-    fn matches(&self, command: &str, collection: Option<&str>) -> bool {
-        self.command.eq_ignore_ascii_case(command)
+    fn matches(&self, command: &Command) -> bool {
+        self.command.eq_ignore_ascii_case(&command.name)
             && self
                 .collection
                 .as_deref()
-                .is_none_or(|wanted| collection == Some(wanted))
+                .is_none_or(|wanted| command.collection.as_deref() == Some(wanted))
+            && self
+                .fields
+                .iter()
+                .all(|(path, value)| field_at(&command.body, path) == Some(value))
     }
 }
 
@@ -355,12 +369,12 @@ impl Rules {
     }
 
     /// The action of the first live rule matching the command, counted as a hit.
-    fn take(&self, command: &str, collection: Option<&str>) -> Option<Action> {
+    fn take(&self, command: &Command) -> Option<Action> {
         let mut table = self.table();
         let RuleTable { live, hits, .. } = &mut *table;
         for (id, rule) in live.iter() {
             let count = hits.entry(*id).or_default();
-            if *count < rule.times && rule.matches(command, collection) {
+            if *count < rule.times && rule.matches(command) {
                 *count += 1;
                 return Some(rule.action.clone());
             }
@@ -518,7 +532,7 @@ async fn read_requests(
                 Frame::Raw(bytes) => (bytes, None, None),
                 Frame::Message(bytes) => match parse_command(&bytes) {
                     Some(command) => {
-                        let action = rules.take(&command.name, command.collection.as_deref());
+                        let action = rules.take(&command);
                         (bytes, action, Some(command))
                     }
                     None => (bytes, None, None),
@@ -821,6 +835,18 @@ fn parse_command(message: &[u8]) -> Option<Command> {
         more_to_come: flags & MORE_TO_COME != 0,
         body,
     })
+}
+
+/// The value at a dotted `path` in `body`.
+fn field_at<'a>(body: &'a Document, path: &str) -> Option<&'a Bson> {
+    let (first, rest) = path
+        .split_once('.')
+        .map_or((path, None), |(a, b)| (a, Some(b)));
+    let value = body.get(first)?;
+    match rest {
+        None => Some(value),
+        Some(rest) => field_at(value.as_document()?, rest),
+    }
 }
 
 fn next_request_id() -> i32 {
