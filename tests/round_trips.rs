@@ -189,10 +189,10 @@ async fn an_earlier_zero_second_ttl_index_is_raised_to_a_day() {
     let recorder = Arc::clone(&sent);
     let (proxy, client) = proxy::proxied_client_with(&server::uri(), |options| {
         options.command_event_handler = Some(EventHandler::callback(move |event| {
-            if let CommandEvent::Started(started) = event {
-                if started.command_name == "collMod" {
-                    recorder.lock().unwrap().push(started.command);
-                }
+            if let CommandEvent::Started(started) = event
+                && started.command_name == "collMod"
+            {
+                recorder.lock().unwrap().push(started.command);
             }
         }));
     })
