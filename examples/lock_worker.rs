@@ -24,7 +24,7 @@ mod server;
 use std::time::Duration;
 
 use distributed_lock_mongodb::{
-    Error, FencingToken, LockOptions, LostSignal, MongoDistributedLock, Provider,
+    Error, FencingToken, LockOptions, LostSignal, MongoDistributedLock, Operation, Provider,
 };
 use mongodb::bson::{Document, doc};
 use mongodb::options::ReturnDocument;
@@ -234,7 +234,7 @@ async fn chaos(
                         Ok(guard) => guard,
                         // Busy all along: 32 contenders for one lock.
                         Err(Error::Timeout {
-                            operation: "acquire",
+                            operation: Operation::Acquire,
                             ..
                         }) => {
                             tally.busy += 1;

@@ -1,20 +1,15 @@
 //! Several exclusive locks held together.
 
-use std::time::Duration;
-
 use std::sync::Arc;
 
-use tokio::runtime::Handle;
-use tokio::time::Instant;
-
-use crate::lost::LostSignal;
-use crate::{Error, FencingToken, LockGuard, Provider, Result, backoff};
+use crate::{FencingToken, LockGuard, LostSignal, Result};
 
 /// Several exclusive locks acquired together by
 /// [`Provider::acquire_all`](crate::Provider::acquire_all) and released together.
 ///
 /// `lost` turns true as soon as any member is lost.
 #[must_use = "dropping the guard releases every member at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct CompositeGuard {
     /// In acquisition (sorted name) order.
@@ -22,6 +17,11 @@ pub struct CompositeGuard {
 }
 
 impl CompositeGuard {
+    /// Members acquired in sorted name order.
+    pub(crate) fn new(members: Vec<LockGuard>) -> Self {
+        CompositeGuard { members }
+    }
+
     /// The members' names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.members.iter().map(LockGuard::name)
@@ -40,7 +40,7 @@ impl CompositeGuard {
         LostSignal::new(
             self.members
                 .iter()
-                .map(|member| Arc::clone(member.lease()))
+                .map(|member| Arc::clone(member.lease_state()))
                 .collect(),
         )
     }
@@ -67,50 +67,4 @@ impl CompositeGuard {
         }
         first_error.map_or(Ok(()), Err)
     }
-}
-
-/// Acquires every name in sorted order, so callers with overlapping sets cannot deadlock;
-/// all or nothing.
-pub(crate) async fn acquire_all(
-    provider: &Provider,
-    names: &[&str],
-    timeout: Duration,
-) -> Result<CompositeGuard> {
-    let mut sorted: Vec<&str> = names.to_vec();
-    sorted.sort_unstable();
-    if sorted.is_empty() {
-        return Err(Error::InvalidArgument(
-            "acquire_all needs at least one lock name".to_owned(),
-        ));
-    }
-    if let Some(pair) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
-        return Err(Error::InvalidArgument(format!(
-            "acquire_all got the lock name {:?} twice",
-            crate::error::shown_name(pair[0])
-        )));
-    }
-    Handle::try_current().map_err(|_| Error::NoRuntime)?;
-    let started = Instant::now();
-    let deadline = backoff::deadline_after(started, timeout);
-    let mut members = Vec::with_capacity(sorted.len());
-    for name in sorted {
-        let remaining = deadline.map_or(Duration::MAX, |deadline| {
-            deadline.saturating_duration_since(Instant::now())
-        });
-        // On failure the members acquired so far are dropped: released at once.
-        let member = provider.create_lock(name).acquire_timeout(remaining).await;
-        members.push(member.map_err(|error| match error {
-            Error::Timeout {
-                operation,
-                waited: _,
-                name,
-            } => Error::Timeout {
-                operation,
-                name,
-                waited: started.elapsed(),
-            },
-            other => other,
-        })?);
-    }
-    Ok(CompositeGuard { members })
 }

@@ -13,18 +13,19 @@ use mongodb::results::UpdateResult;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout_at};
 
-use crate::error::is_duplicate_id;
-use crate::lock::{new_lock_id, validate_collection_name};
-use crate::lost::{LeaseState, LostSignal};
-use crate::renewal::{self, Command, Lease, RenewalHub};
-use crate::schema::{
+use crate::error::{Operation, is_duplicate_id};
+use crate::fencing::{check_operators, read_i64};
+use crate::lease::Problem;
+use crate::lease::acquire::{self, Acquisition, Attempt, Cleanup, Granted, Wait};
+use crate::lease::held::HeldLease;
+use crate::lease::lost::LeaseState;
+use crate::lease::renewal::{Lease, Place, RenewalHub};
+use crate::lease::schema::{
     EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, lease_end, next_fencing_token, primary,
-    read_i64,
 };
-use crate::{Error, FencingToken, LockOptions, Result, backoff, waiting};
+use crate::{Error, FencingToken, LockOptions, LostSignal, Result};
 
 /// The default field that holds the embedded lock.
 pub const DEFAULT_LOCK_FIELD: &str = "lock";
@@ -63,18 +64,20 @@ pub const DEFAULT_LOCK_FIELD: &str = "lock";
 /// # }
 /// ```
 pub struct DocumentLock<T> {
-    target: Arc<Target>,
+    target: Arc<Documents>,
     _documents: PhantomData<fn() -> T>,
 }
 
 /// What a document lock and its guards share.
-#[derive(Debug)]
-struct Target {
+#[derive(Clone, Debug)]
+struct Documents {
     documents: Collection<Document>,
     field: String,
     layout: Layout,
     options: LockOptions,
     renewals: Arc<RenewalHub>,
+    /// An unusable collection or field name, found when they were set.
+    problem: Option<Problem>,
 }
 
 impl<T> Clone for DocumentLock<T> {
@@ -103,19 +106,23 @@ where
     /// Locks documents of `collection` under the field `lock`, with default options.
     pub fn new(collection: &Collection<T>) -> Self {
         DocumentLock {
-            target: Arc::new(Target {
+            target: Arc::new(Documents {
                 documents: collection.clone_with_type(),
                 field: DEFAULT_LOCK_FIELD.to_owned(),
                 layout: Layout::Embedded(DEFAULT_LOCK_FIELD.to_owned()),
                 options: LockOptions::default(),
                 renewals: Arc::default(),
+                problem: None,
             }),
             _documents: PhantomData,
         }
+        .rebuilt(|_| {})
     }
 
-    /// Keeps the lock under `field` instead of `lock`. A name MongoDB cannot use as a plain field
-    /// (empty, with `.` or `$`, or `_id`) is reported by the first locking call.
+    /// Keeps the lock under `field` instead of `lock`. Defaults to `lock`. A name MongoDB cannot
+    /// use as a plain field (empty, with `.` or `$`, or `_id`) is reported by the first locking
+    /// call.
+    #[must_use]
     pub fn with_field(self, field: impl Into<String>) -> Self {
         let field = field.into();
         self.rebuilt(|target| {
@@ -124,29 +131,42 @@ where
         })
     }
 
-    /// Replaces the options (expiry, cadence, busy-wait, write concern).
+    /// Replaces the options (expiry, cadence, busy-wait, write concern). Defaults to
+    /// [`LockOptions::default`].
+    #[must_use]
     pub fn with_options(self, options: LockOptions) -> Self {
         self.rebuilt(|target| target.options = options)
     }
 
-    fn rebuilt(self, change: impl FnOnce(&mut Target)) -> Self {
-        let mut target = Target {
-            documents: self.target.documents.clone(),
-            field: self.target.field.clone(),
-            layout: self.target.layout.clone(),
-            options: self.target.options.clone(),
-            renewals: Arc::clone(&self.target.renewals),
-        };
+    /// Shares `renewals` (a provider's).
+    pub(crate) fn with_renewals(self, renewals: &Arc<RenewalHub>) -> Self {
+        self.rebuilt(|target| target.renewals = Arc::clone(renewals))
+    }
+
+    fn rebuilt(self, change: impl FnOnce(&mut Documents)) -> Self {
+        let mut target = Documents::clone(&self.target);
         change(&mut target);
+        target.problem = Problem::of_collection(target.documents.name())
+            .or_else(|| field_problem(&target.field));
         DocumentLock {
             target: Arc::new(target),
             _documents: PhantomData,
         }
     }
 
+    /// The name of the collection whose documents it locks.
+    pub fn name(&self) -> &str {
+        self.target.documents.name()
+    }
+
     /// The field that holds the lock.
     pub fn field(&self) -> &str {
         &self.target.field
+    }
+
+    /// The lock's options.
+    pub fn options(&self) -> &LockOptions {
+        &self.target.options
     }
 
     /// Waits until a document matching `filter` is locked, and returns it. With several matching
@@ -165,9 +185,8 @@ where
     /// Cancel safe: attempts run to completion in spawned tasks, and a document locked after
     /// this future was dropped is unlocked at once.
     pub async fn lock(&self, filter: Document) -> Result<DocumentGuard<T>> {
-        self.wait_for(filter, None, None)
-            .await?
-            .ok_or(Error::BackgroundTaskEnded("lock"))
+        let wait = Wait::forever();
+        wait.required(self.lock_within(filter, wait, None).await, self.name())
     }
 
     /// Like [`lock`](Self::lock), giving up after `timeout` with [`Error::Timeout`].
@@ -182,15 +201,8 @@ where
         filter: Document,
         timeout: Duration,
     ) -> Result<DocumentGuard<T>> {
-        let started = Instant::now();
-        let deadline = backoff::deadline_after(started, timeout);
-        self.wait_for(filter, deadline, None)
-            .await?
-            .ok_or_else(|| Error::Timeout {
-                operation: "lock",
-                name: self.target.documents.name().to_owned(),
-                waited: started.elapsed(),
-            })
+        let wait = Wait::at_most(timeout);
+        wait.required(self.lock_within(filter, wait, None).await, self.name())
     }
 
     /// One attempt: `Ok(None)` if every matching document is locked by someone else.
@@ -216,8 +228,7 @@ where
         filter: Document,
         timeout: Duration,
     ) -> Result<Option<DocumentGuard<T>>> {
-        let deadline = backoff::deadline_after(Instant::now(), timeout);
-        self.wait_for(filter, deadline, None).await
+        self.lock_within(filter, Wait::at_most(timeout), None).await
     }
 
     /// Locks the document with `_id` `id`, inserting `new_document` (unlocked, with that `_id`)
@@ -255,43 +266,48 @@ where
                 self.target.field
             )));
         }
-        self.wait_for(doc! { "_id": id }, None, Some(insert))
-            .await?
-            .ok_or(Error::BackgroundTaskEnded("lock_or_insert"))
+        let wait = Wait::forever();
+        let outcome = self
+            .lock_within(doc! { "_id": id }, wait, Some(insert))
+            .await;
+        wait.required(outcome, self.name())
     }
 
-    async fn wait_for(
+    async fn lock_within(
         &self,
         filter: Document,
-        deadline: Option<Instant>,
+        wait: Wait,
         insert: Option<Document>,
     ) -> Result<Option<DocumentGuard<T>>> {
-        validate_collection_name(self.target.documents.name())?;
-        validate_field(&self.target.field)?;
-        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let target = &self.target;
-        waiting::retry(&target.options, deadline, None, || {
-            let lock_id = new_lock_id();
-            let cleanup = target.cleanup(&lock_id);
-            let attempt = attempt::<T>(
+        let what = Acquisition {
+            kind: "document",
+            name: target.documents.name(),
+            collection: target.documents.name(),
+            options: &target.options,
+            checked: Problem::check(target.problem.as_ref()),
+            waiters: None,
+        };
+        acquire::acquire(what, wait, |runtime, lock_id| Attempt {
+            cleanup: target.cleanup(&lock_id),
+            work: attempt::<T>(
                 Arc::clone(target),
                 filter.clone(),
                 insert.clone(),
                 runtime.clone(),
                 lock_id,
-            );
-            waiting::spawned_attempt(&runtime, deadline, &target.options, cleanup, attempt)
+            ),
         })
         .await
     }
 }
 
-impl Target {
+impl Documents {
     /// What unlocks whichever document the attempt with `lock_id` may have locked, should its
     /// outcome be unknown. The filter has no `_id` (the attempt's filter may match many
     /// documents): on a sharded collection that needs MongoDB 7.0 or later.
-    fn cleanup(&self, lock_id: &str) -> waiting::Cleanup {
-        waiting::Cleanup {
+    fn cleanup(&self, lock_id: &str) -> Cleanup {
+        Cleanup {
             collection: self.documents.clone(),
             filter: doc! { self.layout.lock_id_path(): lock_id },
             update: self.layout.release_update(lock_id),
@@ -303,7 +319,7 @@ impl Target {
 
 /// One attempt: lock an unlocked matching document (inserting it first if asked and missing).
 async fn attempt<T>(
-    target: Arc<Target>,
+    target: Arc<Documents>,
     filter: Document,
     insert: Option<Document>,
     runtime: Handle,
@@ -355,7 +371,7 @@ where
 
 /// The `findAndModify` that locks one unlocked document matching `filter`.
 async fn take<T>(
-    target: &Arc<Target>,
+    target: &Arc<Documents>,
     filter: &Document,
     runtime: &Handle,
     lock_id: &str,
@@ -390,48 +406,36 @@ where
         .and_then(|lock| lock.get(FENCING_TOKEN))
         .and_then(read_i64)
         .unwrap_or_default();
-    let state = LeaseState::new(target.options.lost_deadline(sent_at));
     let lease = Lease {
         id: id.clone(),
         name: format!("{}/{id}", target.documents.name()),
         lock_id: lock_id.clone(),
-        state: Arc::clone(&state),
+        state: LeaseState::new(target.options.lost_deadline(sent_at)),
         waiters: None,
     };
-    let renewals = target.renewals.hold(
-        runtime,
-        &target.documents,
-        &target.layout,
-        &target.options,
-        lease,
-    );
+    let place = Place {
+        collection: &target.documents,
+        layout: &target.layout,
+        options: &target.options,
+    };
+    let lease = HeldLease::hold(runtime, &target.renewals, place, lease);
     let document = match mongodb::bson::from_document::<T>(document) {
         Ok(document) => document,
+        // Dropping the lease unlocks at once: we cannot hand out what we cannot read.
         Err(error) => {
-            // Unlock at once: we cannot hand out what we cannot read.
-            let _ = renewals.send(Command::Release {
-                lock_id,
-                reply: None,
-            });
             return Err(Error::UnexpectedReply(format!(
                 "the locked document does not deserialize: {error}"
             )));
         }
     };
-    let guard = DocumentGuard {
+    // `None`: the reply came too late to trust the lease (dropping it unlocked).
+    Ok(lease.map(|lease| DocumentGuard {
         document,
         id,
-        lock_id: Some(lock_id),
         fencing_token: FencingToken::new(token),
-        lease: state,
-        renewals,
+        lease,
         target: Arc::clone(target),
-    };
-    if guard.is_lost() {
-        // The reply came too late to trust the lease; dropping the guard unlocks.
-        return Ok(None);
-    }
-    Ok(Some(guard))
+    }))
 }
 
 /// A locked document: gives access to it, keeps its lease renewed, signals `lost`, and ends with
@@ -442,12 +446,9 @@ where
 pub struct DocumentGuard<T> {
     document: T,
     id: Bson,
-    /// `None` once the lock was handed back to the renewal loop.
-    lock_id: Option<String>,
     fencing_token: FencingToken,
-    lease: Arc<LeaseState>,
-    renewals: mpsc::UnboundedSender<Command>,
-    target: Arc<Target>,
+    lease: HeldLease,
+    target: Arc<Documents>,
 }
 
 impl<T> fmt::Debug for DocumentGuard<T> {
@@ -479,7 +480,7 @@ impl<T> DocumentGuard<T> {
     /// A signal that turns true when the lock is known or presumed lost (see
     /// [`LockGuard::lost`](crate::LockGuard::lost)).
     pub fn lost(&self) -> LostSignal {
-        LostSignal::new(vec![Arc::clone(&self.lease)])
+        self.lease.lost()
     }
 
     /// Whether the lock is known or presumed lost.
@@ -559,8 +560,8 @@ impl<T> DocumentGuard<T> {
     ///
     /// # Cancel safety
     /// Cancel safe: a background task finishes the release.
-    pub async fn release(mut self) -> Result<()> {
-        renewal::release(&self.renewals, self.lock_id.take()).await
+    pub async fn release(self) -> Result<()> {
+        self.lease.release().await
     }
 
     /// Unlocks in the background (by dropping `self`) and returns `error`.
@@ -569,13 +570,15 @@ impl<T> DocumentGuard<T> {
         error
     }
 
-    async fn finish(mut self, ending: Ending) -> Result<()> {
-        let name = format!("{}/{}", self.target.documents.name(), self.id);
+    async fn finish(self, ending: Ending) -> Result<()> {
+        let name = self.lease.name().to_owned();
         if self.is_lost() {
             return Err(self.unlock_after(Error::LockLost { name }));
         }
-        let Some(lock_id) = self.lock_id.clone() else {
-            return Err(Error::BackgroundTaskEnded("commit"));
+        let Some(lock_id) = self.lease.lock_id().map(str::to_owned) else {
+            return Err(Error::BackgroundTaskEnded {
+                operation: Operation::Commit,
+            });
         };
         let Ok(runtime) = Handle::try_current() else {
             return Err(self.unlock_after(Error::NoRuntime));
@@ -613,11 +616,13 @@ impl<T> DocumentGuard<T> {
             Ok(Ok(Ok(result))) => result,
             Ok(Ok(Err(error))) => return Err(self.unlock_after(error.into())),
             Ok(Err(_join_error)) => {
-                return Err(self.unlock_after(Error::BackgroundTaskEnded("commit")));
+                return Err(self.unlock_after(Error::BackgroundTaskEnded {
+                    operation: Operation::Commit,
+                }));
             }
             Err(_elapsed) => {
                 return Err(self.unlock_after(Error::Timeout {
-                    operation: "commit",
+                    operation: Operation::Commit,
                     name,
                     waited: started.elapsed(),
                 }));
@@ -627,16 +632,14 @@ impl<T> DocumentGuard<T> {
             return Err(self.unlock_after(Error::LockLost { name }));
         }
         // The write ended the lease itself: the renewal loop only has to forget it.
-        self.lock_id = None;
-        self.lease.mark_released();
-        let _ = self.renewals.send(Command::Forget { lock_id });
+        self.lease.ended_by_write();
         Ok(())
     }
 }
 
-impl<T> Drop for DocumentGuard<T> {
-    fn drop(&mut self) {
-        renewal::release_in_background(&self.renewals, self.lock_id.take());
+impl<T> Granted for DocumentGuard<T> {
+    fn fencing_token(&self) -> Option<FencingToken> {
+        Some(self.fencing_token)
     }
 }
 
@@ -652,45 +655,14 @@ fn to_document<T: Serialize>(value: &T) -> Result<Document> {
 }
 
 /// Rejects lock fields MongoDB cannot address as a plain top-level field.
-fn validate_field(field: &str) -> Result<()> {
-    if field.is_empty() || field.contains(['.', '$', '\0']) || field == "_id" {
-        return Err(Error::InvalidArgument(format!(
+fn field_problem(field: &str) -> Option<Problem> {
+    let unusable = field.is_empty() || field.contains(['.', '$', '\0']) || field == "_id";
+    unusable.then(|| {
+        Problem::Argument(format!(
             "lock field {field:?} must be a non-empty top-level field name without '.', '$' or \
              NUL, other than _id"
-        )));
-    }
-    Ok(())
-}
-
-/// Accepts only update-operator documents that leave `protected` (a field) alone.
-pub(crate) fn check_operators(update: &Document, protected: &str) -> Result<()> {
-    if update.is_empty() {
-        return Err(Error::InvalidArgument("the update is empty".to_owned()));
-    }
-    for (operator, fields) in update {
-        if !operator.starts_with('$') {
-            return Err(Error::InvalidArgument(format!(
-                "the update must consist of update operators such as $set, found {operator:?}"
-            )));
-        }
-        let Bson::Document(fields) = fields else {
-            return Err(Error::InvalidArgument(format!(
-                "the update operator {operator} needs a document of fields"
-            )));
-        };
-        let touches = |path: &str| {
-            path == protected
-                || path
-                    .strip_prefix(protected)
-                    .is_some_and(|rest| rest.starts_with('.'))
-        };
-        if let Some(path) = fields.keys().find(|path| touches(path)) {
-            return Err(Error::InvalidArgument(format!(
-                "the update must not touch {protected:?} (found {path:?} under {operator})"
-            )));
-        }
-    }
-    Ok(())
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -698,27 +670,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn updates_must_be_operators_that_leave_the_lock_alone() {
-        check_operators(&doc! { "$set": { "status": "done", "locked": 1 } }, "lock").unwrap();
-        check_operators(&doc! { "$inc": { "n": 1 }, "$unset": { "x": "" } }, "lock").unwrap();
-        for bad in [
-            doc! {},
-            doc! { "status": "done" },
-            doc! { "$set": 5 },
-            doc! { "$set": { "lock": {} } },
-            doc! { "$unset": { "lock.id": "" } },
-        ] {
-            let error = check_operators(&bad, "lock").unwrap_err();
-            assert!(matches!(error, Error::InvalidArgument(_)), "{bad}: {error}");
-        }
-    }
-
-    #[test]
     fn lock_fields_must_be_plain_top_level_names() {
-        validate_field("lock").unwrap();
-        validate_field("_lease").unwrap();
+        assert_eq!(field_problem("lock"), None);
+        assert_eq!(field_problem("_lease"), None);
         for bad in ["", "a.b", "$x", "_id", "a\0b"] {
-            assert!(validate_field(bad).is_err(), "{bad:?}");
+            assert!(field_problem(bad).is_some(), "{bad:?}");
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The crate's error type.
 
+use std::fmt;
 use std::time::Duration;
 
 /// How many characters of a lock name appear in messages and traces. Names can be up to
@@ -22,18 +23,16 @@ pub(crate) fn shown_name(name: &str) -> String {
 pub enum Error {
     /// The operation did not complete within its time limit.
     ///
-    /// Returned by [`acquire_timeout`](crate::MongoDistributedLock::acquire_timeout) when the
-    /// lock stayed busy until the deadline, and by any operation whose request to MongoDB got no
-    /// reply in time. Retrying later is reasonable.
-    #[error(
-        "timed out after {waited:?} waiting to {operation} lock {:?}",
-        shown_name(name)
-    )]
+    /// Returned when a lock stayed busy until the caller's deadline
+    /// ([`Operation::Acquire`]), and by any request to MongoDB that got no reply in time
+    /// ([`Operation::AttemptReply`], [`Operation::Release`], [`Operation::Commit`]). Retrying
+    /// later is reasonable.
+    #[error("{}", timeout_message(*operation, name, *waited))]
     Timeout {
-        /// What timed out: `"acquire"` (the lock stayed busy), `"release"`, or
-        /// `"acquisition attempt (no reply from MongoDB)"`.
-        operation: &'static str,
-        /// The lock's name.
+        /// What timed out.
+        operation: Operation,
+        /// The lock's name (for a document lock: `collection/_id`, or the collection while
+        /// no document is locked yet).
         name: String,
         /// How long the caller waited.
         waited: Duration,
@@ -91,8 +90,56 @@ pub enum Error {
 
     /// A background task of this lock ended before it could report back, typically because its
     /// Tokio runtime is shutting down.
-    #[error("the lock's background task ended early: {0}")]
-    BackgroundTaskEnded(&'static str),
+    #[error("the background task of {operation} ended early (is the runtime shutting down?)")]
+    BackgroundTaskEnded {
+        /// What the task was doing.
+        operation: Operation,
+    },
+}
+
+/// What an [`Error::Timeout`] or [`Error::BackgroundTaskEnded`] interrupted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Waiting to acquire a lock (any kind, including locking a document): it stayed busy
+    /// until the caller's deadline.
+    Acquire,
+    /// One acquisition attempt: MongoDB did not answer in time (at least five seconds, at most
+    /// `expiry`). Whether it applied is unknown; the crate ends whatever it may have taken.
+    AttemptReply,
+    /// Releasing a lock: no try got a reply within `expiry`; the lease ends by itself then.
+    Release,
+    /// Committing (or replacing) a locked document: no reply within `expiry`.
+    Commit,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Acquire => "acquisition",
+            Operation::AttemptReply => "an acquisition attempt",
+            Operation::Release => "release",
+            Operation::Commit => "commit",
+        })
+    }
+}
+
+fn timeout_message(operation: Operation, name: &str, waited: Duration) -> String {
+    let name = shown_name(name);
+    match operation {
+        Operation::Acquire => format!("timed out after {waited:?} waiting to acquire {name:?}"),
+        Operation::AttemptReply => format!(
+            "an acquisition attempt on {name:?} got no reply from MongoDB within {waited:?}"
+        ),
+        Operation::Release => format!(
+            "the release of {name:?} got no reply from MongoDB within {waited:?}; the lease \
+             ends by itself at its expiry"
+        ),
+        Operation::Commit => format!(
+            "the commit of {name:?} got no reply from MongoDB within {waited:?}; whether it \
+             was applied is unknown"
+        ),
+    }
 }
 
 impl Error {
@@ -124,7 +171,7 @@ impl Error {
     /// retry these within their deadline (see the crate docs).
     pub(crate) fn is_transient(&self) -> bool {
         match self {
-            Error::Timeout { operation, .. } => *operation == crate::waiting::NO_REPLY,
+            Error::Timeout { operation, .. } => *operation == Operation::AttemptReply,
             Error::Mongo(error) => is_transient_driver_error(error),
             _ => false,
         }
@@ -285,18 +332,47 @@ mod tests {
         );
         assert!(!Error::Mongo(write_error(11000)).is_transient());
         let no_reply = Error::Timeout {
-            operation: crate::waiting::NO_REPLY,
+            operation: Operation::AttemptReply,
             name: "n".into(),
             waited: Duration::from_secs(5),
         };
         assert!(no_reply.is_transient());
         let busy = Error::Timeout {
-            operation: "acquire",
+            operation: Operation::Acquire,
             name: "n".into(),
             waited: Duration::from_secs(5),
         };
         assert!(!busy.is_transient());
         assert!(!Error::InvalidArgument("x".into()).is_transient());
+    }
+
+    #[test]
+    fn timeout_messages_read_as_sentences() {
+        let timeout = |operation| Error::Timeout {
+            operation,
+            name: "jobs".into(),
+            waited: Duration::from_secs(5),
+        };
+        assert_eq!(
+            timeout(Operation::Acquire).to_string(),
+            "timed out after 5s waiting to acquire \"jobs\""
+        );
+        assert_eq!(
+            timeout(Operation::AttemptReply).to_string(),
+            "an acquisition attempt on \"jobs\" got no reply from MongoDB within 5s"
+        );
+        assert!(
+            timeout(Operation::Release)
+                .to_string()
+                .starts_with("the release of")
+        );
+        let ended = Error::BackgroundTaskEnded {
+            operation: Operation::Release,
+        };
+        assert_eq!(
+            ended.to_string(),
+            "the background task of release ended early (is the runtime shutting down?)"
+        );
     }
 
     #[test]
@@ -312,7 +388,7 @@ mod tests {
     #[test]
     fn helpers_classify_variants() {
         let timeout = Error::Timeout {
-            operation: "acquire",
+            operation: Operation::Acquire,
             name: "n".into(),
             waited: Duration::from_millis(5),
         };

@@ -1,6 +1,12 @@
-//! Fencing tokens.
+//! Fencing tokens, and fenced writes: the resource's half of fencing.
 
 use std::fmt;
+
+use mongodb::Collection;
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
+
+use crate::{Error, Result};
 
 /// A number that strictly increases with every successful acquisition of a lock name.
 ///
@@ -35,5 +41,229 @@ impl fmt::Display for FencingToken {
 impl From<FencingToken> for i64 {
     fn from(token: FencingToken) -> i64 {
         token.0
+    }
+}
+
+/// Reads a stored number written as Int32, Int64 or Double (servers and other clients may narrow
+/// or widen it). Anything else, and doubles that are not whole or out of range, give `None`.
+pub(crate) fn read_i64(value: &Bson) -> Option<i64> {
+    match *value {
+        Bson::Int32(v) => Some(i64::from(v)),
+        Bson::Int64(v) => Some(v),
+        // i64::MAX as f64 rounds up to 2^63, hence the strict upper bound.
+        Bson::Double(v) if v.fract() == 0.0 && v >= i64::MIN as f64 && v < i64::MAX as f64 => {
+            Some(v as i64)
+        }
+        _ => None,
+    }
+}
+
+/// Accepts only update-operator documents that leave `protected` (a field) alone.
+pub(crate) fn check_operators(update: &Document, protected: &str) -> Result<()> {
+    if update.is_empty() {
+        return Err(Error::InvalidArgument("the update is empty".to_owned()));
+    }
+    for (operator, fields) in update {
+        if !operator.starts_with('$') {
+            return Err(Error::InvalidArgument(format!(
+                "the update must consist of update operators such as $set, found {operator:?}"
+            )));
+        }
+        let Bson::Document(fields) = fields else {
+            return Err(Error::InvalidArgument(format!(
+                "the update operator {operator} needs a document of fields"
+            )));
+        };
+        let touches = |path: &str| {
+            path == protected
+                || path
+                    .strip_prefix(protected)
+                    .is_some_and(|rest| rest.starts_with('.'))
+        };
+        if let Some(path) = fields.keys().find(|path| touches(path)) {
+            return Err(Error::InvalidArgument(format!(
+                "the update must not touch {protected:?} (found {path:?} under {operator})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reads whose result is acted on go to the primary, whatever the client's default read
+/// preference.
+fn primary() -> SelectionCriteria {
+    SelectionCriteria::ReadPreference(ReadPreference::Primary)
+}
+
+/// The default field that remembers the last fencing token written to a document.
+pub const DEFAULT_FENCE_FIELD: &str = "fencingToken";
+
+/// Applies updates to a protected resource only for holders with a current fencing token.
+///
+/// The target document remembers the largest token that wrote to it (in `fencingToken` by
+/// default). A write carrying a token that is not greater (or, with
+/// [`with_allow_equal`](Self::with_allow_equal), not at least as great) is refused, and the check and the
+/// write are one atomic update that also stores the new token. A holder that lost its lock
+/// without noticing — paused past its lease, partitioned — is therefore refused once the next
+/// holder has written. Works with the tokens of every guard in this crate.
+///
+/// A stored token that is missing or not a number counts as older than any token.
+///
+/// ```no_run
+/// # async fn demo(accounts: mongodb::Collection<mongodb::bson::Document>, guard: distributed_lock_mongodb::LockGuard) -> distributed_lock_mongodb::Result<()> {
+/// use distributed_lock_mongodb::{Fence, FenceOutcome};
+/// use mongodb::bson::doc;
+///
+/// let outcome = Fence::new()
+///     .update_one(&accounts, doc! { "_id": "acct-1" }, doc! { "$inc": { "balance": 10 } }, guard.fencing_token())
+///     .await?;
+/// if outcome == FenceOutcome::Stale {
+///     // A newer holder has written: our lock is gone. Stop.
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Fence {
+    field: String,
+    allow_equal: bool,
+}
+
+/// What a fenced write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FenceOutcome {
+    /// The update was applied and the token stored.
+    Applied,
+    /// Refused: the document has seen a newer token (or an equal one, unless allowed).
+    Stale,
+    /// No document matches the filter; nothing was written.
+    NotFound,
+}
+
+impl FenceOutcome {
+    /// Whether the update was applied.
+    pub fn is_applied(self) -> bool {
+        self == FenceOutcome::Applied
+    }
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Fence {
+            field: DEFAULT_FENCE_FIELD.to_owned(),
+            allow_equal: false,
+        }
+    }
+}
+
+impl Fence {
+    /// A fence on the field `fencingToken`, accepting only strictly greater tokens.
+    pub fn new() -> Self {
+        Fence::default()
+    }
+
+    /// Remembers tokens in `field` instead of `fencingToken`. Defaults to `fencingToken`.
+    #[must_use]
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = field.into();
+        self
+    }
+
+    /// Also accept a token equal to the stored one (several writes by one holder). Defaults to
+    /// false: every write needs a newer token, so one holder writes once per acquisition.
+    #[must_use]
+    pub fn with_allow_equal(mut self, allow: bool) -> Self {
+        self.allow_equal = allow;
+        self
+    }
+
+    /// Applies `update` (update operators) to the one document matching `filter` if `token` is
+    /// newer than the one it stores, storing `token` in the same update.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `update` is not made of update operators, or touches the
+    /// token field, or the field name is unusable; [`Error::Mongo`] if the write fails.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the update applied, as with any driver write.
+    pub async fn update_one<T: Send + Sync>(
+        &self,
+        collection: &Collection<T>,
+        filter: Document,
+        update: Document,
+        token: FencingToken,
+    ) -> Result<FenceOutcome> {
+        let field = self.field.as_str();
+        if field.is_empty() || field.starts_with('$') || field.contains('\0') {
+            return Err(Error::InvalidArgument(format!(
+                "fence field {field:?} must be a non-empty field path not starting with '$'"
+            )));
+        }
+        check_operators(&update, field)?;
+        let mut update = update;
+        match update.get_document_mut("$set") {
+            Ok(set) => {
+                set.insert(field, token.get());
+            }
+            Err(_) => {
+                update.insert("$set", doc! { field: token.get() });
+            }
+        }
+        let older = if self.allow_equal { "$lte" } else { "$lt" };
+        let fenced = doc! { "$and": [filter.clone(), { "$or": [
+            { field: { older: token.get() } },
+            { field: { "$not": { "$type": "number" } } },
+        ] }] };
+        let documents = collection.clone_with_type::<Document>();
+        let result = documents.update_one(fenced, update).await?;
+        if result.matched_count > 0 {
+            return Ok(FenceOutcome::Applied);
+        }
+        let exists = documents
+            .find_one(filter)
+            .projection(doc! { "_id": 1 })
+            .selection_criteria(primary())
+            .read_concern(ReadConcern::local())
+            .await?
+            .is_some();
+        Ok(if exists {
+            FenceOutcome::Stale
+        } else {
+            FenceOutcome::NotFound
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_read_tolerantly() {
+        assert_eq!(read_i64(&Bson::Int32(7)), Some(7));
+        assert_eq!(read_i64(&Bson::Int64(1 << 40)), Some(1 << 40));
+        assert_eq!(read_i64(&Bson::Double(12.0)), Some(12));
+        assert_eq!(read_i64(&Bson::Double(12.5)), None);
+        assert_eq!(read_i64(&Bson::Double(f64::NAN)), None);
+        assert_eq!(read_i64(&Bson::Double(1e300)), None);
+        assert_eq!(read_i64(&Bson::String("12".into())), None);
+        assert_eq!(read_i64(&Bson::Null), None);
+    }
+
+    #[test]
+    fn updates_must_be_operators_that_leave_the_lock_alone() {
+        check_operators(&doc! { "$set": { "status": "done", "locked": 1 } }, "lock").unwrap();
+        check_operators(&doc! { "$inc": { "n": 1 }, "$unset": { "x": "" } }, "lock").unwrap();
+        for bad in [
+            doc! {},
+            doc! { "status": "done" },
+            doc! { "$set": 5 },
+            doc! { "$set": { "lock": {} } },
+            doc! { "$unset": { "lock.id": "" } },
+        ] {
+            let error = check_operators(&bad, "lock").unwrap_err();
+            assert!(matches!(error, Error::InvalidArgument(_)), "{bad}: {error}");
+        }
     }
 }

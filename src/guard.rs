@@ -1,28 +1,26 @@
-//! The guard of a held lock.
+//! The guard of a held lock with a fencing token: an exclusive lock, a reader-writer lock's
+//! writer, or a semaphore place.
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
-
-use crate::lock::LockInner;
-use crate::lost::{LeaseState, LostSignal};
-use crate::renewal::{self, Command};
-use crate::{FencingToken, Result};
+use crate::lease::acquire::Granted;
+use crate::lease::held::HeldLease;
+use crate::lease::lost::LeaseState;
+use crate::{FencingToken, LostSignal, Result};
 
 /// Proof that the lock is held; returned by the `acquire*` methods of
 /// [`MongoDistributedLock`](crate::MongoDistributedLock), by those of
-/// [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore) (one holder), and by the
+/// [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore) (one place), and by the
 /// `acquire_write*` methods of
 /// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock) (the writer).
 ///
 /// While the guard lives, the lease is renewed every
 /// [`extension_cadence`](crate::LockOptions::extension_cadence) (by a renewal loop shared with
 /// the other guards of the same provider: one command per cadence and per 2 MiB of names for all
-/// of them). If the lease
-/// cannot be renewed (the document was deleted or taken over, or no renewal was confirmed in time)
-/// the [`lost`] signal turns `true` — before the lease ends on the server, so before anyone else
-/// can acquire the lock (see the crate docs for the assumptions). Stop touching the protected
-/// resource when that happens.
+/// of them). If the lease cannot be renewed (the document was deleted or taken over, or no
+/// renewal was confirmed in time) the [`lost`] signal turns `true` — before the lease ends on
+/// the server, so before anyone else can acquire the lock (see the crate docs for the
+/// assumptions). Stop touching the protected resource when that happens.
 ///
 /// Release the lock with [`release`](Self::release). Dropping the guard releases it in the
 /// background on the runtime it was acquired on (it only sends a message: no blocking, works off
@@ -37,34 +35,21 @@ use crate::{FencingToken, Result};
 #[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct LockGuard {
-    lock: Arc<LockInner>,
-    /// `None` once a release was requested.
-    lock_id: Option<String>,
+    lease: HeldLease,
     fencing_token: FencingToken,
-    lease: Arc<LeaseState>,
-    renewals: mpsc::UnboundedSender<Command>,
 }
 
 impl LockGuard {
-    pub(crate) fn new(
-        lock: Arc<LockInner>,
-        lock_id: String,
-        fencing_token: FencingToken,
-        lease: Arc<LeaseState>,
-        renewals: mpsc::UnboundedSender<Command>,
-    ) -> Self {
+    pub(crate) fn new(lease: HeldLease, fencing_token: FencingToken) -> Self {
         LockGuard {
-            lock,
-            lock_id: Some(lock_id),
-            fencing_token,
             lease,
-            renewals,
+            fencing_token,
         }
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.lock.name
+        self.lease.name()
     }
 
     /// This acquisition's fencing token: larger than that of every earlier acquisition of the
@@ -80,7 +65,7 @@ impl LockGuard {
     /// turns true by itself at the lease's local deadline, even if the renewal machinery cannot
     /// run (for example because the runtime is shutting down).
     pub fn lost(&self) -> LostSignal {
-        LostSignal::new(vec![Arc::clone(&self.lease)])
+        self.lease.lost()
     }
 
     /// Whether the lock is known or presumed lost (checked against the lease's local deadline
@@ -89,8 +74,8 @@ impl LockGuard {
         self.lease.is_lost()
     }
 
-    pub(crate) fn lease(&self) -> &Arc<LeaseState> {
-        &self.lease
+    pub(crate) fn lease_state(&self) -> &Arc<LeaseState> {
+        self.lease.state()
     }
 
     /// Stops renewing and releases the lock: one update, filtered on this acquisition's lock id,
@@ -113,13 +98,13 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel safe: the release is carried out by a background task, which finishes it even if
     /// this future is dropped.
-    pub async fn release(mut self) -> Result<()> {
-        renewal::release(&self.renewals, self.lock_id.take()).await
+    pub async fn release(self) -> Result<()> {
+        self.lease.release().await
     }
 }
 
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        renewal::release_in_background(&self.renewals, self.lock_id.take());
+impl Granted for LockGuard {
+    fn fencing_token(&self) -> Option<FencingToken> {
+        Some(self.fencing_token)
     }
 }

@@ -1,42 +1,44 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
 
-mod backoff;
-mod composite;
+// Foundations.
 mod details;
-mod document_lock;
 mod error;
-mod fence;
 mod fencing;
-mod guard;
-mod handoff;
-mod lock;
-mod lost;
+mod lock_status;
 mod options;
+
+// The lease engine every primitive sits on.
+mod lease;
+
+// Primitives (none imports another), the guard they share, and the provider above them.
+mod composite;
+mod document_lock;
+mod guard;
+mod lock;
 mod provider;
-mod renewal;
 mod rw_lock;
-mod schema;
 mod semaphore;
-mod status;
-mod ttl_index;
-mod waiting;
 
 pub use composite::CompositeGuard;
 pub use details::LockDetails;
 pub use document_lock::{DEFAULT_LOCK_FIELD, DocumentGuard, DocumentLock};
-pub use error::{Error, Result};
-pub use fence::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome};
-pub use fencing::FencingToken;
+pub use error::{Error, Operation, Result};
+pub use fencing::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome, FencingToken};
 pub use guard::LockGuard;
-pub use lock::{DEFAULT_COLLECTION, MongoDistributedLock};
-pub use lost::LostSignal;
+pub use lease::lost::LostSignal;
+pub use lock::{DEFAULT_LOCK_COLLECTION, MongoDistributedLock};
+pub use lock_status::{LockKind, LockStatus};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
 pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard};
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
-pub use status::{LockKind, LockStatus};
 
 /// Public types are `Send + Sync` (guards also `'static`), and the futures of every async method
 /// are `Send`, so they can be spawned. Checked at compile time.
@@ -60,6 +62,10 @@ fn _assert_send_sync() {
     send_sync::<MongoDistributedReaderWriterLock>();
     send_sync::<ReadGuard>();
     send_sync::<LostSignal>();
+    send_sync::<LockKind>();
+    send_sync::<FenceOutcome>();
+    send_sync::<Operation>();
+    send_sync::<LockOptionsBuilder>();
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
         send(&lock.acquire());

@@ -5,25 +5,32 @@ use std::time::Duration;
 
 use mongodb::bson::Document;
 use mongodb::{Collection, Database};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
 
-use crate::composite::{self, CompositeGuard};
-use crate::lock::{DEFAULT_COLLECTION, validate_collection_name};
-use crate::renewal::RenewalHub;
-use crate::rw_lock::DEFAULT_RW_COLLECTION;
-use crate::semaphore::DEFAULT_SEMAPHORE_COLLECTION;
-use crate::status::{self, LockStatus};
+use crate::error::{Operation, shown_name};
+use crate::lease::renewal::RenewalHub;
+use crate::lease::{admin, check_collection_name};
 use crate::{
-    LockDetails, LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
-    MongoDistributedSemaphore, Result,
+    CompositeGuard, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION,
+    DocumentLock, Error, LockDetails, LockOptions, LockStatus, MongoDistributedLock,
+    MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Result,
 };
 
 /// A factory of locks for dependency-injection style applications: configure the database,
 /// collection and options once, then create locks by name wherever they are needed.
 ///
-/// Clone + Send + Sync. The guards of all locks created by one provider (and its clones) share a
-/// renewal loop per Tokio runtime: holding a thousand locks costs one renewal command per
-/// cadence, not a thousand. The TTL index on the collection is created once per process, after
-/// the first successful acquisition (shared with locks created directly).
+/// Clone + Send + Sync. The guards of all locks created by one provider (and its clones), of
+/// every kind, share a renewal loop per Tokio runtime and collection: holding a thousand locks
+/// costs one renewal command per cadence, not a thousand. The TTL index on the exclusive lock
+/// collection is created once per process, after the first successful acquisition (shared with
+/// locks created directly).
+///
+/// Each kind has its own collection setting ([`with_collection`](Self::with_collection),
+/// [`with_reader_writer_collection`](Self::with_reader_writer_collection),
+/// [`with_semaphore_collection`](Self::with_semaphore_collection)); the administration calls
+/// read the same collections.
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
@@ -39,6 +46,8 @@ use crate::{
 pub struct Provider {
     database: Database,
     collection: String,
+    reader_writer_collection: String,
+    semaphore_collection: String,
     options: LockOptions,
     renewals: Arc<RenewalHub>,
     details: LockDetails,
@@ -46,11 +55,13 @@ pub struct Provider {
 }
 
 impl Provider {
-    /// Locks in `database`'s `distributed_locks` collection, with default options.
+    /// Locks in `database`'s default collections, with default options.
     pub fn new(database: &Database) -> Self {
         Provider {
             database: database.clone(),
-            collection: DEFAULT_COLLECTION.to_owned(),
+            collection: DEFAULT_LOCK_COLLECTION.to_owned(),
+            reader_writer_collection: DEFAULT_RW_COLLECTION.to_owned(),
+            semaphore_collection: DEFAULT_SEMAPHORE_COLLECTION.to_owned(),
             options: LockOptions::default(),
             renewals: Arc::default(),
             details: LockDetails::new(),
@@ -58,36 +69,62 @@ impl Provider {
         }
     }
 
-    /// Uses `collection` instead of `distributed_locks`.
+    /// Keeps exclusive locks (and composites' members) in `collection`. Defaults to
+    /// `distributed_locks`. An invalid name is reported by the first call that talks to the
+    /// server.
+    #[must_use]
     pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
         self.collection = collection.into();
         self
     }
 
-    /// Uses `options` for every lock created from now on.
+    /// Keeps reader-writer locks in `collection`. Defaults to `distributed_rw_locks`.
+    #[must_use]
+    pub fn with_reader_writer_collection(mut self, collection: impl Into<String>) -> Self {
+        self.reader_writer_collection = collection.into();
+        self
+    }
+
+    /// Keeps semaphores in `collection`. Defaults to `distributed_semaphores`.
+    #[must_use]
+    pub fn with_semaphore_collection(mut self, collection: impl Into<String>) -> Self {
+        self.semaphore_collection = collection.into();
+        self
+    }
+
+    /// Uses `options` for every lock created from now on. Defaults to
+    /// [`LockOptions::default`].
+    #[must_use]
     pub fn with_options(mut self, options: LockOptions) -> Self {
         self.options = options;
         self
     }
 
     /// The [`LockDetails`] that reader-writer locks and semaphores created from now on store
-    /// with their holders (and exclusive locks, if
-    /// [`store_details_in_exclusive_locks`](Self::store_details_in_exclusive_locks) is on).
-    /// By default: this process's host and id, no owner.
+    /// with their holders (and exclusive locks, with
+    /// [`with_details_in_exclusive_locks`](Self::with_details_in_exclusive_locks)). Defaults to
+    /// this process's host and id, no owner.
+    #[must_use]
     pub fn with_details(mut self, details: LockDetails) -> Self {
         self.details = details;
         self
     }
 
     /// Whether exclusive locks created from now on (and so the members of
-    /// [`acquire_all`](Self::acquire_all)'s composite locks) store the details too. Off by
-    /// default.
+    /// [`acquire_all`](Self::acquire_all)'s composite locks) store the details too. Defaults to
+    /// false.
     ///
     /// **Turning it on breaks interoperability with DistributedLock.MongoDB (.NET)** for this
     /// provider's collection: see [`MongoDistributedLock::with_details`].
-    pub fn store_details_in_exclusive_locks(mut self, enabled: bool) -> Self {
+    #[must_use]
+    pub fn with_details_in_exclusive_locks(mut self, enabled: bool) -> Self {
         self.exclusive_details = enabled;
         self
+    }
+
+    /// The provider's options.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
     }
 
     /// The status of exclusive lock `name` (holder, lease, fencing token, and details if it
@@ -101,13 +138,13 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: a read only.
     pub async fn status(&self, name: &str) -> Result<Option<LockStatus>> {
-        status::status(&self.collection()?, name).await
+        admin::status(&self.collection()?, name).await
     }
 
     /// Every lock of this provider that is held right now, ordered by name and kind, one entry
-    /// per holder: the exclusive locks of its collection, the readers and writers of the
-    /// reader-writer locks in `distributed_rw_locks`, and the holders of the semaphores in
-    /// `distributed_semaphores` (with whatever details they stored).
+    /// per holder: the exclusive locks, the readers and writers of the reader-writer locks, and
+    /// the holders of the semaphores, each in the provider's collection for its kind (with
+    /// whatever details they stored).
     ///
     /// # Errors
     /// As [`status`](Self::status).
@@ -115,11 +152,13 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: reads only.
     pub async fn held_locks(&self) -> Result<Vec<LockStatus>> {
-        let mut held = status::held(&self.collection()?).await?;
-        let rw_locks = self.database.collection(DEFAULT_RW_COLLECTION);
-        held.extend(status::reader_writer_holders(&rw_locks, Document::new()).await?);
-        let semaphores = self.database.collection(DEFAULT_SEMAPHORE_COLLECTION);
-        held.extend(status::semaphore_holders(&semaphores, Document::new()).await?);
+        let mut held = admin::held(&self.collection()?).await?;
+        check_collection_name(&self.reader_writer_collection)?;
+        check_collection_name(&self.semaphore_collection)?;
+        let rw_locks = self.database.collection(&self.reader_writer_collection);
+        held.extend(admin::reader_writer_holders(&rw_locks, Document::new()).await?);
+        let semaphores = self.database.collection(&self.semaphore_collection);
+        held.extend(admin::semaphore_holders(&semaphores, Document::new()).await?);
         held.sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
         Ok(held)
     }
@@ -138,7 +177,7 @@ impl Provider {
     /// # Cancel safety
     /// Dropping the future may or may not leave the lease ended.
     pub async fn force_release(&self, name: &str) -> Result<bool> {
-        status::force_release(&self.collection()?, name).await
+        admin::force_release(&self.collection()?, name).await
     }
 
     /// Deletes the lock documents whose lease ended strictly before now (server time) and
@@ -151,7 +190,7 @@ impl Provider {
     /// # Cancel safety
     /// Dropping the future may or may not leave documents deleted.
     pub async fn purge_expired(&self) -> Result<u64> {
-        status::purge_expired(&self.collection()?).await
+        admin::purge_expired(&self.collection()?).await
     }
 
     /// Acquires the exclusive locks `names` together and returns one guard for all of them.
@@ -168,52 +207,94 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: members acquired before the future was dropped are released at once.
     pub async fn acquire_all(&self, names: &[&str], timeout: Duration) -> Result<CompositeGuard> {
-        composite::acquire_all(self, names, timeout).await
+        let mut sorted: Vec<&str> = names.to_vec();
+        sorted.sort_unstable();
+        if sorted.is_empty() {
+            return Err(Error::InvalidArgument(
+                "acquire_all needs at least one lock name".to_owned(),
+            ));
+        }
+        if let Some(pair) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(Error::InvalidArgument(format!(
+                "acquire_all got the lock name {:?} twice",
+                shown_name(pair[0])
+            )));
+        }
+        let started = Instant::now();
+        let deadline = started.checked_add(timeout);
+        let mut members = Vec::with_capacity(sorted.len());
+        for name in sorted {
+            let remaining = deadline.map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
+            // On failure the members acquired so far are dropped: released at once.
+            let member = self.create_lock(name).acquire_timeout(remaining).await;
+            members.push(member.map_err(|error| match error {
+                Error::Timeout {
+                    operation: Operation::Acquire,
+                    name,
+                    waited: _,
+                } => Error::Timeout {
+                    operation: Operation::Acquire,
+                    name,
+                    waited: started.elapsed(),
+                },
+                other => other,
+            })?);
+        }
+        Ok(CompositeGuard::new(members))
     }
 
     fn collection(&self) -> Result<Collection<Document>> {
-        validate_collection_name(&self.collection)?;
+        check_collection_name(&self.collection)?;
         Ok(self.database.collection(&self.collection))
     }
 
-    /// A semaphore called `name` allowing `max_count` holders, with this provider's options, in
-    /// the `distributed_semaphores` collection. Its holders share the provider's renewal loops.
+    /// A semaphore called `name` allowing `max_count` holders, with this provider's options and
+    /// details, in its semaphore collection. Its holders share the provider's renewal loops.
     pub fn create_semaphore(
         &self,
         name: impl Into<String>,
         max_count: u32,
     ) -> MongoDistributedSemaphore {
-        let lock = self
-            .lock_in(name, DEFAULT_SEMAPHORE_COLLECTION)
-            .with_details(self.details.clone());
-        MongoDistributedSemaphore::from_lock(lock, max_count)
+        MongoDistributedSemaphore::new(name, max_count, &self.database)
+            .with_collection(self.semaphore_collection.as_str())
+            .with_options(self.options.clone())
+            .with_details(self.details.clone())
+            .with_renewals(&self.renewals)
     }
 
-    /// A reader-writer lock called `name`, with this provider's options and details, in the
-    /// `distributed_rw_locks` collection. Its holders share the provider's renewal loops.
+    /// A reader-writer lock called `name`, with this provider's options and details, in its
+    /// reader-writer collection. Its holders share the provider's renewal loops.
     pub fn create_reader_writer_lock(
         &self,
         name: impl Into<String>,
     ) -> MongoDistributedReaderWriterLock {
-        let lock = self
-            .lock_in(name, DEFAULT_RW_COLLECTION)
-            .with_details(self.details.clone());
-        MongoDistributedReaderWriterLock::from_lock(lock)
-    }
-
-    /// A lock called `name` in `collection`, with this provider's options and renewal loops.
-    fn lock_in(&self, name: impl Into<String>, collection: &str) -> MongoDistributedLock {
-        MongoDistributedLock::new(name, &self.database)
-            .with_collection(collection)
+        MongoDistributedReaderWriterLock::new(name, &self.database)
+            .with_collection(self.reader_writer_collection.as_str())
             .with_options(self.options.clone())
+            .with_details(self.details.clone())
             .with_renewals(&self.renewals)
     }
 
-    /// A lock called `name` with this provider's collection and options (and details, if
-    /// [`store_details_in_exclusive_locks`](Self::store_details_in_exclusive_locks) is on).
+    /// A lock called `name` with this provider's collection and options (and details, with
+    /// [`with_details_in_exclusive_locks`](Self::with_details_in_exclusive_locks)).
     pub fn create_lock(&self, name: impl Into<String>) -> MongoDistributedLock {
         let details = self.exclusive_details.then(|| self.details.to_document());
-        self.lock_in(name, &self.collection)
-            .with_stored_details(details)
+        MongoDistributedLock::new(name, &self.database)
+            .with_collection(self.collection.as_str())
+            .with_options(self.options.clone())
+            .with_provider_settings(&self.renewals, details)
+    }
+
+    /// Locks in the documents of `collection` (see [`DocumentLock`]), with this provider's
+    /// options; its guards share the provider's renewal loops.
+    pub fn create_document_lock<T>(&self, collection: &Collection<T>) -> DocumentLock<T>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        DocumentLock::new(collection)
+            .with_options(self.options.clone())
+            .with_renewals(&self.renewals)
     }
 }

@@ -11,26 +11,23 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::shown_name;
-use crate::lock::{LockInner, hold, new_lock_id, upsert_attempt, validate_target};
-use crate::lost::LostSignal;
-use crate::schema::{
-    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, lease_end, literal,
-    live_members, next_fencing_token, read_i64,
+use crate::fencing::read_i64;
+use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
+use crate::lease::held::HeldLease;
+use crate::lease::renewal::RenewalHub;
+use crate::lease::schema::new_lock_id;
+use crate::lease::schema::{
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, READERS,
+    WAITING_WRITER, WRITER, lease_end, literal, live_members, next_fencing_token,
 };
-use crate::status::{self, LockStatus};
+use crate::lease::{Target, admin};
 use crate::{
-    Error, LockDetails, LockGuard, LockOptions, MongoDistributedLock, Result, backoff, waiting,
+    Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LostSignal, Result,
 };
 
 /// The default collection of reader-writer locks.
 pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
 
-/// The array of readers' leases.
-pub(crate) const READERS: &str = "readers";
-/// The writer's lease.
-pub(crate) const WRITER: &str = "writer";
-/// The marker of the writer that waits first.
-const WAITING_WRITER: &str = "waitingWriter";
 /// A field that lives only inside one update pipeline.
 const WRITE_IS_FREE: &str = "_writeIsFree";
 
@@ -68,7 +65,7 @@ const WRITE_IS_FREE: &str = "_writeIsFree";
 /// Readers get a [`ReadGuard`], the writer a [`LockGuard`] whose fencing token is larger than
 /// that of every earlier writer of the same name. Both renew their lease, signal `lost`, and
 /// release on `release()` or drop, exactly like the guards of
-/// [`MongoDistributedLock`]. A writer's release never touches readers and vice versa: each
+/// [`MongoDistributedLock`](crate::MongoDistributedLock). A writer's release never touches readers and vice versa: each
 /// release is filtered on the holder's own lock id. Waiting callers poll at the busy-wait pace
 /// (there is no in-process handoff for reader-writer locks).
 ///
@@ -87,7 +84,7 @@ const WRITE_IS_FREE: &str = "_writeIsFree";
 /// ```
 #[derive(Clone, Debug)]
 pub struct MongoDistributedReaderWriterLock {
-    lock: MongoDistributedLock,
+    target: Arc<Target>,
 }
 
 /// Read or write.
@@ -101,76 +98,84 @@ impl MongoDistributedReaderWriterLock {
     /// A reader-writer lock called `name` in `database`'s `distributed_rw_locks` collection, with
     /// default options, storing this process's [`LockDetails`] with each holder.
     pub fn new(name: impl Into<String>, database: &Database) -> Self {
-        let lock = MongoDistributedLock::new(name, database).with_collection(DEFAULT_RW_COLLECTION);
-        MongoDistributedReaderWriterLock::from_lock(lock)
+        let mut target = Target::new(name.into(), database, DEFAULT_RW_COLLECTION);
+        target.details = Some(LockDetails::new().to_document());
+        MongoDistributedReaderWriterLock {
+            target: Arc::new(target),
+        }
     }
 
-    /// A reader-writer lock over `lock`'s name, collection, options and renewal loops, storing
-    /// the details of this process unless `lock` has others.
-    pub(crate) fn from_lock(lock: MongoDistributedLock) -> Self {
-        let lock = lock.with_details_by_default();
-        MongoDistributedReaderWriterLock { lock }
-    }
-
-    /// Stores the lock in `collection` instead of `distributed_rw_locks`. An invalid name is
-    /// reported by the first call that talks to the server ([`Error::InvalidCollectionName`]).
+    /// Stores the lock in `collection` instead of `distributed_rw_locks`. Defaults to
+    /// `distributed_rw_locks`. An invalid name is reported by the first call that talks to the
+    /// server ([`Error::InvalidCollectionName`]).
+    #[must_use]
     pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
-        self.lock = self.lock.with_collection(collection);
+        Arc::make_mut(&mut self.target).set_collection(&collection.into());
         self
     }
 
-    /// Replaces the options.
+    /// Replaces the options. Defaults to [`LockOptions::default`].
+    #[must_use]
     pub fn with_options(mut self, options: LockOptions) -> Self {
-        self.lock = self.lock.with_options(options);
+        Arc::make_mut(&mut self.target).options = options;
         self
     }
 
-    /// Stores `details` with each holder instead of [`LockDetails::new()`] (this process's host
-    /// and id).
+    /// Stores `details` with each holder. Defaults to [`LockDetails::new()`] (this process's
+    /// host and id).
+    #[must_use]
     pub fn with_details(mut self, details: LockDetails) -> Self {
-        self.lock = self.lock.with_stored_details(Some(details.to_document()));
+        Arc::make_mut(&mut self.target).details = Some(details.to_document());
+        self
+    }
+
+    /// Shares `renewals` (a provider's).
+    pub(crate) fn with_renewals(mut self, renewals: &Arc<RenewalHub>) -> Self {
+        Arc::make_mut(&mut self.target).renewals = Arc::clone(renewals);
         self
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        self.lock.name()
+        &self.target.name
     }
 
     /// The lock's options.
     pub fn options(&self) -> &LockOptions {
-        self.lock.options()
+        &self.target.options
     }
 
     /// Waits until a read lock is acquired: when no writer holds the lock and none waits.
     ///
     /// # Errors
-    /// As [`MongoDistributedLock::acquire`].
+    /// As [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire_read(&self) -> Result<ReadGuard> {
-        self.acquire(Mode::Read, None).await.map(ReadGuard)
+        let wait = Wait::forever();
+        wait.required(self.read_within(wait).await, self.name())
     }
 
     /// Waits at most `timeout` for a read lock; [`Error::Timeout`] when it runs out.
     ///
     /// # Errors
-    /// As [`MongoDistributedLock::acquire_timeout`].
+    /// As [`MongoDistributedLock::acquire_timeout`](crate::MongoDistributedLock::acquire_timeout).
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire_read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
-        self.acquire(Mode::Read, Some(timeout)).await.map(ReadGuard)
+        let wait = Wait::at_most(timeout);
+        wait.required(self.read_within(wait).await, self.name())
     }
 
     /// One attempt at a read lock; `Ok(None)` if a writer holds the lock or waits for it.
     ///
     /// # Errors
-    /// As [`MongoDistributedLock::try_acquire`].
+    /// As [`MongoDistributedLock::try_acquire`](crate::MongoDistributedLock::try_acquire).
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn try_acquire_read(&self) -> Result<Option<ReadGuard>> {
         self.try_acquire_read_timeout(Duration::ZERO).await
     }
@@ -178,48 +183,49 @@ impl MongoDistributedReaderWriterLock {
     /// Attempts at a read lock for up to `timeout`; `Ok(None)` if it stayed unavailable.
     ///
     /// # Errors
-    /// As [`MongoDistributedLock::try_acquire_timeout`].
+    /// As [`MongoDistributedLock::try_acquire_timeout`](crate::MongoDistributedLock::try_acquire_timeout).
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn try_acquire_read_timeout(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
-        let deadline = backoff::deadline_after(Instant::now(), timeout);
-        Ok(self.wait_for(Mode::Read, deadline).await?.map(ReadGuard))
+        self.read_within(Wait::at_most(timeout)).await
     }
 
     /// Waits until the write lock is acquired: when no reader and no other writer holds it.
     /// While it waits, new readers are held back (see the type's docs).
     ///
     /// # Errors
-    /// As [`MongoDistributedLock::acquire`].
+    /// As [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`MongoDistributedLock::acquire`]; a dropped wait also removes its
+    /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire); a dropped wait also removes its
     /// waiting-writer marker in the background.
     pub async fn acquire_write(&self) -> Result<LockGuard> {
-        self.acquire(Mode::Write, None).await
+        let wait = Wait::forever();
+        wait.required(self.write_within(wait).await, self.name())
     }
 
     /// Waits at most `timeout` for the write lock; [`Error::Timeout`] when it runs out (the
     /// waiting-writer marker is removed before this returns).
     ///
     /// # Errors
-    /// As [`MongoDistributedLock::acquire_timeout`].
+    /// As [`MongoDistributedLock::acquire_timeout`](crate::MongoDistributedLock::acquire_timeout).
     ///
     /// # Cancel safety
     /// As [`acquire_write`](Self::acquire_write).
     pub async fn acquire_write_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        self.acquire(Mode::Write, Some(timeout)).await
+        let wait = Wait::at_most(timeout);
+        wait.required(self.write_within(wait).await, self.name())
     }
 
     /// One attempt at the write lock; `Ok(None)` if it is held (by readers or a writer). A single
     /// attempt leaves no waiting-writer marker.
     ///
     /// # Errors
-    /// As [`MongoDistributedLock::try_acquire`].
+    /// As [`MongoDistributedLock::try_acquire`](crate::MongoDistributedLock::try_acquire).
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn try_acquire_write(&self) -> Result<Option<LockGuard>> {
         self.try_acquire_write_timeout(Duration::ZERO).await
     }
@@ -227,13 +233,12 @@ impl MongoDistributedReaderWriterLock {
     /// Attempts at the write lock for up to `timeout`; `Ok(None)` if it stayed unavailable.
     ///
     /// # Errors
-    /// As [`MongoDistributedLock::try_acquire_timeout`].
+    /// As [`MongoDistributedLock::try_acquire_timeout`](crate::MongoDistributedLock::try_acquire_timeout).
     ///
     /// # Cancel safety
     /// As [`acquire_write`](Self::acquire_write).
     pub async fn try_acquire_write_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        let deadline = backoff::deadline_after(Instant::now(), timeout);
-        self.wait_for(Mode::Write, deadline).await
+        self.write_within(Wait::at_most(timeout)).await
     }
 
     /// The current holders (the writer, or the readers) at one server instant, each with its
@@ -245,92 +250,128 @@ impl MongoDistributedReaderWriterLock {
     /// # Cancel safety
     /// Cancel safe: a read only.
     pub async fn holders(&self) -> Result<Vec<LockStatus>> {
-        let inner = self.lock.inner();
-        validate_target(&inner.name, inner.collection.name())?;
-        status::reader_writer_holders(&inner.collection, doc! { ID: &inner.name }).await
+        let target = &self.target;
+        target.check()?;
+        admin::reader_writer_holders(&target.collection, doc! { ID: &target.name }).await
     }
 
-    /// `acquire_*`: waits forever, or until `timeout`, then [`Error::Timeout`].
-    async fn acquire(&self, mode: Mode, timeout: Option<Duration>) -> Result<LockGuard> {
-        let started = Instant::now();
-        let deadline = timeout.and_then(|timeout| backoff::deadline_after(started, timeout));
-        let operation = match mode {
-            Mode::Read => "acquire_read",
-            Mode::Write => "acquire_write",
+    /// Read attempts until one joins the readers or the wait runs out.
+    async fn read_within(&self, wait: Wait) -> Result<Option<ReadGuard>> {
+        let target = &self.target;
+        acquire::acquire(self.acquisition(Mode::Read), wait, |runtime, lock_id| {
+            let update = read_update(target, &lock_id);
+            let attempt = attempt(
+                Arc::clone(target),
+                runtime.clone(),
+                Mode::Read,
+                lock_id.clone(),
+                update,
+            );
+            Attempt {
+                cleanup: target.cleanup(&layout(Mode::Read), &lock_id),
+                work: async move {
+                    let won = attempt.await?;
+                    Ok(won.map(|(lease, _)| ReadGuard { lease }))
+                },
+            }
+        })
+        .await
+    }
+
+    /// Write attempts until one takes the lock or the wait runs out. While it waits, the
+    /// writer's marker holds new readers back; it is removed when the wait ends without the
+    /// lock (or its future is dropped).
+    async fn write_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        let target = &self.target;
+        let Ok(runtime) = Handle::try_current() else {
+            return Err(Error::NoRuntime);
         };
-        match self.wait_for(mode, deadline).await? {
-            Some(guard) => Ok(guard),
-            None if timeout.is_none() => Err(Error::BackgroundTaskEnded("acquire")),
-            None => Err(Error::Timeout {
-                operation,
-                name: self.name().to_owned(),
-                waited: started.elapsed(),
-            }),
-        }
-    }
-
-    /// Attempts until acquired or `deadline` (`None`: never) has passed.
-    async fn wait_for(&self, mode: Mode, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let inner = self.lock.inner();
-        validate_target(&inner.name, inner.collection.name())?;
-        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        // Only writers leave a marker.
-        let marker = (mode == Mode::Write).then(|| WaitingWriter {
-            lock: Arc::clone(inner),
-            runtime: runtime.clone(),
+        let marker = WaitingWriter {
+            target: Arc::clone(target),
+            runtime,
             id: new_lock_id(),
             placed: AtomicBool::new(false),
-        });
-        let result = waiting::retry(&inner.options, deadline, None, || {
-            let update = match &marker {
-                None => read_update(inner),
-                Some(marker) => {
-                    // Only a writer with time left to wait holds readers back.
-                    let waits = deadline.is_none_or(|deadline| Instant::now() < deadline);
-                    if waits {
-                        marker.placed.store(true, Ordering::Relaxed);
-                    }
-                    write_update(inner, &marker.id, waits)
-                }
-            };
-            let cleanup = inner.cleanup(&layout(mode), &update.0);
-            let attempt = attempt(Arc::clone(inner), runtime.clone(), mode, update);
-            waiting::spawned_attempt(&runtime, deadline, &inner.options, cleanup, attempt)
+        };
+        let result = acquire::acquire(self.acquisition(Mode::Write), wait, |runtime, lock_id| {
+            // Only a writer with time left to wait holds readers back.
+            let waits = !wait.is_over();
+            if waits {
+                marker.placed.store(true, Ordering::Relaxed);
+            }
+            let update = write_update(target, &lock_id, &marker.id, waits);
+            let attempt = attempt(
+                Arc::clone(target),
+                runtime.clone(),
+                Mode::Write,
+                lock_id.clone(),
+                update,
+            );
+            Attempt {
+                cleanup: target.cleanup(&layout(Mode::Write), &lock_id),
+                work: async move {
+                    let won = attempt.await?;
+                    Ok(won.map(|(lease, token)| LockGuard::new(lease, token)))
+                },
+            }
         })
         .await;
-        if let Some(marker) = &marker {
-            match &result {
-                // The winning update removed the marker.
-                Ok(Some(_)) => marker.placed.store(false, Ordering::Relaxed),
-                // The wait ran out: readers may go on as soon as this returns.
-                Ok(None) => {
-                    if let Some(removal) = marker.remove() {
-                        let _ = removal.await;
-                    }
+        match &result {
+            // The winning update removed the marker.
+            Ok(Some(_)) => marker.placed.store(false, Ordering::Relaxed),
+            // The wait ran out: readers may go on as soon as this returns.
+            Ok(None) => {
+                if let Some(removal) = marker.remove() {
+                    let _ = removal.await;
                 }
-                // Dropping the marker removes it in the background.
-                Err(_) => {}
             }
+            // Dropping the marker removes it in the background.
+            Err(_) => {}
         }
         result
+    }
+
+    fn acquisition(&self, mode: Mode) -> Acquisition<'_> {
+        let target = &self.target;
+        Acquisition {
+            kind: match mode {
+                Mode::Read => "read",
+                Mode::Write => "write",
+            },
+            name: &target.name,
+            collection: target.collection.name(),
+            options: &target.options,
+            checked: target.check(),
+            waiters: None,
+        }
     }
 }
 
 /// One attempt with `update` on the lock's document: `Ok(None)` if the lock is not available.
-/// The lease goes to the lock id the update was built with.
+/// The lease goes to `lock_id`, which the update was built with; a writer's comes with its
+/// fencing token.
 async fn attempt(
-    lock: Arc<LockInner>,
+    target: Arc<Target>,
     runtime: Handle,
     mode: Mode,
-    (lock_id, update): (String, Vec<Document>),
-) -> Result<Option<LockGuard>> {
+    lock_id: String,
+    update: Vec<Document>,
+) -> Result<Option<(HeldLease, FencingToken)>> {
     let sent_at = Instant::now();
-    let document = upsert_attempt(&lock, update).await?;
+    let document = target.upsert(update).await?;
     let Some(token) = won(&document, mode, &lock_id) else {
         return Ok(None);
     };
-    let id = lock.name.as_str().into();
-    hold(&lock, &runtime, &layout(mode), id, lock_id, sent_at, token)
+    let Some(lease) = target.hold(&runtime, &layout(mode), lock_id, sent_at) else {
+        return Ok(None);
+    };
+    match (mode, token) {
+        (Mode::Read, _) => Ok(Some((lease, FencingToken::new(0)))),
+        (Mode::Write, Some(token)) => Ok(Some((lease, FencingToken::new(token)))),
+        // Cannot happen on a conforming server; dropping the lease releases it.
+        (Mode::Write, None) => Err(Error::UnexpectedReply(
+            "the acquired writer lease has no numeric fencingToken".to_owned(),
+        )),
+    }
 }
 
 /// Where a reader's or the writer's lease lives in the document.
@@ -342,10 +383,10 @@ fn layout(mode: Mode) -> Layout {
 }
 
 /// Whether the document returned by an attempt holds our lease `lock_id`, and if so with which
-/// fencing token. Readers have none; their guard's (0) is never shown.
+/// fencing token (readers have none).
 fn won(document: &Document, mode: Mode, lock_id: &str) -> Option<Option<i64>> {
     match mode {
-        Mode::Read => holds_read(document, lock_id).then_some(Some(0)),
+        Mode::Read => holds_read(document, lock_id).then_some(None),
         Mode::Write => {
             let writer = document.get_document(WRITER).ok()?;
             (writer.get_str(EMBEDDED_ID) == Ok(lock_id))
@@ -365,7 +406,7 @@ fn holds_read(document: &Document, lock_id: &str) -> bool {
 }
 
 /// The lease of a new holder: `{id, expiresAt, acquiredAt, details}` (an expression).
-fn new_lease(lock: &LockInner, lock_id: &str) -> Document {
+fn new_lease(lock: &Target, lock_id: &str) -> Document {
     let mut lease = doc! {
         EMBEDDED_ID: lock_id,
         EXPIRES_AT: lease_end(lock.options.expiry_millis()),
@@ -399,27 +440,24 @@ fn drop_expired() -> Document {
 }
 
 /// A read attempt: join the readers unless a writer holds the lock or waits for it (a missing or
-/// ended lease compares below `$$NOW`). Returns the new reader's lock id and the update.
-fn read_update(lock: &LockInner) -> (String, Vec<Document>) {
-    let lock_id = new_lock_id();
+/// ended lease compares below `$$NOW`).
+fn read_update(lock: &Target, lock_id: &str) -> Vec<Document> {
     let may_read = doc! { "$and": [
         { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
         { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
     ] };
-    let join = doc! { "$concatArrays": [format!("${READERS}"), [new_lease(lock, &lock_id)]] };
-    let update = vec![
+    let join = doc! { "$concatArrays": [format!("${READERS}"), [new_lease(lock, lock_id)]] };
+    vec![
         drop_expired(),
         doc! { "$set": { READERS: { "$cond": [may_read, join, format!("${READERS}")] } } },
-    ];
-    (lock_id, update)
+    ]
 }
 
-/// A write attempt of the waiting writer `marker_id`: take the lock if no live reader, no live
-/// writer and no other writer's live marker is there, with the next fencing token, removing the
-/// marker; otherwise, if `waits`, place or renew our marker (unless another writer's is live).
-/// Returns the writer's lock id and the update.
-fn write_update(lock: &LockInner, marker_id: &str, waits: bool) -> (String, Vec<Document>) {
-    let lock_id = new_lock_id();
+/// A write attempt `lock_id` of the waiting writer `marker_id`: take the lock if no live reader,
+/// no live writer and no other writer's live marker is there, with the next fencing token,
+/// removing the marker; otherwise, if `waits`, place or renew our marker (unless another
+/// writer's is live).
+fn write_update(lock: &Target, lock_id: &str, marker_id: &str, waits: bool) -> Vec<Document> {
     let marker_is_ours_or_absent = doc! {
         "$eq": [{ "$ifNull": [format!("${WAITING_WRITER}.{EMBEDDED_ID}"), marker_id] }, marker_id]
     };
@@ -428,7 +466,7 @@ fn write_update(lock: &LockInner, marker_id: &str, waits: bool) -> (String, Vec<
         { "$eq": [{ "$size": format!("${READERS}") }, 0] },
         marker_is_ours_or_absent.clone(),
     ] };
-    let mut writer = new_lease(lock, &lock_id);
+    let mut writer = new_lease(lock, lock_id);
     writer.insert(
         FENCING_TOKEN,
         next_fencing_token(&format!("{WRITER}.{FENCING_TOKEN}")),
@@ -444,7 +482,7 @@ fn write_update(lock: &LockInner, marker_id: &str, waits: bool) -> (String, Vec<
         keep_marker
     };
     let is_free = format!("${WRITE_IS_FREE}");
-    let update = vec![
+    vec![
         drop_expired(),
         doc! { "$set": { WRITE_IS_FREE: free } },
         doc! { "$set": {
@@ -452,8 +490,7 @@ fn write_update(lock: &LockInner, marker_id: &str, waits: bool) -> (String, Vec<
             WAITING_WRITER: { "$cond": [&is_free, "$$REMOVE", marker_when_busy] },
         } },
         doc! { "$unset": WRITE_IS_FREE },
-    ];
-    (lock_id, update)
+    ]
 }
 
 /// The waiting-writer marker's lease: longer than the longest sleep between two attempts.
@@ -464,7 +501,7 @@ fn marker_lease_millis(options: &LockOptions) -> i64 {
 
 /// A waiting writer's marker, removed when the wait ends without the lock (also on drop).
 struct WaitingWriter {
-    lock: Arc<LockInner>,
+    target: Arc<Target>,
     runtime: Handle,
     id: String,
     /// Whether an attempt may have placed the marker.
@@ -477,11 +514,11 @@ impl WaitingWriter {
         if !self.placed.swap(false, Ordering::Relaxed) {
             return None;
         }
-        let collection = self.lock.collection.clone();
+        let collection = self.target.collection.clone();
         let filter =
-            doc! { ID: &self.lock.name, format!("{WAITING_WRITER}.{EMBEDDED_ID}"): &self.id };
-        let write_concern = self.lock.options.write_concern().clone();
-        let name = self.lock.name.clone();
+            doc! { ID: &self.target.name, format!("{WAITING_WRITER}.{EMBEDDED_ID}"): &self.id };
+        let write_concern = self.target.options.write_concern().clone();
+        let name = self.target.name.clone();
         Some(self.runtime.spawn(async move {
             let removed = collection
                 .update_one(filter, doc! { "$unset": { WAITING_WRITER: "" } })
@@ -514,23 +551,25 @@ impl Drop for WaitingWriter {
 #[must_use = "dropping the guard releases the read lock at once"]
 #[clippy::has_significant_drop]
 #[derive(Debug)]
-pub struct ReadGuard(LockGuard);
+pub struct ReadGuard {
+    lease: HeldLease,
+}
 
 impl ReadGuard {
     /// The lock's name.
     pub fn name(&self) -> &str {
-        self.0.name()
+        self.lease.name()
     }
 
-    /// `false` until the read lock is known or presumed lost, then `true`; see
+    /// A signal that turns true when the read lock is known or presumed lost; see
     /// [`LockGuard::lost`].
     pub fn lost(&self) -> LostSignal {
-        self.0.lost()
+        self.lease.lost()
     }
 
     /// Whether the read lock is known or presumed lost.
     pub fn is_lost(&self) -> bool {
-        self.0.is_lost()
+        self.lease.is_lost()
     }
 
     /// Stops renewing and releases the read lock: one update that removes this reader, and no
@@ -542,7 +581,13 @@ impl ReadGuard {
     /// # Cancel safety
     /// Cancel safe, as [`LockGuard::release`].
     pub async fn release(self) -> Result<()> {
-        self.0.release().await
+        self.lease.release().await
+    }
+}
+
+impl Granted for ReadGuard {
+    fn fencing_token(&self) -> Option<FencingToken> {
+        None
     }
 }
 

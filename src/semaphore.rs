@@ -9,22 +9,19 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::error::shown_name;
-use crate::handoff;
-use crate::lock::{LockInner, hold, new_lock_id, upsert_attempt, validate_target};
-use crate::schema::{
-    self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout,
+use crate::fencing::read_i64;
+use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
+use crate::lease::renewal::RenewalHub;
+use crate::lease::schema::{
+    self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
+    MAX_COUNT,
 };
-use crate::status::{self, LockStatus};
-use crate::{
-    Error, LockDetails, LockGuard, LockOptions, MongoDistributedLock, Result, backoff, waiting,
-};
+use crate::lease::{Target, admin, handoff};
+use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, Result};
 
 /// The default collection of semaphores.
 pub const DEFAULT_SEMAPHORE_COLLECTION: &str = "distributed_semaphores";
 
-const MAX_COUNT: &str = "maxCount";
-/// The array of holders' leases.
-pub(crate) const HOLDERS: &str = "holders";
 /// A field that lives only inside one update pipeline.
 const ADMITTED: &str = "_admitted";
 
@@ -41,7 +38,7 @@ const ADMITTED: &str = "_admitted";
 /// An attempt is one `findAndModify` (upsert) with a pipeline update that drops holders whose
 /// lease ended (by server time) and appends ours if fewer than `max_count` remain, all in one
 /// atomic step. Holders get a [`LockGuard`]: lease renewal, `lost`, `release` and release on drop
-/// work exactly as for [`MongoDistributedLock`]; fencing tokens strictly increase across all
+/// work exactly as for [`MongoDistributedLock`](crate::MongoDistributedLock); fencing tokens strictly increase across all
 /// holders of the semaphore. `details` are the holder's [`LockDetails`] (by default this
 /// process's host and id; see [`with_details`](Self::with_details)), shown by
 /// [`holders`](Self::holders). Releases wake one waiter of the same semaphore in this process.
@@ -62,36 +59,51 @@ const ADMITTED: &str = "_admitted";
 /// ```
 #[derive(Clone, Debug)]
 pub struct MongoDistributedSemaphore {
-    lock: MongoDistributedLock,
+    target: Arc<Target>,
     max_count: u32,
 }
 
 impl MongoDistributedSemaphore {
     /// A semaphore called `name` allowing `max_count` holders, in `database`'s
-    /// `distributed_semaphores` collection, with default options. A `max_count` of 0 is
-    /// reported by the first `acquire*` call ([`Error::InvalidArgument`]).
+    /// `distributed_semaphores` collection, with default options, storing this process's
+    /// [`LockDetails`] with each holder. A `max_count` of 0 is reported by the first `acquire*`
+    /// call ([`Error::InvalidArgument`]).
     pub fn new(name: impl Into<String>, max_count: u32, database: &Database) -> Self {
-        let lock =
-            MongoDistributedLock::new(name, database).with_collection(DEFAULT_SEMAPHORE_COLLECTION);
-        MongoDistributedSemaphore::from_lock(lock, max_count)
+        let mut target = Target::new(name.into(), database, DEFAULT_SEMAPHORE_COLLECTION);
+        target.details = Some(LockDetails::new().to_document());
+        MongoDistributedSemaphore {
+            target: Arc::new(target),
+            max_count,
+        }
     }
 
-    /// Stores the semaphore in `collection` instead of `distributed_semaphores`.
+    /// Stores the semaphore in `collection` instead of `distributed_semaphores`. Defaults to
+    /// `distributed_semaphores`. An invalid name is reported by the first call that talks to
+    /// the server ([`Error::InvalidCollectionName`]).
+    #[must_use]
     pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
-        self.lock = self.lock.with_collection(collection);
+        Arc::make_mut(&mut self.target).set_collection(&collection.into());
         self
     }
 
-    /// Replaces the options.
+    /// Replaces the options. Defaults to [`LockOptions::default`].
+    #[must_use]
     pub fn with_options(mut self, options: LockOptions) -> Self {
-        self.lock = self.lock.with_options(options);
+        Arc::make_mut(&mut self.target).options = options;
         self
     }
 
-    /// Stores `details` with each holder instead of [`LockDetails::new()`] (this process's host
-    /// and id).
+    /// Stores `details` with each holder. Defaults to [`LockDetails::new()`] (this process's
+    /// host and id).
+    #[must_use]
     pub fn with_details(mut self, details: LockDetails) -> Self {
-        self.lock = self.lock.with_stored_details(Some(details.to_document()));
+        Arc::make_mut(&mut self.target).details = Some(details.to_document());
+        self
+    }
+
+    /// Shares `renewals` (a provider's).
+    pub(crate) fn with_renewals(mut self, renewals: &Arc<RenewalHub>) -> Self {
+        Arc::make_mut(&mut self.target).renewals = Arc::clone(renewals);
         self
     }
 
@@ -104,22 +116,19 @@ impl MongoDistributedSemaphore {
     /// # Cancel safety
     /// Cancel safe: a read only.
     pub async fn holders(&self) -> Result<Vec<LockStatus>> {
-        let inner = self.lock.inner();
-        validate_target(&inner.name, inner.collection.name())?;
-        let this_semaphore = doc! { ID: &inner.name };
-        status::semaphore_holders(&inner.collection, this_semaphore).await
-    }
-
-    /// A semaphore over `lock`'s name, collection, options and renewal loops, storing the
-    /// details of this process unless `lock` has others.
-    pub(crate) fn from_lock(lock: MongoDistributedLock, max_count: u32) -> Self {
-        let lock = lock.with_details_by_default();
-        MongoDistributedSemaphore { lock, max_count }
+        let target = &self.target;
+        target.check()?;
+        admin::semaphore_holders(&target.collection, doc! { ID: &target.name }).await
     }
 
     /// The semaphore's name.
     pub fn name(&self) -> &str {
-        self.lock.name()
+        &self.target.name
+    }
+
+    /// The semaphore's options.
+    pub fn options(&self) -> &LockOptions {
+        &self.target.options
     }
 
     /// How many holders it allows at once.
@@ -132,14 +141,13 @@ impl MongoDistributedSemaphore {
     /// # Errors
     /// [`Error::InvalidArgument`] for a `max_count` of 0 or one that differs from the count the
     /// semaphore was created with; otherwise as
-    /// [`MongoDistributedLock::acquire`].
+    /// [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`MongoDistributedLock::acquire`].
+    /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire(&self) -> Result<LockGuard> {
-        self.wait_for(None)
-            .await?
-            .ok_or(Error::BackgroundTaskEnded("acquire"))
+        let wait = Wait::forever();
+        wait.required(self.acquire_within(wait).await, self.name())
     }
 
     /// Waits at most `timeout` for a place; [`Error::Timeout`] when it runs out.
@@ -150,14 +158,8 @@ impl MongoDistributedSemaphore {
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        let started = Instant::now();
-        self.wait_for(backoff::deadline_after(started, timeout))
-            .await?
-            .ok_or_else(|| Error::Timeout {
-                operation: "acquire",
-                name: self.name().to_owned(),
-                waited: started.elapsed(),
-            })
+        let wait = Wait::at_most(timeout);
+        wait.required(self.acquire_within(wait).await, self.name())
     }
 
     /// One attempt: `Ok(None)` if `max_count` holders hold it.
@@ -179,84 +181,106 @@ impl MongoDistributedSemaphore {
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.wait_for(backoff::deadline_after(Instant::now(), timeout))
-            .await
+        self.acquire_within(Wait::at_most(timeout)).await
     }
 
-    async fn wait_for(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let inner = self.lock.inner();
-        validate_target(&inner.name, inner.collection.name())?;
-        if self.max_count == 0 {
-            return Err(Error::InvalidArgument(format!(
+    async fn acquire_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        let target = &self.target;
+        let checked = target.check().and_then(|()| match self.max_count {
+            0 => Err(Error::InvalidArgument(format!(
                 "semaphore {:?}: max_count must be at least 1",
-                shown_name(&inner.name)
-            )));
-        }
-        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+                shown_name(&target.name)
+            ))),
+            _ => Ok(()),
+        });
+        let what = Acquisition {
+            kind: "semaphore",
+            name: &target.name,
+            collection: target.collection.name(),
+            options: &target.options,
+            checked,
+            waiters: Some(&target.waiters),
+        };
         let layout = Layout::Members(HOLDERS.to_owned());
-        let joined = waiting::retry(&inner.options, deadline, Some(&inner.waiters), || {
-            let lock_id = new_lock_id();
-            let cleanup = inner.cleanup(&layout, &lock_id);
-            let attempt = attempt(Arc::clone(inner), self.max_count, runtime.clone(), lock_id);
-            waiting::spawned_attempt(&runtime, deadline, &inner.options, cleanup, attempt)
+        let joined = acquire::acquire(what, wait, |runtime, lock_id| Attempt {
+            cleanup: target.cleanup(&layout, &lock_id),
+            work: attempt(Arc::clone(target), self.max_count, runtime.clone(), lock_id),
         })
         .await?;
-        Ok(joined.map(|(guard, places_left)| {
+        Ok(joined.map(|joined| {
             // Several places can free up at once (holders that expired or were released by
             // another process): the next local waiter tries at once instead of after its sleep.
-            if places_left {
-                handoff::wake_first(&inner.waiters);
+            if joined.places_left {
+                handoff::wake_first(&target.waiters);
             }
-            guard
+            joined.guard
         }))
     }
 }
 
+/// A place just taken, and whether others are left.
+struct Joined {
+    guard: LockGuard,
+    places_left: bool,
+}
+
+impl Granted for Joined {
+    fn fencing_token(&self) -> Option<FencingToken> {
+        Some(self.guard.fencing_token())
+    }
+}
+
 /// One attempt: join the holders if fewer than `max_count` hold a live lease, in one
-/// `findAndModify` (upsert) whose pipeline drops ended leases first. On success, also whether
-/// places are left after ours.
+/// `findAndModify` (upsert) whose pipeline drops ended leases first.
 async fn attempt(
-    lock: Arc<LockInner>,
+    target: Arc<Target>,
     max_count: u32,
     runtime: Handle,
     lock_id: String,
-) -> Result<Option<(LockGuard, bool)>> {
+) -> Result<Option<Joined>> {
     let sent_at = Instant::now();
-    let update = join_update(&lock, max_count, &lock_id);
-    let document = upsert_attempt(&lock, update).await?;
-    let stored_count = document.get(MAX_COUNT).and_then(schema::read_i64);
+    let update = join_update(&target, max_count, &lock_id);
+    let document = target.upsert(update).await?;
+    let stored_count = document.get(MAX_COUNT).and_then(read_i64);
     if stored_count != Some(i64::from(max_count)) {
         let stored = document
             .get(MAX_COUNT)
             .map_or_else(|| "none".to_owned(), ToString::to_string);
         return Err(Error::InvalidArgument(format!(
             "semaphore {:?} was created with max_count {stored}; this caller uses {max_count}",
-            shown_name(&lock.name)
+            shown_name(&target.name)
         )));
     }
     let holders: Vec<&Document> = document
         .get_array(HOLDERS)
         .map(|holders| holders.iter().filter_map(Bson::as_document).collect())
         .unwrap_or_default();
-    let ours = holders
+    let Some(ours) = holders
         .iter()
-        .find(|holder| holder.get_str(EMBEDDED_ID) == Ok(lock_id.as_str()));
-    match ours {
-        Some(holder) => {
-            let token = holder.get(FENCING_TOKEN).and_then(schema::read_i64);
-            let id = lock.name.as_str().into();
-            let layout = Layout::Members(HOLDERS.to_owned());
-            let places_left = holders.len() < usize::try_from(max_count).unwrap_or(usize::MAX);
-            let guard = hold(&lock, &runtime, &layout, id, lock_id, sent_at, token)?;
-            Ok(guard.map(|guard| (guard, places_left)))
-        }
-        None => Ok(None),
-    }
+        .find(|holder| holder.get_str(EMBEDDED_ID) == Ok(lock_id.as_str()))
+    else {
+        return Ok(None);
+    };
+    let token = ours.get(FENCING_TOKEN).and_then(read_i64);
+    let layout = Layout::Members(HOLDERS.to_owned());
+    let Some(lease) = target.hold(&runtime, &layout, lock_id, sent_at) else {
+        return Ok(None);
+    };
+    let Some(token) = token else {
+        // Cannot happen on a conforming server; dropping the lease releases it.
+        return Err(Error::UnexpectedReply(
+            "the acquired semaphore place has no numeric fencingToken".to_owned(),
+        ));
+    };
+    Ok(Some(Joined {
+        guard: LockGuard::new(lease, FencingToken::new(token)),
+        places_left: holders.len() < usize::try_from(max_count).unwrap_or(usize::MAX),
+    }))
 }
 
 /// The pipeline of an attempt: drop ended leases; record `max_count` on first use; if the stored
 /// count is ours and a place is free, take the next fencing token and append our lease.
-fn join_update(lock: &LockInner, max_count: u32, lock_id: &str) -> Vec<Document> {
+fn join_update(lock: &Target, max_count: u32, lock_id: &str) -> Vec<Document> {
     let max_count = i64::from(max_count);
     let admitted = format!("${ADMITTED}");
     let mut lease = doc! {

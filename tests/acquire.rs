@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use distributed_lock_mongodb::{Error, LockOptions, MongoDistributedLock, Provider};
+use distributed_lock_mongodb::{Error, LockOptions, MongoDistributedLock, Operation, Provider};
 use mongodb::bson::{Bson, DateTime};
 
 #[tokio::test]
@@ -98,7 +98,7 @@ async fn timeouts_wait_about_as_long_as_asked() {
             name,
             waited,
         } => {
-            assert_eq!(operation, "acquire");
+            assert_eq!(operation, Operation::Acquire);
             assert_eq!(name, lock.name());
             assert!(waited >= Duration::from_millis(200), "{waited:?}");
         }

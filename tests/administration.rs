@@ -42,7 +42,7 @@ async fn status_and_listing_show_holders_and_leases() {
         .expect("a has a document");
     assert_eq!(status.name, "a");
     assert!(status.is_held());
-    assert!(status.holder.is_some());
+    assert!(status.lock_id.is_some());
     assert_eq!(status.fencing_token, Some(a.fencing_token()));
     let remaining = status.remaining.unwrap();
     assert!(
@@ -56,7 +56,7 @@ async fn status_and_listing_show_holders_and_leases() {
         .await
         .unwrap()
         .expect("released documents stay");
-    assert!(!released.is_held() && released.holder.is_none() && released.fencing_token.is_some());
+    assert!(!released.is_held() && released.lock_id.is_none() && released.fencing_token.is_some());
 
     let held: Vec<String> = provider
         .held_locks()
@@ -184,7 +184,7 @@ async fn details_are_opt_in_for_exclusive_locks_and_composites() {
     let detailed = provider
         .clone()
         .with_details(LockDetails::new().with_owner("nightly-report"))
-        .store_details_in_exclusive_locks(true);
+        .with_details_in_exclusive_locks(true);
     let composite = detailed
         .acquire_all(&["m2", "m1"], Duration::from_secs(5))
         .await

@@ -57,7 +57,7 @@ async fn stale_tokens_are_refused_and_fresh_ones_applied() {
         .unwrap();
     assert_eq!(again, FenceOutcome::Stale);
     let allowed = Fence::new()
-        .allow_equal(true)
+        .with_allow_equal(true)
         .update_one(
             &accounts,
             doc! { "_id": "acct" },

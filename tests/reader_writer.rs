@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use distributed_lock_mongodb::{
     Error, LockDetails, LockKind, LockOptions, LockStatus, MongoDistributedReaderWriterLock,
-    Provider,
+    Operation, Provider,
 };
 use mongodb::Collection;
 use mongodb::bson::{DateTime, Document, doc};
@@ -232,7 +232,7 @@ async fn a_timed_out_writer_removes_its_marker_before_returning() {
         matches!(
             error,
             Error::Timeout {
-                operation: "acquire_write",
+                operation: Operation::Acquire,
                 ..
             }
         ),
@@ -482,7 +482,7 @@ async fn holders_show_kind_lease_and_details() {
         assert_eq!(holder.host(), LockDetails::new().host.as_deref());
         let details = holder.details.as_ref().unwrap();
         assert_eq!(details.extra, doc! { "job": "reindex", "attempt": 2 });
-        assert!(holder.is_held() && holder.holder.is_some() && holder.fencing_token.is_none());
+        assert!(holder.is_held() && holder.lock_id.is_some() && holder.fencing_token.is_none());
         assert!(holder.remaining.unwrap() <= Duration::from_secs(5));
     }
     let listed: Vec<_> = provider
@@ -496,7 +496,7 @@ async fn holders_show_kind_lease_and_details() {
     let lease = |held: &LockStatus| {
         (
             held.kind,
-            held.holder.clone(),
+            held.lock_id.clone(),
             held.expires_at,
             held.details.clone(),
         )

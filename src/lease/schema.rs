@@ -1,13 +1,19 @@
-//! The lock document and the commands that change it.
+//! The stored form of every kind of lock: field names, and the expressions and pipelines that
+//! read and change leases.
 //!
-//! The layout is DistributedLock.MongoDB's, so .NET and Rust services can share locks:
+//! An exclusive lock document has DistributedLock.MongoDB's layout, so .NET and Rust services
+//! can share locks:
 //! `{ _id: <name>, lockId: <string>, expiresAt: <date>, acquiredAt: <date>, fencingToken: <long> }`
-//! and no other field.
+//! and no other field (unless details are stored). Reader-writer locks, semaphores and
+//! document locks keep their leases as embedded documents `{id, expiresAt, ...}` (see
+//! [`Layout`]).
 
 use std::time::Duration;
 
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::{ReadPreference, SelectionCriteria};
+
+use crate::fencing::read_i64;
 
 pub(crate) const ID: &str = "_id";
 pub(crate) const LOCK_ID: &str = "lockId";
@@ -18,6 +24,22 @@ pub(crate) const FENCING_TOKEN: &str = "fencingToken";
 pub(crate) const DETAILS: &str = "details";
 /// The lock id's field inside an embedded lock.
 pub(crate) const EMBEDDED_ID: &str = "id";
+
+/// A reader-writer lock's array of readers' leases.
+pub(crate) const READERS: &str = "readers";
+/// A reader-writer lock's writer lease.
+pub(crate) const WRITER: &str = "writer";
+/// A reader-writer lock's marker of the writer that waits first.
+pub(crate) const WAITING_WRITER: &str = "waitingWriter";
+/// A semaphore's array of holders' leases.
+pub(crate) const HOLDERS: &str = "holders";
+/// A semaphore's number of places.
+pub(crate) const MAX_COUNT: &str = "maxCount";
+
+/// A fresh lock id: names one acquisition attempt and, if it wins, the lease.
+pub(crate) fn new_lock_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
 
 /// Name of the TTL index on `expiresAt`.
 pub(crate) const TTL_INDEX_NAME: &str = "expiresAt_ttl";
@@ -248,20 +270,6 @@ pub(crate) fn live_members(field: &str, lock_ids: Option<&[String]>) -> Document
     } }
 }
 
-/// Reads a stored number written as Int32, Int64 or Double (servers and other clients may narrow
-/// or widen it). Anything else, and doubles that are not whole or out of range, give `None`.
-pub(crate) fn read_i64(value: &Bson) -> Option<i64> {
-    match *value {
-        Bson::Int32(v) => Some(i64::from(v)),
-        Bson::Int64(v) => Some(v),
-        // i64::MAX as f64 rounds up to 2^63, hence the strict upper bound.
-        Bson::Double(v) if v.fract() == 0.0 && v >= i64::MIN as f64 && v < i64::MAX as f64 => {
-            Some(v as i64)
-        }
-        _ => None,
-    }
-}
-
 /// The outcome of an acquisition attempt, read from the document it returned.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum AttemptReply {
@@ -283,18 +291,6 @@ pub(crate) fn read_attempt_reply(document: &Document, lock_id: &str) -> AttemptR
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn numbers_are_read_tolerantly() {
-        assert_eq!(read_i64(&Bson::Int32(7)), Some(7));
-        assert_eq!(read_i64(&Bson::Int64(1 << 40)), Some(1 << 40));
-        assert_eq!(read_i64(&Bson::Double(12.0)), Some(12));
-        assert_eq!(read_i64(&Bson::Double(12.5)), None);
-        assert_eq!(read_i64(&Bson::Double(f64::NAN)), None);
-        assert_eq!(read_i64(&Bson::Double(1e300)), None);
-        assert_eq!(read_i64(&Bson::String("12".into())), None);
-        assert_eq!(read_i64(&Bson::Null), None);
-    }
 
     #[test]
     fn attempt_reply_compares_lock_ids() {

@@ -10,108 +10,46 @@ use mongodb::Collection;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::ReadConcern;
 
-use crate::rw_lock::{READERS, WRITER};
-use crate::schema::{
-    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, LOCK_ID, Layout, RETENTION,
-    end_lease, live_members, primary, read_i64,
+use super::schema::{
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, LOCK_ID, Layout,
+    READERS, RETENTION, WRITER, end_lease, live_members, primary,
 };
-use crate::semaphore::HOLDERS;
-use crate::{FencingToken, LockDetails, Result};
+use crate::fencing::read_i64;
+use crate::{FencingToken, LockDetails, LockKind, LockStatus, Result};
 
 /// The server time added to each row read.
 const NOW: &str = "now";
 
-/// What kind of lock a [`LockStatus`] describes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[non_exhaustive]
-pub enum LockKind {
-    /// A [`MongoDistributedLock`](crate::MongoDistributedLock) (also a member of a composite).
-    Exclusive,
-    /// The writer of a [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock).
-    Write,
-    /// A reader of a [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock).
-    Read,
-    /// A holder of a [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore).
-    Semaphore,
-}
-
-/// One holder of a lock (or, for an exclusive lock that is free, its last holder), read at one
-/// server instant.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct LockStatus {
-    /// The lock's name.
-    pub name: String,
-    /// What kind of lock it is.
-    pub kind: LockKind,
-    /// The current holder's lock id, while the lock is held.
-    pub holder: Option<String>,
-    /// When the current (or last) holder acquired it, by server time.
-    pub acquired_at: Option<DateTime>,
-    /// When the lease ends (or ended), by server time.
-    pub expires_at: Option<DateTime>,
-    /// The fencing token of the current (or last) acquisition; `None` for readers, which have
-    /// none.
-    pub fencing_token: Option<FencingToken>,
-    /// How much of the lease is left by server time; `None` when the lock is not held.
-    pub remaining: Option<Duration>,
-    /// Who holds it (owner, host, process id), if the holder stored details (see
-    /// [`LockDetails`]).
-    pub details: Option<LockDetails>,
-}
-
-impl LockStatus {
-    /// Whether someone holds the lock (a holder with a live lease).
-    pub fn is_held(&self) -> bool {
-        self.remaining.is_some()
-    }
-
-    /// The holder's owner, from its details.
-    pub fn owner(&self) -> Option<&str> {
-        self.details.as_ref()?.owner.as_deref()
-    }
-
-    /// The holder's host, from its details.
-    pub fn host(&self) -> Option<&str> {
-        self.details.as_ref()?.host.as_deref()
-    }
-
-    /// The holder's process id, from its details.
-    pub fn pid(&self) -> Option<u32> {
-        self.details.as_ref()?.pid
-    }
-
-    /// The status of the lease in `holder`, whose lock id is in `id_field`, at server time `now`.
-    fn of_holder(
-        kind: LockKind,
-        name: String,
-        holder: &Document,
-        id_field: &str,
-        now: Option<DateTime>,
-    ) -> LockStatus {
-        let date = |field| holder.get_datetime(field).ok().copied();
-        let expires_at = date(EXPIRES_AT);
-        let holder_id = holder.get_str(id_field).ok().map(str::to_owned);
-        let remaining = match (&holder_id, expires_at, now) {
-            (Some(_), Some(expires_at), Some(now)) if expires_at > now => {
-                let millis = expires_at.timestamp_millis() - now.timestamp_millis();
-                Some(Duration::from_millis(u64::try_from(millis).unwrap_or(0)))
-            }
-            _ => None,
-        };
-        LockStatus {
-            name,
-            kind,
-            holder: holder_id,
-            acquired_at: date(ACQUIRED_AT),
-            expires_at,
-            fencing_token: holder
-                .get(FENCING_TOKEN)
-                .and_then(read_i64)
-                .map(FencingToken::new),
-            remaining,
-            details: holder.get(DETAILS).and_then(LockDetails::from_bson),
+/// The status of the lease in `holder`, whose lock id is in `id_field`, at server time `now`.
+fn of_holder(
+    kind: LockKind,
+    name: String,
+    holder: &Document,
+    id_field: &str,
+    now: Option<DateTime>,
+) -> LockStatus {
+    let date = |field| holder.get_datetime(field).ok().copied();
+    let expires_at = date(EXPIRES_AT);
+    let holder_id = holder.get_str(id_field).ok().map(str::to_owned);
+    let remaining = match (&holder_id, expires_at, now) {
+        (Some(_), Some(expires_at), Some(now)) if expires_at > now => {
+            let millis = expires_at.timestamp_millis() - now.timestamp_millis();
+            Some(Duration::from_millis(u64::try_from(millis).unwrap_or(0)))
         }
+        _ => None,
+    };
+    LockStatus {
+        name,
+        kind,
+        lock_id: holder_id,
+        acquired_at: date(ACQUIRED_AT),
+        expires_at,
+        fencing_token: holder
+            .get(FENCING_TOKEN)
+            .and_then(read_i64)
+            .map(FencingToken::new),
+        remaining,
+        details: holder.get(DETAILS).and_then(LockDetails::from_bson),
     }
 }
 
@@ -130,7 +68,7 @@ fn now_of(row: &Document) -> Option<DateTime> {
 
 /// The status of the exclusive lock document `row`.
 fn exclusive(row: &Document) -> LockStatus {
-    LockStatus::of_holder(LockKind::Exclusive, name_of(row), row, LOCK_ID, now_of(row))
+    of_holder(LockKind::Exclusive, name_of(row), row, LOCK_ID, now_of(row))
 }
 
 /// The status of exclusive lock `name`, or `None` if it has no document.
@@ -166,7 +104,7 @@ pub(crate) async fn reader_writer_holders(
     for row in read(collection, held).await? {
         let (name, now) = (name_of(&row), now_of(&row));
         if let Ok(writer) = row.get_document(WRITER) {
-            let writer = LockStatus::of_holder(LockKind::Write, name, writer, EMBEDDED_ID, now);
+            let writer = of_holder(LockKind::Write, name, writer, EMBEDDED_ID, now);
             holders.extend(Some(writer).filter(LockStatus::is_held));
         }
         holders.extend(members(&row, READERS, LockKind::Read));
@@ -197,7 +135,7 @@ fn members(row: &Document, field: &str, kind: LockKind) -> Vec<LockStatus> {
     members
         .iter()
         .filter_map(Bson::as_document)
-        .map(|member| LockStatus::of_holder(kind, name.clone(), member, EMBEDDED_ID, now))
+        .map(|member| of_holder(kind, name.clone(), member, EMBEDDED_ID, now))
         .filter(LockStatus::is_held)
         .collect()
 }

@@ -1,29 +1,159 @@
-//! The waiting machinery shared by every kind of lock: attempts run to completion in spawned
-//! tasks (cancel safety), alternate with backoff sleeps, respect deadlines, ride out transient
-//! failures, and clean up after attempts whose outcome is unknown.
+//! The one acquisition loop under every primitive: validation, the runtime, a tracing span,
+//! attempts that run to completion in spawned tasks (cancel safety), backoff sleeps, in-process
+//! handoff, deadlines, transient-failure retries, and cleanup after attempts whose outcome is
+//! unknown. A primitive supplies only its attempt.
 
 use std::future::Future;
+use std::time::Duration;
 
 use mongodb::Collection;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
+use tracing::Instrument;
 
-use crate::backoff;
-use crate::error::{is_duplicate_key, shown_name};
-use crate::handoff;
-use crate::{Error, LockOptions, Result};
+use super::schema::new_lock_id;
+use super::{backoff, handoff};
+use crate::error::{Operation, is_duplicate_key, shown_name};
+use crate::{Error, FencingToken, LockOptions, Result};
 
-/// The `operation` of an [`Error::Timeout`] when an acquisition attempt got no reply in time.
-pub(crate) const NO_REPLY: &str = "acquisition attempt (no reply from MongoDB)";
+/// How long a caller waits for a lock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Wait {
+    started: Instant,
+    /// `None`: forever.
+    deadline: Option<Instant>,
+}
+
+impl Wait {
+    /// Until acquired.
+    pub(crate) fn forever() -> Wait {
+        Wait {
+            started: Instant::now(),
+            deadline: None,
+        }
+    }
+
+    /// At most `timeout` (zero: exactly one attempt; too large to represent: forever).
+    pub(crate) fn at_most(timeout: Duration) -> Wait {
+        let started = Instant::now();
+        Wait {
+            started,
+            deadline: backoff::deadline_after(started, timeout),
+        }
+    }
+
+    /// Whether the deadline has passed.
+    pub(crate) fn is_over(&self) -> bool {
+        self.deadline
+            .is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
+    /// The guard, or [`Error::Timeout`] when the lock stayed busy until the deadline.
+    pub(crate) fn required<G>(&self, outcome: Result<Option<G>>, name: &str) -> Result<G> {
+        match outcome? {
+            Some(guard) => Ok(guard),
+            None if self.deadline.is_none() => Err(Error::BackgroundTaskEnded {
+                // Unreachable without a deadline, but never worth a panic.
+                operation: Operation::Acquire,
+            }),
+            None => Err(Error::Timeout {
+                operation: Operation::Acquire,
+                name: name.to_owned(),
+                waited: self.started.elapsed(),
+            }),
+        }
+    }
+}
+
+/// What a caller is acquiring: for validation, the tracing span and in-process handoff.
+#[derive(Debug)]
+pub(crate) struct Acquisition<'a> {
+    /// `exclusive`, `read`, `write`, `semaphore` or `document`.
+    pub(crate) kind: &'static str,
+    pub(crate) name: &'a str,
+    pub(crate) collection: &'a str,
+    pub(crate) options: &'a LockOptions,
+    /// Whether the lock's name and collection are usable (checked when they were set).
+    pub(crate) checked: Result<()>,
+    /// The lock's queue of in-process waiters, if it has one.
+    pub(crate) waiters: Option<&'a handoff::Key>,
+}
+
+/// One acquisition attempt, built by a primitive: the work to run to completion in its own
+/// task, and what undoes it should its outcome be unknown.
+#[derive(Debug)]
+pub(crate) struct Attempt<W> {
+    pub(crate) work: W,
+    pub(crate) cleanup: Cleanup,
+}
+
+/// What an acquisition yields, as the tracing span shows it.
+pub(crate) trait Granted {
+    /// The fencing token, for kinds that have one.
+    fn fencing_token(&self) -> Option<FencingToken>;
+}
+
+/// Runs attempts until one yields a guard, or the wait runs out (`Ok(None)`).
+///
+/// `attempt` builds each attempt from the runtime and a fresh lock id. Between attempts the
+/// caller sleeps per the options; with `waiters`, it queues for in-process handoff after its
+/// first failure. See [`retry`] and [`spawned`].
+pub(crate) async fn acquire<G, F, W>(
+    what: Acquisition<'_>,
+    wait: Wait,
+    mut attempt: F,
+) -> Result<Option<G>>
+where
+    G: Granted + Send + 'static,
+    F: FnMut(&Handle, String) -> Attempt<W>,
+    W: Future<Output = Result<Option<G>>> + Send + 'static,
+{
+    let span = tracing::debug_span!(
+        "acquire",
+        kind = what.kind,
+        lock = %shown_name(what.name),
+        collection = %what.collection,
+        outcome = tracing::field::Empty,
+        fencing_token = tracing::field::Empty,
+    );
+    let options = what.options;
+    let deadline = wait.deadline;
+    let result = async {
+        what.checked?;
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        retry(options, deadline, what.waiters, || {
+            let attempt = attempt(&runtime, new_lock_id());
+            spawned(&runtime, deadline, options, attempt)
+        })
+        .await
+    }
+    .instrument(span.clone())
+    .await;
+    match &result {
+        Ok(Some(guard)) => {
+            span.record("outcome", "acquired");
+            if let Some(token) = guard.fencing_token() {
+                span.record("fencing_token", token.get());
+            }
+        }
+        Ok(None) => {
+            span.record("outcome", "not acquired");
+        }
+        Err(error) => {
+            span.record("outcome", tracing::field::display(error));
+        }
+    }
+    result
+}
 
 /// Repeats `attempt` until it yields a guard, or `deadline` (`None`: never) has passed.
 ///
 /// Between attempts it sleeps per `options`. With `waiters`, the caller queues for in-process
 /// handoff after its first failure: a local release wakes it at once, and only the first local
 /// waiter polls at the busy-wait pace (see `handoff`).
-pub(crate) async fn retry<G, F, Fut>(
+async fn retry<G, F, Fut>(
     options: &LockOptions,
     deadline: Option<Instant>,
     waiters: Option<&handoff::Key>,
@@ -100,17 +230,17 @@ where
 /// reply, a cut connection, a write-concern error) or gets no reply in time, `cleanup` is sent:
 /// it ends whatever lease the attempt's own lock id may hold, so the name is free again at once
 /// instead of after `expiry`.
-pub(crate) async fn spawned_attempt<G, W>(
+async fn spawned<G, W>(
     runtime: &Handle,
     deadline: Option<Instant>,
     options: &LockOptions,
-    cleanup: Cleanup,
-    work: W,
+    attempt: Attempt<W>,
 ) -> Result<Option<G>>
 where
     G: Send + 'static,
     W: Future<Output = Result<Option<G>>> + Send + 'static,
 {
+    let Attempt { work, cleanup } = attempt;
     let started = Instant::now();
     let (reply, outcome) = oneshot::channel();
     {
@@ -129,13 +259,15 @@ where
     let limit = backoff::attempt_wait_limit(started, deadline, options.expiry());
     match timeout_at(limit, outcome).await {
         Ok(Ok(result)) => result,
-        Ok(Err(_)) => Err(Error::BackgroundTaskEnded("acquire attempt")),
+        Ok(Err(_)) => Err(Error::BackgroundTaskEnded {
+            operation: Operation::AttemptReply,
+        }),
         Err(_elapsed) => {
             // The attempt goes on in its task: if it wins after all, its guard is dropped
             // unclaimed and released. If its reply is lost for good, this ends the lease.
             cleanup.spawn(runtime);
             Err(Error::Timeout {
-                operation: NO_REPLY,
+                operation: Operation::AttemptReply,
                 name: cleanup.name,
                 waited: started.elapsed(),
             })

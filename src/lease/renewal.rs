@@ -53,10 +53,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
-use crate::error::{error_code, shown_name};
-use crate::handoff;
-use crate::lost::LeaseState;
-use crate::schema::{self, LIVE_LOCK_IDS, Layout};
+use super::handoff;
+use super::lost::LeaseState;
+use super::schema::{self, LIVE_LOCK_IDS, Layout};
+use crate::error::{Operation, error_code, shown_name};
 use crate::{Error, LockOptions, Result};
 
 /// Where the answer to a release request goes.
@@ -82,8 +82,11 @@ pub(crate) async fn release(
     renewals: &mpsc::UnboundedSender<Command>,
     lock_id: Option<String>,
 ) -> Result<()> {
+    let ended = Error::BackgroundTaskEnded {
+        operation: Operation::Release,
+    };
     let Some(lock_id) = lock_id else {
-        return Err(Error::BackgroundTaskEnded("release"));
+        return Err(ended);
     };
     let (reply, answer) = oneshot::channel();
     let request = Command::Release {
@@ -91,11 +94,9 @@ pub(crate) async fn release(
         reply: Some(reply),
     };
     if renewals.send(request).is_err() {
-        return Err(Error::BackgroundTaskEnded("lease"));
+        return Err(ended);
     }
-    answer
-        .await
-        .unwrap_or(Err(Error::BackgroundTaskEnded("release")))
+    answer.await.unwrap_or(Err(ended))
 }
 
 /// Asks the renewal loop to release `lock_id` in the background (a guard's drop): a plain
@@ -168,6 +169,14 @@ struct LoopKey {
     write_concern: String,
 }
 
+/// Where leases live and how they are renewed: what one renewal loop serves.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Place<'a> {
+    pub(crate) collection: &'a Collection<Document>,
+    pub(crate) layout: &'a Layout,
+    pub(crate) options: &'a LockOptions,
+}
+
 /// The renewal loops of a family of locks, one per runtime and configuration.
 #[derive(Debug, Default)]
 pub(crate) struct RenewalHub {
@@ -181,17 +190,20 @@ impl RenewalHub {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Registers `lease` with the loop for `runtime` and this configuration, starting the loop if
-    /// there is none (or its runtime shut down). Returns the channel for later release requests.
-    /// If the loop cannot take the lease, the lease is marked lost at once.
+    /// Registers `lease` with the loop for `runtime` and `place`, starting the loop if there is
+    /// none (or its runtime shut down). Returns the channel for later release requests. If the
+    /// loop cannot take the lease, the lease is marked lost at once.
     pub(crate) fn hold(
         &self,
         runtime: &Handle,
-        collection: &Collection<Document>,
-        layout: &Layout,
-        options: &LockOptions,
+        place: Place<'_>,
         lease: Lease,
     ) -> mpsc::UnboundedSender<Command> {
+        let Place {
+            collection,
+            layout,
+            options,
+        } = place;
         let key = LoopKey {
             runtime: runtime.id(),
             namespace: collection.namespace(),
@@ -382,7 +394,9 @@ impl RenewalLoop {
                 }
                 None => {
                     if let Some(reply) = reply {
-                        let _ = reply.send(Err(Error::BackgroundTaskEnded("release")));
+                        let _ = reply.send(Err(Error::BackgroundTaskEnded {
+                            operation: Operation::Release,
+                        }));
                     }
                 }
             },
@@ -639,7 +653,9 @@ where
                         }
                     }
                     Err(_join_error) => {
-                        failure = Some(Error::BackgroundTaskEnded("release"));
+                        failure = Some(Error::BackgroundTaskEnded {
+                            operation: Operation::Release,
+                        });
                         resend_at = None;
                     }
                 }
@@ -727,7 +743,7 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
         Released::Unknown(error) => return Err(error),
         Released::NoReply => {
             return Err(Error::Timeout {
-                operation: "release",
+                operation: Operation::Release,
                 name: lease.name.clone(),
                 waited: started.elapsed(),
             });

@@ -18,8 +18,8 @@ use mongodb::{Collection, IndexModel, Namespace};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
+use super::schema::{EXPIRES_AT, RETENTION, TTL_INDEX_NAME};
 use crate::error::error_code;
-use crate::schema::{EXPIRES_AT, RETENTION, TTL_INDEX_NAME};
 
 /// How long to wait before trying again after an unexpected failure.
 const RETRY_AFTER: Duration = Duration::from_secs(60);

@@ -1,0 +1,244 @@
+//! The lease engine under every primitive (crate-private).
+//!
+//! Every kind of lock stores *leases*: a lock id, a server-side `expiresAt`, and (for most) a
+//! fencing token, in a document of its own or embedded in one. The engine does everything that
+//! is the same for all of them; a primitive only builds its attempt's update pipeline and reads
+//! whether it won.
+//!
+//! - [`acquire`]: the one acquisition loop (validation, runtime, tracing span, spawned attempts,
+//!   transient-error retries, backoff, in-process handoff, deadlines, cleanup of attempts whose
+//!   outcome is unknown).
+//! - [`held`]: the held-lease core every guard wraps (lock id, `lost`, release, `Drop`).
+//! - [`renewal`]: the shared renewal loops and releases; [`lost`]: when a lease counts as lost.
+//! - [`schema`]: field names and update pipelines of every kind; [`ttl_index`]; [`admin`]:
+//!   reading holders, forced release, purging.
+//! - [`backoff`], [`handoff`]: the pacing of waiting callers.
+//!
+//! Dependencies point one way: primitives → this engine → error, options, fencing, details.
+
+pub(crate) mod acquire;
+pub(crate) mod admin;
+pub(crate) mod backoff;
+pub(crate) mod handoff;
+pub(crate) mod held;
+pub(crate) mod lost;
+pub(crate) mod renewal;
+pub(crate) mod schema;
+pub(crate) mod ttl_index;
+
+use std::sync::Arc;
+
+use mongodb::bson::{Document, doc};
+use mongodb::options::ReturnDocument;
+use mongodb::{Collection, Database};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use crate::error::{is_duplicate_key, shown_name};
+use crate::{Error, LockOptions, Result};
+use acquire::Cleanup;
+use held::HeldLease;
+use renewal::{Lease, RenewalHub};
+use schema::Layout;
+
+/// The longest lock name, in bytes: a name is stored as the `_id` of its document and sent in
+/// every command about it, and must leave room within MongoDB's 16 MiB document limit.
+pub(crate) const MAX_NAME_BYTES: usize = 1 << 20;
+
+/// A named lock in a lock collection: what the exclusive lock, the reader-writer lock and the
+/// semaphore share with their guards. Each keeps its leases in the document `{_id: name}`.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub(crate) name: String,
+    pub(crate) database: Database,
+    pub(crate) collection: Collection<Document>,
+    pub(crate) options: LockOptions,
+    /// The renewal loops, shared with the locks of the same provider.
+    pub(crate) renewals: Arc<RenewalHub>,
+    /// This lock's queue of in-process waiters.
+    pub(crate) waiters: handoff::Key,
+    /// The stored form of the holders' details, if they are stored.
+    pub(crate) details: Option<Document>,
+    /// Why the name or collection cannot be used, found when they were set and reported by the
+    /// first call that would talk to the server.
+    problem: Option<Problem>,
+}
+
+/// Why a lock cannot be used as configured: found when it is built, reported (as an [`Error`])
+/// by the first call that would talk to the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Problem {
+    /// Becomes [`Error::InvalidArgument`].
+    Argument(String),
+    /// Becomes [`Error::InvalidCollectionName`].
+    Collection { name: String, reason: &'static str },
+}
+
+impl Problem {
+    /// A collection name MongoDB would refuse.
+    pub(crate) fn of_collection(collection: &str) -> Option<Problem> {
+        collection_name_problem(collection).map(|reason| Problem::Collection {
+            name: collection.to_owned(),
+            reason,
+        })
+    }
+
+    /// `Ok(())` without a problem, else the error it stands for.
+    pub(crate) fn check(problem: Option<&Problem>) -> Result<()> {
+        match problem {
+            None => Ok(()),
+            Some(Problem::Argument(message)) => Err(Error::InvalidArgument(message.clone())),
+            Some(Problem::Collection { name, reason }) => Err(Error::InvalidCollectionName {
+                collection: name.clone(),
+                reason,
+            }),
+        }
+    }
+}
+
+impl Target {
+    pub(crate) fn new(name: String, database: &Database, collection: &str) -> Target {
+        let mut target = Target {
+            waiters: handoff::key(database.name(), collection, &name),
+            database: database.clone(),
+            collection: database.collection(collection),
+            options: LockOptions::default(),
+            renewals: Arc::default(),
+            details: None,
+            problem: None,
+            name,
+        };
+        target.problem = target.find_problem();
+        target
+    }
+
+    /// Moves the lock to `collection` (of the same database).
+    pub(crate) fn set_collection(&mut self, collection: &str) {
+        self.waiters = handoff::key(self.database.name(), collection, &self.name);
+        self.collection = self.database.collection(collection);
+        self.problem = self.find_problem();
+    }
+
+    fn find_problem(&self) -> Option<Problem> {
+        if self.name.len() > MAX_NAME_BYTES {
+            return Some(Problem::Argument(format!(
+                "lock name {:?} is {} bytes long; names are limited to {MAX_NAME_BYTES} bytes \
+                 (1 MiB)",
+                shown_name(&self.name),
+                self.name.len()
+            )));
+        }
+        Problem::of_collection(self.collection.name())
+    }
+
+    /// [`Error::InvalidArgument`] for a name too long to store, [`Error::InvalidCollectionName`]
+    /// for a collection MongoDB would refuse.
+    pub(crate) fn check(&self) -> Result<()> {
+        Problem::check(self.problem.as_ref())
+    }
+
+    /// What ends the lease that the attempt with `lock_id` may have taken in this lock's
+    /// document (stored as `layout` says), should its outcome be unknown.
+    pub(crate) fn cleanup(&self, layout: &Layout, lock_id: &str) -> Cleanup {
+        Cleanup {
+            collection: self.collection.clone(),
+            filter: layout.release_filter(&self.name.as_str().into(), lock_id),
+            update: layout.release_update(lock_id),
+            options: self.options.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// Runs an attempt's pipeline `update` on the lock's document (`{_id: name}`, created if
+    /// missing) and returns the document after it.
+    ///
+    /// Two concurrent upserts of a new name can make one fail with a duplicate key (E11000)
+    /// when the server does not retry it itself. The document exists then, and the attempt is
+    /// repeated at once: for an exclusive lock it will find the lock busy, but a reader or a
+    /// semaphore holder may well join.
+    pub(crate) async fn upsert(&self, update: Vec<Document>) -> Result<Document> {
+        let send = || {
+            self.collection
+                .find_one_and_update(doc! { schema::ID: &self.name }, update.clone())
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .write_concern(self.options.write_concern().clone())
+        };
+        let result = match send().await {
+            Err(error) if is_duplicate_key(&error) => send().await,
+            other => other,
+        };
+        match result {
+            Ok(Some(document)) => Ok(document),
+            Ok(None) => Err(Error::UnexpectedReply(
+                "findAndModify with upsert returned no document".to_owned(),
+            )),
+            Err(error) => Err(Error::Mongo(error)),
+        }
+    }
+
+    /// Holds the lease `lock_id` won by an attempt sent at `sent_at` in this lock's document
+    /// (stored as `layout` says): see [`HeldLease::hold`].
+    pub(crate) fn hold(
+        &self,
+        runtime: &Handle,
+        layout: &Layout,
+        lock_id: String,
+        sent_at: Instant,
+    ) -> Option<HeldLease> {
+        let lease = Lease {
+            id: self.name.as_str().into(),
+            name: self.name.clone(),
+            lock_id,
+            state: lost::LeaseState::new(self.options.lost_deadline(sent_at)),
+            waiters: Some(Arc::clone(&self.waiters)),
+        };
+        let place = renewal::Place {
+            collection: &self.collection,
+            layout,
+            options: &self.options,
+        };
+        HeldLease::hold(runtime, &self.renewals, place, lease)
+    }
+}
+
+/// Why MongoDB would refuse `collection` as a collection name, if it would.
+fn collection_name_problem(collection: &str) -> Option<&'static str> {
+    if collection.is_empty() {
+        Some("it is empty")
+    } else if collection.contains('\0') {
+        Some("it contains a NUL character")
+    } else if collection.contains('$') {
+        Some("it contains '$'")
+    } else if collection.starts_with('.') {
+        Some("it starts with '.'")
+    } else if collection.starts_with("system.") {
+        Some("the 'system.' prefix is reserved")
+    } else {
+        None
+    }
+}
+
+/// [`Error::InvalidCollectionName`] for a collection name MongoDB would refuse.
+pub(crate) fn check_collection_name(collection: &str) -> Result<()> {
+    Problem::check(Problem::of_collection(collection).as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collection_names_mongodb_rejects_are_refused() {
+        for bad in ["", "a\0b", "$x", "a$b", ".x", "system.locks"] {
+            let error = check_collection_name(bad).unwrap_err();
+            assert!(
+                matches!(&error, Error::InvalidCollectionName { collection, .. } if collection == bad),
+                "{error}"
+            );
+        }
+        for good in ["distributed_locks", "locks.v2", "ünïcode", "a b"] {
+            check_collection_name(good).unwrap();
+        }
+    }
+}
