@@ -4,9 +4,6 @@
 //! renews itself, then write the result and unlock it in one update that only the holder can
 //! make. `scripts/run-example claim_job` (uses `MONGODB_URI` when set).
 
-#[path = "../tests/common/server.rs"]
-mod server;
-
 use std::time::Duration;
 
 use distributed_lock_mongodb::{DocumentLock, Error};
@@ -26,7 +23,7 @@ struct Job {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let jobs = client
         .database("claim_job_example")
         .collection::<Job>("jobs");
@@ -74,4 +71,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let done = jobs.count_documents(doc! { "status": "done" }).await?;
     println!("{done} jobs done, each exactly once");
     Ok(())
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

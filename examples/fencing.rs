@@ -6,9 +6,6 @@
 //!
 //! `scripts/run-example fencing` (uses `MONGODB_URI` when set).
 
-#[path = "../tests/common/server.rs"]
-mod server;
-
 use std::time::Duration;
 
 use distributed_lock_mongodb::{FencingToken, LockOptions, MongoDistributedLock};
@@ -35,7 +32,7 @@ async fn fenced_write(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let database = client.database("fencing_example");
     let accounts = database.collection::<Document>("accounts");
     accounts.delete_many(doc! {}).await?;
@@ -74,4 +71,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|d| d.get_i64("balance").ok());
     println!("final balance: {balance:?}");
     Ok(())
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

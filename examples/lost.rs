@@ -5,9 +5,6 @@
 //!
 //! `scripts/run-example lost` (uses `MONGODB_URI` when set).
 
-#[path = "../tests/common/server.rs"]
-mod server;
-
 use std::time::Duration;
 
 use distributed_lock_mongodb::{LockOptions, MongoDistributedLock};
@@ -16,7 +13,7 @@ use mongodb::bson::{Document, doc};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let database = client.database("lost_example");
     let options = LockOptions::builder()
         .expiry(Duration::from_secs(3))
@@ -52,4 +49,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(error) => return Err(error.into()),
     }
     Ok(())
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

@@ -3,9 +3,6 @@
 //!
 //! `scripts/run-example provider` (uses `MONGODB_URI` when set).
 
-#[path = "../tests/common/server.rs"]
-mod server;
-
 use std::time::Duration;
 
 use distributed_lock_mongodb::{LockOptions, Provider};
@@ -34,7 +31,7 @@ async fn process_order(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let options = LockOptions::builder()
         .expiry(Duration::from_secs(15))
         .adaptive_backoff(true)
@@ -62,4 +59,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("all orders processed");
     Ok(())
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

@@ -1,10 +1,7 @@
 //! Acquire a lock, do some work while holding it, release it.
 //!
-//! Runs against `MONGODB_URI`, or starts the embedded test server when it is unset:
-//! `scripts/run-example quickstart`.
-
-#[path = "../tests/common/server.rs"]
-mod server;
+//! Runs against `MONGODB_URI` (default `mongodb://localhost:27017`); `scripts/run-example quickstart`
+//! starts an embedded test server when it is unset.
 
 use std::time::Duration;
 
@@ -13,7 +10,7 @@ use mongodb::Client;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let database = client.database("quickstart");
 
     let options = LockOptions::builder()
@@ -50,4 +47,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     next.release().await?;
     Ok(())
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

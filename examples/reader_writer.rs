@@ -2,9 +2,6 @@
 //! starved by a steady stream of readers: a distributed reader-writer lock.
 //! `scripts/run-example reader_writer` (uses `MONGODB_URI` when set).
 
-#[path = "../tests/common/server.rs"]
-mod server;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -15,7 +12,7 @@ use tokio::time::Instant;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let provider = Provider::new(&client.database("reader_writer_example"))
         .with_details(LockDetails::new().with_owner("config-service"));
     let config = provider.create_reader_writer_lock("feature-flags");
@@ -69,4 +66,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("reader {} read {} times", reader + 1, task.await??);
     }
     Ok(())
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

@@ -1,9 +1,6 @@
 //! At most three downloads at a time across every instance: a distributed semaphore.
 //! `scripts/run-example semaphore` (uses `MONGODB_URI` when set).
 
-#[path = "../tests/common/server.rs"]
-mod server;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -13,7 +10,7 @@ use mongodb::Client;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let provider = Provider::new(&client.database("semaphore_example"));
     let downloads = provider.create_semaphore("downloads", 3);
 
@@ -39,4 +36,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         downloads.max_count()
     );
     Ok(())
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

@@ -2,9 +2,6 @@
 //! account document: the fenced write refuses it, because the next holder already wrote with a
 //! newer fencing token. `scripts/run-example stale_holder` (uses `MONGODB_URI` when set).
 
-#[path = "../tests/common/server.rs"]
-mod server;
-
 use std::time::Duration;
 
 use distributed_lock_mongodb::{Fence, FenceOutcome, LockOptions, MongoDistributedLock};
@@ -13,7 +10,7 @@ use mongodb::bson::{Document, doc};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let database = client.database("stale_holder_example");
     let accounts = database.collection::<Document>("accounts");
     accounts.drop().await?;
@@ -72,4 +69,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|d| d.get_i32("balance").ok());
     println!("final balance: {balance:?}");
     Ok(())
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

@@ -2,9 +2,6 @@
 //! order, all or nothing; then the lock table is inspected and expired documents purged.
 //! `scripts/run-example transfer` (uses `MONGODB_URI` when set).
 
-#[path = "../tests/common/server.rs"]
-mod server;
-
 use std::time::Duration;
 
 use distributed_lock_mongodb::Provider;
@@ -12,7 +9,7 @@ use mongodb::Client;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(server::uri()).await?;
+    let client = Client::with_uri_str(mongodb_uri()).await?;
     let locks =
         Provider::new(&client.database("transfer_example")).with_collection("account_locks");
 
@@ -57,4 +54,9 @@ async fn transfer(locks: &Provider, from: &str, to: &str) -> distributed_lock_mo
     );
     tokio::time::sleep(Duration::from_millis(50)).await; // debit and credit here
     both.release().await
+}
+
+/// The server to use: `MONGODB_URI`, or a local MongoDB.
+fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

@@ -26,6 +26,11 @@ mod provider;
 mod rw_lock;
 mod semaphore;
 
+/// How the lock works, what it guarantees under which assumptions, and how the code is laid out
+/// (the repository's `DESIGN.md`).
+#[doc = include_str!("../DESIGN.md")]
+pub mod design {}
+
 pub use composite::CompositeGuard;
 pub use details::LockDetails;
 pub use document_lock::{DEFAULT_LOCK_FIELD, DocumentGuard, DocumentLock};

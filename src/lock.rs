@@ -20,7 +20,7 @@ pub const DEFAULT_LOCK_COLLECTION: &str = "distributed_locks";
 /// A named mutual-exclusion lock stored in a MongoDB collection.
 ///
 /// Cheap to clone (the clones share one lock definition); `Send + Sync`. Creating one talks to
-/// no server. See the [crate docs](crate) for how it works and what it guarantees.
+/// no server. See the [crate docs](crate) for what it guarantees and [`design`](crate::design) for how it works.
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
@@ -109,7 +109,7 @@ impl MongoDistributedLock {
     ///
     /// Transient failures (no reply, a network error, no primary during an election) are
     /// retried at the busy-wait pace for up to `expiry` in a row before they are returned; an
-    /// attempt whose outcome is unknown is cleaned up by its own lock id (see the crate docs).
+    /// attempt whose outcome is unknown is cleaned up by its own lock id (see [`design`](crate::design)).
     ///
     /// # Errors
     /// - [`Error::InvalidCollectionName`] before anything is sent, for a collection name MongoDB

@@ -1,4 +1,5 @@
-//! Child processes running `examples/lock_worker.rs` (built by `cargo test` with the examples).
+//! Child processes running the `lock_worker` fixture (`tests/fixtures/lock_worker.rs`, an example
+//! target: `cargo test` builds it).
 
 use std::path::PathBuf;
 use std::process::Stdio;

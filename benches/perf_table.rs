@@ -1,12 +1,12 @@
 //! Measures the lock and prints the table of PERFORMANCE.md:
-//! `cargo run --release --example perf_table` (against `MONGODB_URI`, or the embedded server).
+//! `cargo bench --bench perf_table` (against `MONGODB_URI`, or the embedded server).
 //!
 //! Every figure is measured in this run, next to the raw driver calls it compares with; the
 //! machine is shared and noisy, so compare ratios rather than absolute times. Commands are
 //! counted with the driver's command event handler. Cross-process figures run copies of this
 //! program as worker processes (`perf_table worker ...`).
 
-#[path = "../benches/support/raw_commands.rs"]
+#[path = "support/raw_commands.rs"]
 mod raw_commands;
 #[path = "../tests/common/server.rs"]
 mod server;
