@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use distributed_lock_mongodb::{DocumentLock, Error, LockOptions};
@@ -155,17 +153,16 @@ async fn two_workers_never_hold_the_same_document() {
             .build()
             .unwrap(),
     );
-    let holders = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
+    let occupancy = common::Occupancy::default();
     let workers: Vec<_> = (0..8)
         .map(|_| {
-            let (locks, holders, most) = (locks.clone(), holders.clone(), most.clone());
+            let (locks, occupancy) = (locks.clone(), occupancy.clone());
             tokio::spawn(async move {
                 for _ in 0..5 {
                     let guard = locks.lock(doc! { "_id": "shared" }).await.unwrap();
-                    most.fetch_max(holders.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    let inside = occupancy.enter();
                     tokio::time::sleep(Duration::from_millis(2)).await;
-                    holders.fetch_sub(1, Ordering::SeqCst);
+                    drop(inside);
                     guard
                         .commit(doc! { "$inc": { "attempts": 1 } })
                         .await
@@ -177,7 +174,7 @@ async fn two_workers_never_hold_the_same_document() {
     for worker in workers {
         worker.await.unwrap();
     }
-    assert_eq!(most.load(Ordering::SeqCst), 1);
+    assert_eq!(occupancy.most(), 1);
     let stored = raw(&jobs)
         .find_one(doc! { "_id": "shared" })
         .await
@@ -240,19 +237,18 @@ async fn racing_lock_or_insert_creates_one_document_and_one_holder_at_a_time() {
             .build()
             .unwrap(),
     );
-    let holders = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
+    let occupancy = common::Occupancy::default();
     let racers: Vec<_> = (0..16)
         .map(|_| {
-            let (locks, holders, most) = (locks.clone(), holders.clone(), most.clone());
+            let (locks, occupancy) = (locks.clone(), occupancy.clone());
             tokio::spawn(async move {
                 let guard = locks
                     .lock_or_insert("new-job", job("new-job"))
                     .await
                     .unwrap();
-                most.fetch_max(holders.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                let inside = occupancy.enter();
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                holders.fetch_sub(1, Ordering::SeqCst);
+                drop(inside);
                 guard
                     .commit(doc! { "$inc": { "attempts": 1 } })
                     .await
@@ -263,7 +259,7 @@ async fn racing_lock_or_insert_creates_one_document_and_one_holder_at_a_time() {
     for racer in racers {
         racer.await.unwrap();
     }
-    assert_eq!(most.load(Ordering::SeqCst), 1, "one holder at a time");
+    assert_eq!(occupancy.most(), 1, "one holder at a time");
     assert_eq!(
         raw(&jobs).count_documents(doc! {}).await.unwrap(),
         1,

@@ -29,25 +29,24 @@ async fn sixteen_contenders_never_exceed_max_count() {
     let provider =
         Provider::new(&common::database_on(&server.uri).await).with_options(contention_options());
     let semaphore = provider.create_semaphore(common::unique("pool"), 3);
-    let holders = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
+    let occupancy = common::Occupancy::default();
     let tasks: Vec<_> = (0..CONTENDERS)
         .map(|_| {
-            let (semaphore, holders, most) = (semaphore.clone(), holders.clone(), most.clone());
+            let (semaphore, occupancy) = (semaphore.clone(), occupancy.clone());
             tokio::spawn(async move {
                 for _ in 0..ROUNDS {
                     let slot = semaphore
                         .acquire_timeout(Duration::from_secs(120))
                         .await
                         .unwrap();
-                    most.fetch_max(holders.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    let inside = occupancy.enter();
                     // Hold until the semaphore is full (or 250 ms): whether three holders ever
                     // overlap must not depend on how fast a loaded machine runs a 10 ms window.
                     common::eventually(Duration::from_millis(250), || async {
-                        holders.load(Ordering::SeqCst) >= 3
+                        occupancy.inside() >= 3
                     })
                     .await;
-                    holders.fetch_sub(1, Ordering::SeqCst);
+                    drop(inside);
                     slot.release().await.unwrap();
                 }
             })
@@ -56,7 +55,7 @@ async fn sixteen_contenders_never_exceed_max_count() {
     for task in tasks {
         task.await.unwrap();
     }
-    let most = most.load(Ordering::SeqCst);
+    let most = occupancy.most();
     println!(
         "semaphore: {} acquisitions, at most {most} holders at once (max_count 3)",
         CONTENDERS * ROUNDS

@@ -251,3 +251,39 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Counts the holders inside a protected section and remembers the most there were at once.
+/// Clones share the counts.
+#[derive(Clone, Default)]
+pub struct Occupancy {
+    inside: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Occupancy {
+    /// One more holder inside, until the returned value is dropped.
+    pub fn enter(&self) -> Inside {
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        Inside(Arc::clone(&self.inside))
+    }
+
+    /// Holders inside right now.
+    pub fn inside(&self) -> usize {
+        self.inside.load(Ordering::SeqCst)
+    }
+
+    /// The most holders that were inside at once.
+    pub fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+/// A holder inside an [`Occupancy`]; leaves when dropped.
+pub struct Inside(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}

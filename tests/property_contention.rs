@@ -3,7 +3,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use distributed_lock_mongodb::LockOptions;
@@ -19,26 +18,19 @@ async fn sixteen_tasks_never_hold_the_lock_together() {
         .build()
         .unwrap();
     let (lock, _) = common::fresh_lock("contended", options).await;
-    let holders = Arc::new(AtomicUsize::new(0));
-    let most_holders = Arc::new(AtomicUsize::new(0));
+    let occupancy = common::Occupancy::default();
     let tokens = Arc::new(Mutex::new(Vec::new()));
 
     let tasks: Vec<_> = (0..TASKS)
         .map(|_| {
-            let (lock, holders, most_holders, tokens) = (
-                lock.clone(),
-                holders.clone(),
-                most_holders.clone(),
-                tokens.clone(),
-            );
+            let (lock, occupancy, tokens) = (lock.clone(), occupancy.clone(), tokens.clone());
             tokio::spawn(async move {
                 for _ in 0..ROUNDS {
                     let guard = lock.acquire_timeout(Duration::from_secs(60)).await.unwrap();
-                    let now_holding = holders.fetch_add(1, Ordering::SeqCst) + 1;
-                    most_holders.fetch_max(now_holding, Ordering::SeqCst);
+                    let inside = occupancy.enter();
                     tokens.lock().await.push(guard.fencing_token());
                     tokio::time::sleep(Duration::from_millis(2)).await;
-                    holders.fetch_sub(1, Ordering::SeqCst);
+                    drop(inside);
                     guard.release().await.unwrap();
                 }
             })
@@ -48,7 +40,7 @@ async fn sixteen_tasks_never_hold_the_lock_together() {
         task.await.unwrap();
     }
 
-    assert_eq!(most_holders.load(Ordering::SeqCst), 1, "never two holders");
+    assert_eq!(occupancy.most(), 1, "never two holders");
     let tokens = tokens.lock().await;
     assert_eq!(tokens.len(), TASKS * ROUNDS);
     for pair in tokens.windows(2) {
