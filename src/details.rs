@@ -60,12 +60,14 @@ impl LockDetails {
     }
 
     /// Sets the owner.
+    #[must_use]
     pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
         self
     }
 
     /// Sets the extra fields.
+    #[must_use]
     pub fn with_extra(mut self, extra: Document) -> Self {
         self.extra = extra;
         self
