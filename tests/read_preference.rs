@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::proxy::{self, Action, Rule, replies};
-use distributed_lock_mongodb::{DocumentLock, Error, Provider};
+use distributed_lock_mongodb::{DocumentLock, Error, LockGuard, Provider};
 use mongodb::bson::{Document, doc};
 use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
 
@@ -50,15 +50,7 @@ async fn renewal_status_and_existence_reads_ignore_the_clients_read_defaults() {
     commands.clear();
     // One of two leases vanishes: the renewal matches fewer leases than it sent and reads back
     // which are still live. That read decides who keeps a lock.
-    common::database()
-        .await
-        .collection::<Document>(&collection)
-        .delete_one(doc! { "_id": "doomed" })
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(3), doomed.lost().wait())
-        .await
-        .expect("the deleted lock is lost");
+    delete_and_wait_until_lost(&collection, doomed).await;
     assert!(!kept.is_lost());
     let renewal_reads = commands.reads();
     assert!(
@@ -103,15 +95,7 @@ async fn the_renewal_read_back_falls_back_to_local_where_linearizable_is_refused
         .with_options(common::options(3_000, 300));
     let kept = provider.create_lock("kept").acquire().await.unwrap();
     let doomed = provider.create_lock("doomed").acquire().await.unwrap();
-    common::database()
-        .await
-        .collection::<Document>(&collection)
-        .delete_one(doc! { "_id": "doomed" })
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(3), doomed.lost().wait())
-        .await
-        .expect("the deleted lock is lost");
+    delete_and_wait_until_lost(&collection, doomed).await;
     assert!(
         proxy.hits(refused) >= 1,
         "the read-back asked for linearizable"
@@ -120,4 +104,18 @@ async fn the_renewal_read_back_falls_back_to_local_where_linearizable_is_refused
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(!kept.is_lost(), "the lease still ours is kept");
     kept.release().await.unwrap();
+}
+
+/// Deletes the lock document of `doomed` behind its holder's back and waits (at most 3 s, the
+/// expiry these tests use) for the renewal to find it gone.
+async fn delete_and_wait_until_lost(collection: &str, doomed: LockGuard) {
+    common::database()
+        .await
+        .collection::<Document>(collection)
+        .delete_one(doc! { "_id": doomed.name() })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), doomed.lost().wait())
+        .await
+        .expect("the deleted lock is lost");
 }

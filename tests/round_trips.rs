@@ -38,13 +38,7 @@ async fn an_uncontended_cycle_is_two_commands_and_the_ttl_index_is_created_once(
     })
     .await;
     assert!(created, "the TTL index appears");
-    let indexes: Vec<_> = observer
-        .list_indexes()
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let indexes = indexes_of(&observer).await;
     let ttl = indexes
         .iter()
         .find(|index| {
@@ -216,13 +210,7 @@ async fn an_earlier_zero_second_ttl_index_is_raised_to_a_day() {
         &doc! { "name": "expiresAt_ttl", "expireAfterSeconds": 86_400_i64 }
     );
     if !server::is_embedded() {
-        let indexes: Vec<_> = observer
-            .list_indexes()
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
+        let indexes = indexes_of(&observer).await;
         let ttl = indexes
             .iter()
             .find(|index| index.keys == doc! { "expiresAt": 1 })
@@ -232,4 +220,15 @@ async fn an_earlier_zero_second_ttl_index_is_raised_to_a_day() {
             Some(Duration::from_secs(24 * 60 * 60))
         );
     }
+}
+
+/// The indexes of `collection`, as the server lists them.
+async fn indexes_of(collection: &mongodb::Collection<Document>) -> Vec<IndexModel> {
+    collection
+        .list_indexes()
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
 }
