@@ -328,7 +328,7 @@ async fn attempt<T>(
 where
     T: DeserializeOwned + Send + Sync + 'static,
 {
-    if let Some(guard) = take::<T>(&target, &filter, &runtime, &lock_id).await? {
+    if let Some(guard) = lock_unlocked_match::<T>(&target, &filter, &runtime, &lock_id).await? {
         return Ok(Some(guard));
     }
     let write_concern = target.options.write_concern().clone();
@@ -341,7 +341,7 @@ where
                 .await
             {
                 // Inserted unlocked: lock it now (someone may beat us to it; then we wait).
-                Ok(_) => take::<T>(&target, &filter, &runtime, &lock_id).await,
+                Ok(_) => lock_unlocked_match::<T>(&target, &filter, &runtime, &lock_id).await,
                 // It exists: locked by someone else (or they just inserted it). Only a
                 // duplicate `_id` means that; another unique index refusing the document would
                 // refuse it forever.
@@ -370,7 +370,7 @@ where
 }
 
 /// The `findAndModify` that locks one unlocked document matching `filter`.
-async fn take<T>(
+async fn lock_unlocked_match<T>(
     target: &Arc<Documents>,
     filter: &Document,
     runtime: &Handle,

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::error::{Operation, shown_name};
 use crate::lease::renewal::RenewalHub;
-use crate::lease::{admin, check_collection_name};
+use crate::lease::{Problem, admin};
 use crate::{
     CompositeGuard, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION,
     DocumentLock, Error, LockDetails, LockOptions, LockStatus, MongoDistributedLock,
@@ -45,9 +45,9 @@ use crate::{
 #[derive(Clone, Debug)]
 pub struct Provider {
     database: Database,
-    collection: String,
-    reader_writer_collection: String,
-    semaphore_collection: String,
+    collection: CollectionName,
+    reader_writer_collection: CollectionName,
+    semaphore_collection: CollectionName,
     options: LockOptions,
     renewals: Arc<RenewalHub>,
     details: LockDetails,
@@ -59,9 +59,9 @@ impl Provider {
     pub fn new(database: &Database) -> Self {
         Provider {
             database: database.clone(),
-            collection: DEFAULT_LOCK_COLLECTION.to_owned(),
-            reader_writer_collection: DEFAULT_RW_COLLECTION.to_owned(),
-            semaphore_collection: DEFAULT_SEMAPHORE_COLLECTION.to_owned(),
+            collection: CollectionName::new(DEFAULT_LOCK_COLLECTION.to_owned()),
+            reader_writer_collection: CollectionName::new(DEFAULT_RW_COLLECTION.to_owned()),
+            semaphore_collection: CollectionName::new(DEFAULT_SEMAPHORE_COLLECTION.to_owned()),
             options: LockOptions::default(),
             renewals: Arc::default(),
             details: LockDetails::new(),
@@ -74,21 +74,23 @@ impl Provider {
     /// server.
     #[must_use]
     pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
-        self.collection = collection.into();
+        self.collection = CollectionName::new(collection.into());
         self
     }
 
-    /// Keeps reader-writer locks in `collection`. Defaults to `distributed_rw_locks`.
+    /// Keeps reader-writer locks in `collection`. Defaults to `distributed_rw_locks`. An invalid
+    /// name is reported as for [`with_collection`](Self::with_collection).
     #[must_use]
     pub fn with_reader_writer_collection(mut self, collection: impl Into<String>) -> Self {
-        self.reader_writer_collection = collection.into();
+        self.reader_writer_collection = CollectionName::new(collection.into());
         self
     }
 
-    /// Keeps semaphores in `collection`. Defaults to `distributed_semaphores`.
+    /// Keeps semaphores in `collection`. Defaults to `distributed_semaphores`. An invalid name is
+    /// reported as for [`with_collection`](Self::with_collection).
     #[must_use]
     pub fn with_semaphore_collection(mut self, collection: impl Into<String>) -> Self {
-        self.semaphore_collection = collection.into();
+        self.semaphore_collection = CollectionName::new(collection.into());
         self
     }
 
@@ -138,7 +140,7 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: a read only.
     pub async fn status(&self, name: &str) -> Result<Option<LockStatus>> {
-        admin::status(&self.collection()?, name).await
+        admin::status(&self.collection.open(&self.database)?, name).await
     }
 
     /// Every lock of this provider that is held right now, ordered by name and kind, one entry
@@ -152,12 +154,11 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: reads only.
     pub async fn held_locks(&self) -> Result<Vec<LockStatus>> {
-        let mut held = admin::held(&self.collection()?).await?;
-        check_collection_name(&self.reader_writer_collection)?;
-        check_collection_name(&self.semaphore_collection)?;
-        let rw_locks = self.database.collection(&self.reader_writer_collection);
+        let locks = self.collection.open(&self.database)?;
+        let rw_locks = self.reader_writer_collection.open(&self.database)?;
+        let semaphores = self.semaphore_collection.open(&self.database)?;
+        let mut held = admin::held(&locks).await?;
         held.extend(admin::reader_writer_holders(&rw_locks, Document::new()).await?);
-        let semaphores = self.database.collection(&self.semaphore_collection);
         held.extend(admin::semaphore_holders(&semaphores, Document::new()).await?);
         held.sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
         Ok(held)
@@ -177,7 +178,7 @@ impl Provider {
     /// # Cancel safety
     /// Dropping the future may or may not leave the lease ended.
     pub async fn force_release(&self, name: &str) -> Result<bool> {
-        admin::force_release(&self.collection()?, name).await
+        admin::force_release(&self.collection.open(&self.database)?, name).await
     }
 
     /// Deletes the lock documents whose lease ended strictly before now (server time) and
@@ -190,7 +191,7 @@ impl Provider {
     /// # Cancel safety
     /// Dropping the future may or may not leave documents deleted.
     pub async fn purge_expired(&self) -> Result<u64> {
-        admin::purge_expired(&self.collection()?).await
+        admin::purge_expired(&self.collection.open(&self.database)?).await
     }
 
     /// Acquires the exclusive locks `names` together and returns one guard for all of them.
@@ -245,11 +246,6 @@ impl Provider {
         Ok(CompositeGuard::new(members))
     }
 
-    fn collection(&self) -> Result<Collection<Document>> {
-        check_collection_name(&self.collection)?;
-        Ok(self.database.collection(&self.collection))
-    }
-
     /// A semaphore called `name` allowing `max_count` holders, with this provider's options and
     /// details, in its semaphore collection. Its holders share the provider's renewal loops.
     pub fn create_semaphore(
@@ -258,7 +254,7 @@ impl Provider {
         max_count: u32,
     ) -> MongoDistributedSemaphore {
         MongoDistributedSemaphore::new(name, max_count, &self.database)
-            .with_collection(self.semaphore_collection.as_str())
+            .with_collection(self.semaphore_collection.name.as_str())
             .with_options(self.options.clone())
             .with_details(self.details.clone())
             .with_renewals(&self.renewals)
@@ -271,7 +267,7 @@ impl Provider {
         name: impl Into<String>,
     ) -> MongoDistributedReaderWriterLock {
         MongoDistributedReaderWriterLock::new(name, &self.database)
-            .with_collection(self.reader_writer_collection.as_str())
+            .with_collection(self.reader_writer_collection.name.as_str())
             .with_options(self.options.clone())
             .with_details(self.details.clone())
             .with_renewals(&self.renewals)
@@ -282,7 +278,7 @@ impl Provider {
     pub fn create_lock(&self, name: impl Into<String>) -> MongoDistributedLock {
         let details = self.exclusive_details.then(|| self.details.to_document());
         MongoDistributedLock::new(name, &self.database)
-            .with_collection(self.collection.as_str())
+            .with_collection(self.collection.name.as_str())
             .with_options(self.options.clone())
             .with_provider_settings(&self.renewals, details)
     }
@@ -296,5 +292,28 @@ impl Provider {
         DocumentLock::new(collection)
             .with_options(self.options.clone())
             .with_renewals(&self.renewals)
+    }
+}
+
+/// A collection name of the provider, checked once, when it is set.
+#[derive(Clone, Debug)]
+struct CollectionName {
+    name: String,
+    /// Why MongoDB would refuse the name, reported by the first call that uses it.
+    problem: Option<Problem>,
+}
+
+impl CollectionName {
+    fn new(name: String) -> CollectionName {
+        CollectionName {
+            problem: Problem::of_collection(&name),
+            name,
+        }
+    }
+
+    /// The collection, or [`Error::InvalidCollectionName`] if MongoDB would refuse its name.
+    fn open(&self, database: &Database) -> Result<Collection<Document>> {
+        Problem::check(self.problem.as_ref())?;
+        Ok(database.collection(&self.name))
     }
 }

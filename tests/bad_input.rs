@@ -253,6 +253,58 @@ async fn collection_names_mongodb_rejects_give_an_error_and_write_nothing() {
 }
 
 #[tokio::test]
+async fn a_provider_reports_a_bad_collection_of_any_kind_from_the_calls_that_use_it() {
+    let panics = panics();
+    let database = common::database().await;
+    let before = database.list_collection_names().await.unwrap();
+    let named = |result: Result<(), Error>, collection: &str| match result {
+        Err(Error::InvalidCollectionName {
+            collection: named, ..
+        }) => assert_eq!(named, collection),
+        other => panic!("{collection:?}: expected InvalidCollectionName, got {other:?}"),
+    };
+    let bad = "bad$collection";
+    let provider = distributed_lock_mongodb::Provider::new(&database).with_collection(bad);
+    named(provider.status("n").await.map(|_| ()), bad);
+    named(provider.force_release("n").await.map(|_| ()), bad);
+    named(provider.purge_expired().await.map(|_| ()), bad);
+    named(provider.held_locks().await.map(|_| ()), bad);
+    named(
+        provider.create_lock("n").try_acquire().await.map(|_| ()),
+        bad,
+    );
+    named(
+        provider
+            .acquire_all(&["a", "b"], Duration::from_secs(1))
+            .await
+            .map(|_| ()),
+        bad,
+    );
+    let provider = distributed_lock_mongodb::Provider::new(&database)
+        .with_collection(common::unique("names"))
+        .with_reader_writer_collection(bad);
+    named(provider.held_locks().await.map(|_| ()), bad);
+    let rw = provider.create_reader_writer_lock("n");
+    named(rw.try_acquire_read().await.map(|_| ()), bad);
+    named(rw.holders().await.map(|_| ()), bad);
+    let provider = distributed_lock_mongodb::Provider::new(&database)
+        .with_collection(common::unique("names"))
+        .with_semaphore_collection(bad);
+    named(provider.held_locks().await.map(|_| ()), bad);
+    let semaphore = provider.create_semaphore("n", 2);
+    named(semaphore.try_acquire().await.map(|_| ()), bad);
+    named(semaphore.holders().await.map(|_| ()), bad);
+    let after = database.list_collection_names().await.unwrap();
+    assert!(
+        after
+            .iter()
+            .all(|name| before.contains(name) || !name.contains('$')),
+        "nothing was written to {bad:?}: {after:?}"
+    );
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
 async fn foreign_fencing_tokens_of_other_types_are_rebased() {
     let panics = panics();
     let (lock, collection) =

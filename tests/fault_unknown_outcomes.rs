@@ -11,7 +11,6 @@ use distributed_lock_mongodb::{
     DocumentLock, Error, LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
     MongoDistributedSemaphore, Provider,
 };
-use mongodb::Database;
 use mongodb::bson::{Document, doc};
 
 /// A 30 s lease: "free again right after" cannot be confused with "free after expiry".
@@ -38,10 +37,6 @@ where
     started.elapsed()
 }
 
-async fn control() -> Database {
-    common::database().await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_won_lock_attempt_whose_reply_was_lost_is_released_at_once() {
     let (proxy, client) = proxy::proxied_client().await;
@@ -60,7 +55,7 @@ async fn a_won_lock_attempt_whose_reply_was_lost_is_released_at_once() {
     let error = lock.try_acquire().await.unwrap_err();
     proxy.clear_rules();
     println!("lost reply: try_acquire returned {error}");
-    let direct = MongoDistributedLock::new(name.as_str(), &control().await)
+    let direct = MongoDistributedLock::new(name.as_str(), &common::database().await)
         .with_collection(collection.as_str())
         .with_options(long_lease());
     let took = free_within_five_seconds(|| async {
@@ -85,7 +80,7 @@ async fn a_won_attempt_without_any_reply_is_released_when_the_caller_gives_up() 
     proxy.add_rule(Rule::new("findAndModify", Action::ApplyThenHang).on(&collection));
     let error = lock.try_acquire().await.unwrap_err();
     assert!(error.is_timeout(), "{error}");
-    let direct = MongoDistributedLock::new(name.as_str(), &control().await)
+    let direct = MongoDistributedLock::new(name.as_str(), &common::database().await)
         .with_collection(collection.as_str());
     free_within_five_seconds(|| async {
         match direct.try_acquire().await.unwrap() {
@@ -100,7 +95,7 @@ async fn a_won_attempt_without_any_reply_is_released_when_the_caller_gives_up() 
 async fn semaphore_reader_writer_and_document_attempts_whose_reply_was_lost_leave_nothing_held() {
     let (proxy, client) = proxy::proxied_client().await;
     let proxied = client.database(common::DATABASE);
-    let direct = control().await;
+    let direct = common::database().await;
     let drop_next_reply = |collection: &str| {
         proxy.add_rule(
             Rule::new("findAndModify", Action::DropReplyAndClose)
@@ -181,7 +176,7 @@ async fn a_writer_whose_attempts_all_fail_leaves_no_marker_holding_readers_back(
     let (proxy, client) = proxy::proxied_client().await;
     let rw = common::unique("rw");
     let name = common::unique("marker");
-    let direct = MongoDistributedReaderWriterLock::new(name.as_str(), &control().await)
+    let direct = MongoDistributedReaderWriterLock::new(name.as_str(), &common::database().await)
         .with_collection(rw.as_str());
     let reader = direct.acquire_read().await.unwrap();
     let writer =
@@ -233,7 +228,7 @@ async fn a_hung_renewal_does_not_stall_the_other_leases_of_the_provider() {
         !a.is_lost() && !b.is_lost(),
         "later renewals went out on other connections"
     );
-    let control = control().await.collection::<Document>(&collection);
+    let control = common::database().await.collection::<Document>(&collection);
     for name in ["a", "b"] {
         let (now, expires_at) = common::server_now_and_expiry(&control, name).await;
         assert!(expires_at.expect("held") > now, "{name}'s lease is live");
@@ -338,7 +333,7 @@ async fn a_release_that_meets_an_election_or_a_hung_connection_is_sent_again() {
     let lock = MongoDistributedLock::new(name.as_str(), &client.database(common::DATABASE))
         .with_collection(collection.as_str())
         .with_options(long_lease());
-    let direct = MongoDistributedLock::new(name.as_str(), &control().await)
+    let direct = MongoDistributedLock::new(name.as_str(), &common::database().await)
         .with_collection(collection.as_str());
 
     let guard = lock.acquire().await.unwrap();

@@ -603,10 +603,6 @@ async fn fragmented_messages_are_framed_and_garbage_passes_through() {
 
 // ---- The dedicated server's skewed port ----
 
-async fn client_for(uri: &str) -> Client {
-    Client::with_uri_str(uri).await.expect("valid MongoDB URI")
-}
-
 /// The `$$NOW` of one aggregate on `collection` (which holds a document).
 async fn server_now(collection: &Collection<Document>) -> DateTime {
     let rows: Vec<Document> = collection
@@ -635,13 +631,11 @@ async fn the_skewed_port_shifts_now_and_shares_the_data() {
         .await
         .unwrap();
     let skewed_uri = dedicated.skewed_uri.clone().expect("a skewed port");
-    let normal = client_for(&dedicated.uri)
+    let normal = common::database_on(&dedicated.uri)
         .await
-        .database("skew")
         .collection::<Document>("c");
-    let skewed = client_for(&skewed_uri)
+    let skewed = common::database_on(&skewed_uri)
         .await
-        .database("skew")
         .collection::<Document>("c");
 
     // Data written through one port is visible through the other.
@@ -723,13 +717,11 @@ async fn the_skew_may_be_negative() {
     let dedicated = tokio::task::spawn_blocking(|| server::start_dedicated(Some(-60_000)))
         .await
         .unwrap();
-    let normal = client_for(&dedicated.uri)
+    let normal = common::database_on(&dedicated.uri)
         .await
-        .database("skew")
         .collection::<Document>("c");
-    let skewed = client_for(dedicated.skewed_uri.as_deref().unwrap())
+    let skewed = common::database_on(dedicated.skewed_uri.as_deref().unwrap())
         .await
-        .database("skew")
         .collection::<Document>("c");
     normal.insert_one(doc! { "_id": "one" }).await.unwrap();
     let skew = measured_skew(&normal, &skewed).await;
@@ -740,9 +732,8 @@ async fn the_skew_may_be_negative() {
         .await
         .unwrap();
     assert!(plain.skewed_uri.is_none());
-    let other = client_for(&plain.uri)
+    let other = common::database_on(&plain.uri)
         .await
-        .database("skew")
         .collection::<Document>("c");
     assert_eq!(other.count_documents(doc! {}).await.unwrap(), 0);
 }

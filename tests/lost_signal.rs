@@ -7,18 +7,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::proxy::{self, Fault};
-use distributed_lock_mongodb::{LockOptions, MongoDistributedLock};
+use distributed_lock_mongodb::MongoDistributedLock;
 use mongodb::bson::{Document, doc};
-
-fn options(expiry_ms: u64, cadence_ms: u64) -> LockOptions {
-    common::options(expiry_ms, cadence_ms)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_or_taken_over_documents_are_noticed_within_cadence_plus_one_second() {
     let cadence = Duration::from_millis(400);
     for takeover in [false, true] {
-        let (lock, collection) = common::fresh_lock("gone", options(4_000, 400)).await;
+        let (lock, collection) = common::fresh_lock("gone", common::options(4_000, 400)).await;
         let guard = lock.acquire().await.unwrap();
         let lost = guard.lost();
         let filter = doc! { "_id": lock.name() };
@@ -55,7 +51,7 @@ async fn a_blackholed_holder_sees_lost_before_the_server_side_expiry() {
     for _ in 0..TRIALS {
         let lock = MongoDistributedLock::new(common::unique("blackhole"), &locks)
             .with_collection(collection_name.as_str())
-            .with_options(options(3_000, 1_000));
+            .with_options(common::options(3_000, 1_000));
         let guard = lock.acquire_timeout(Duration::from_secs(10)).await.unwrap();
         holders.push((lock, guard));
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -113,7 +109,7 @@ async fn latency_the_lease_can_absorb_never_loses_the_lock() {
     let lock =
         MongoDistributedLock::new(common::unique("slow"), &client.database(common::DATABASE))
             .with_collection(collection_name.as_str())
-            .with_options(options(2_000, 500));
+            .with_options(common::options(2_000, 500));
     let guard = lock.acquire().await.unwrap();
     proxy.set(Fault::Latency(Duration::from_millis(300))); // 600 ms round trips
     let control = common::database()

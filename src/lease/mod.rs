@@ -219,14 +219,13 @@ fn collection_name_problem(collection: &str) -> Option<&'static str> {
     }
 }
 
-/// [`Error::InvalidCollectionName`] for a collection name MongoDB would refuse.
-pub(crate) fn check_collection_name(collection: &str) -> Result<()> {
-    Problem::check(Problem::of_collection(collection).as_ref())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn check_collection_name(collection: &str) -> Result<()> {
+        Problem::check(Problem::of_collection(collection).as_ref())
+    }
 
     #[test]
     fn collection_names_mongodb_rejects_are_refused() {
