@@ -287,17 +287,23 @@ where
             options: &target.options,
             checked: Problem::check(target.problem.as_ref()),
             waiters: None,
+            shared: false,
         };
-        acquire::acquire(what, wait, |runtime, lock_id| Attempt {
-            cleanup: target.cleanup(&lock_id),
-            work: attempt::<T>(
-                Arc::clone(target),
-                filter.clone(),
-                insert.clone(),
-                runtime.clone(),
-                lock_id,
-            ),
-        })
+        acquire::acquire(
+            what,
+            wait,
+            |runtime, lock_id| Attempt {
+                cleanup: target.cleanup(&lock_id),
+                work: attempt::<T>(
+                    Arc::clone(target),
+                    filter.clone(),
+                    insert.clone(),
+                    runtime.clone(),
+                    lock_id,
+                ),
+            },
+            None,
+        )
         .await
     }
 }
@@ -412,6 +418,7 @@ where
         lock_id: lock_id.clone(),
         state: LeaseState::new(target.options.lost_deadline(sent_at)),
         waiters: None,
+        holding: None,
     };
     let place = Place {
         collection: &target.documents,
@@ -640,6 +647,10 @@ impl<T> DocumentGuard<T> {
 impl<T> Granted for DocumentGuard<T> {
     fn fencing_token(&self) -> Option<FencingToken> {
         Some(self.fencing_token)
+    }
+
+    fn leaves_room(&self) -> bool {
+        false
     }
 }
 

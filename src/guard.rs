@@ -107,4 +107,8 @@ impl Granted for LockGuard {
     fn fencing_token(&self) -> Option<FencingToken> {
         Some(self.fencing_token)
     }
+
+    fn leaves_room(&self) -> bool {
+        false
+    }
 }

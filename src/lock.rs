@@ -8,7 +8,7 @@ use mongodb::bson::Document;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::lease::acquire::{self, Acquisition, Attempt, Wait};
+use crate::lease::acquire::{self, Acquisition, Attempt, Takeover, Wait};
 use crate::lease::renewal::RenewalHub;
 use crate::lease::schema::{self, AttemptReply, Layout};
 use crate::lease::{Target, ttl_index};
@@ -181,11 +181,20 @@ impl MongoDistributedLock {
             options: &target.options,
             checked: target.check(),
             waiters: Some(&target.waiters),
+            shared: false,
         };
-        acquire::acquire(what, wait, |runtime, lock_id| Attempt {
-            cleanup: target.cleanup(&Layout::LockDocument, &lock_id),
-            work: attempt(Arc::clone(target), runtime.clone(), lock_id),
-        })
+        let takeovers = |runtime: &Handle, lock_id: String| {
+            takeover(Arc::clone(target), runtime.clone(), lock_id)
+        };
+        acquire::acquire(
+            what,
+            wait,
+            |runtime, lock_id| Attempt {
+                cleanup: target.cleanup(&Layout::LockDocument, &lock_id),
+                work: attempt(Arc::clone(target), runtime.clone(), lock_id),
+            },
+            Some(&takeovers),
+        )
         .await
     }
 }
@@ -201,13 +210,43 @@ async fn attempt(
         &lock_id,
         target.options.expiry_millis(),
         target.details.as_ref(),
+        None,
     );
     let document = target.upsert(update).await?;
-    let AttemptReply::Acquired(token) = schema::read_attempt_reply(&document, &lock_id) else {
+    won(&target, &runtime, &document, lock_id, sent_at)
+}
+
+/// Taking the lock over in a local holder's release command (see `lease::handoff`): the same
+/// pipeline as an attempt, with the releasing lease counting as free.
+fn takeover(target: Arc<Target>, runtime: Handle, lock_id: String) -> Takeover<LockGuard> {
+    let (id, expiry, details) = (
+        lock_id.clone(),
+        target.options.expiry_millis(),
+        target.details.clone(),
+    );
+    Takeover {
+        update: Box::new(move |replacing| {
+            schema::acquire_update(&id, expiry, details.as_ref(), Some(replacing))
+        }),
+        finish: Box::new(move |document, sent_at| {
+            won(&target, &runtime, &document, lock_id, sent_at)
+        }),
+    }
+}
+
+/// The guard, if `document` (returned by a command sent at `sent_at`) shows the lease `lock_id`.
+fn won(
+    target: &Target,
+    runtime: &Handle,
+    document: &Document,
+    lock_id: String,
+    sent_at: Instant,
+) -> Result<Option<LockGuard>> {
+    let AttemptReply::Acquired(token) = schema::read_attempt_reply(document, &lock_id) else {
         return Ok(None);
     };
-    ttl_index::ensure(&runtime, &target.collection);
-    let Some(lease) = target.hold(&runtime, &Layout::LockDocument, lock_id, sent_at) else {
+    ttl_index::ensure(runtime, &target.collection);
+    let Some(lease) = target.hold(runtime, &Layout::LockDocument, lock_id, sent_at) else {
         return Ok(None);
     };
     match token {

@@ -258,7 +258,7 @@ impl MongoDistributedReaderWriterLock {
     /// Read attempts until one joins the readers or the wait runs out.
     async fn read_within(&self, wait: Wait) -> Result<Option<ReadGuard>> {
         let target = &self.target;
-        acquire::acquire(self.acquisition(Mode::Read), wait, |runtime, lock_id| {
+        let read = |runtime: &Handle, lock_id: String| {
             let update = read_update(target, &lock_id);
             let attempt = attempt(
                 Arc::clone(target),
@@ -274,8 +274,8 @@ impl MongoDistributedReaderWriterLock {
                     Ok(won.map(|(lease, _)| ReadGuard { lease }))
                 },
             }
-        })
-        .await
+        };
+        acquire::acquire(self.acquisition(Mode::Read), wait, read, None).await
     }
 
     /// Write attempts until one takes the lock or the wait runs out. While it waits, the
@@ -292,7 +292,7 @@ impl MongoDistributedReaderWriterLock {
             id: new_lock_id(),
             placed: AtomicBool::new(false),
         };
-        let result = acquire::acquire(self.acquisition(Mode::Write), wait, |runtime, lock_id| {
+        let write = |runtime: &Handle, lock_id: String| {
             // Only a writer with time left to wait holds readers back.
             let waits = !wait.is_over();
             if waits {
@@ -313,8 +313,8 @@ impl MongoDistributedReaderWriterLock {
                     Ok(won.map(|(lease, token)| LockGuard::new(lease, token)))
                 },
             }
-        })
-        .await;
+        };
+        let result = acquire::acquire(self.acquisition(Mode::Write), wait, write, None).await;
         match &result {
             // The winning update removed the marker.
             Ok(Some(_)) => marker.placed.store(false, Ordering::Relaxed),
@@ -341,7 +341,10 @@ impl MongoDistributedReaderWriterLock {
             collection: target.collection.name(),
             options: &target.options,
             checked: target.check(),
-            waiters: None,
+            // Readers and writers queue together: a writer's release wakes every reader in a
+            // row, and while a writer holds the lock here the queue polls slowly.
+            waiters: Some(&target.waiters),
+            shared: mode == Mode::Read,
         }
     }
 }
@@ -588,6 +591,12 @@ impl ReadGuard {
 impl Granted for ReadGuard {
     fn fencing_token(&self) -> Option<FencingToken> {
         None
+    }
+
+    /// Readers share the lock: the next local waiter tries at once (if it is a writer, it
+    /// fails unless this reader has gone already, and goes back to waiting).
+    fn leaves_room(&self) -> bool {
+        true
     }
 }
 

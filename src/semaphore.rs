@@ -16,7 +16,7 @@ use crate::lease::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
     MAX_COUNT,
 };
-use crate::lease::{Target, admin, handoff};
+use crate::lease::{Target, admin};
 use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, Result};
 
 /// The default collection of semaphores.
@@ -200,21 +200,20 @@ impl MongoDistributedSemaphore {
             options: &target.options,
             checked,
             waiters: Some(&target.waiters),
+            shared: false,
         };
         let layout = Layout::Members(HOLDERS.to_owned());
-        let joined = acquire::acquire(what, wait, |runtime, lock_id| Attempt {
-            cleanup: target.cleanup(&layout, &lock_id),
-            work: attempt(Arc::clone(target), self.max_count, runtime.clone(), lock_id),
-        })
+        let joined = acquire::acquire(
+            what,
+            wait,
+            |runtime, lock_id| Attempt {
+                cleanup: target.cleanup(&layout, &lock_id),
+                work: attempt(Arc::clone(target), self.max_count, runtime.clone(), lock_id),
+            },
+            None,
+        )
         .await?;
-        Ok(joined.map(|joined| {
-            // Several places can free up at once (holders that expired or were released by
-            // another process): the next local waiter tries at once instead of after its sleep.
-            if joined.places_left {
-                handoff::wake_first(&target.waiters);
-            }
-            joined.guard
-        }))
+        Ok(joined.map(|joined| joined.guard))
     }
 }
 
@@ -227,6 +226,12 @@ struct Joined {
 impl Granted for Joined {
     fn fencing_token(&self) -> Option<FencingToken> {
         Some(self.guard.fencing_token())
+    }
+
+    /// Several places can free up at once (holders that expired or were released by another
+    /// process): the next local waiter tries at once instead of after its sleep.
+    fn leaves_room(&self) -> bool {
+        self.places_left
     }
 }
 

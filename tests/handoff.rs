@@ -2,9 +2,14 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distributed_lock_mongodb::{LockOptions, MongoDistributedLock};
+use common::proxy::{Action, Rule};
+use distributed_lock_mongodb::{Error, LockGuard, LockOptions, MongoDistributedLock, Result};
+use mongodb::Collection;
+use mongodb::bson::{Document, doc};
+use tokio::task::JoinHandle;
 
 /// Waiters that would sleep 20 s between attempts: anything faster is the handoff.
 fn sleepy_options() -> LockOptions {
@@ -105,4 +110,249 @@ async fn a_cancelled_waiter_leaves_the_queue_and_the_next_one_is_woken() {
         .expect("the remaining waiter is woken")
         .unwrap()
         .unwrap();
+}
+
+// ---- Transfer: the release command hands the lock over ----
+
+/// A lock with [`sleepy_options`] in a fresh collection of `database`, and that collection.
+fn sleepy_lock(
+    database: &mongodb::Database,
+    prefix: &str,
+) -> (MongoDistributedLock, Collection<Document>) {
+    let collection = common::unique("locks");
+    let lock = MongoDistributedLock::new(common::unique(prefix), database)
+        .with_collection(collection.as_str())
+        .with_options(sleepy_options());
+    (lock, database.collection(&collection))
+}
+
+/// A waiter for `lock` whose first attempt has failed, so that it waits in line.
+async fn queued_waiter(lock: &MongoDistributedLock) -> JoinHandle<Result<LockGuard>> {
+    let lock = lock.clone();
+    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiter
+}
+
+async fn stored(collection: &Collection<Document>, name: &str) -> Document {
+    common::lock_document(collection, name)
+        .await
+        .expect("the lock document exists")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_a_local_waiter_in_one_command() {
+    let (database, log) = common::counting_database().await;
+    let (lock, collection) = sleepy_lock(&database, "transfer");
+    let guard = lock.acquire().await.unwrap();
+    let token = guard.fencing_token();
+    let waiter = queued_waiter(&lock).await;
+    log.clear();
+    guard.release().await.unwrap();
+    // One command released the lock and gave it to the waiter: no separate release, and no
+    // attempt by the waiter (its next sleep would last 20 s).
+    assert_eq!(log.started(), ["findAndModify"]);
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter holds the lock once the release returns")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    assert!(!next.is_lost());
+    let document = stored(&collection, lock.name()).await;
+    assert_eq!(
+        document.get_i64("fencingToken").unwrap(),
+        next.fencing_token().get()
+    );
+    // A transferred guard is like an acquired one: it releases, and the lock is free again.
+    next.release().await.unwrap();
+    let again = lock.try_acquire().await.unwrap();
+    again.expect("free after release").release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_stop_after_eight_in_a_row_to_let_another_process_in() {
+    const WAITERS: usize = 12;
+    let database = common::database().await;
+    let (lock, collection) = sleepy_lock(&database, "fairness");
+    let guard = lock.acquire().await.unwrap();
+    // The fencing tokens of the local acquisitions, in order.
+    let tokens = Arc::new(Mutex::new(vec![guard.fencing_token()]));
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let (lock, tokens) = (lock.clone(), Arc::clone(&tokens));
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.acquire_timeout(Duration::from_secs(60)).await.unwrap();
+            tokens.lock().unwrap().push(guard.fencing_token());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            guard.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Another process polls the server every 5 ms; the local waiters would sleep 20 s.
+    let name = lock.name().to_owned();
+    let remote = tokio::spawn(async move {
+        loop {
+            let taken = collection
+                .find_one_and_update(
+                    doc! { "_id": &name, "$expr": { "$lte": ["$expiresAt", "$$NOW"] } },
+                    vec![doc! { "$set": {
+                        "lockId": "remote",
+                        "expiresAt": { "$add": ["$$NOW", 60_000_i64] },
+                    } }],
+                )
+                .await
+                .unwrap();
+            if taken.is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(15), remote)
+        .await
+        .expect("the other process gets its turn after eight transfers")
+        .unwrap();
+    let tokens = tokens.lock().unwrap().clone();
+    // The first holder, then eight transfers; the ninth release was a plain one.
+    assert_eq!(tokens.len(), 9, "{tokens:?}");
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "{tokens:?}"
+    );
+    for waiter in waiters {
+        waiter.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_racing_a_takeover_by_another_process_hands_nothing_over() {
+    let database = common::database().await;
+    let (lock, collection) = sleepy_lock(&database, "race");
+    let guard = lock.acquire().await.unwrap();
+    let mut waiter = queued_waiter(&lock).await;
+    // The lease ended behind the holder's back and another process took the lock.
+    collection
+        .update_one(
+            doc! { "_id": lock.name() },
+            vec![doc! { "$set": {
+                "lockId": "intruder",
+                "expiresAt": { "$add": ["$$NOW", 60_000_i64] },
+                "fencingToken": { "$add": ["$fencingToken", 1_i64] },
+            } }],
+        )
+        .await
+        .unwrap();
+    let error = guard.release().await.unwrap_err();
+    assert!(matches!(error, Error::LockLost { .. }), "{error}");
+    assert_eq!(
+        stored(&collection, lock.name()).await.get_str("lockId"),
+        Ok("intruder"),
+        "the other process's lease is untouched"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut waiter)
+            .await
+            .is_err(),
+        "the local waiter got nothing and waits on"
+    );
+    waiter.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_whose_reply_was_lost_is_confirmed_by_its_retry() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let database = client.database(common::DATABASE);
+    let (lock, collection) = sleepy_lock(&database, "lostreply");
+    let guard = lock.acquire().await.unwrap();
+    let token = guard.fencing_token();
+    let waiter = queued_waiter(&lock).await;
+    let rule = proxy.add_rule(Rule::new("findAndModify", Action::DropReplyAndClose).times(1));
+    guard.release().await.unwrap();
+    assert_eq!(proxy.hits(rule), 1, "the transfer's first reply was lost");
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the retry found the transfer done")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    assert_eq!(
+        stored(&collection, lock.name())
+            .await
+            .get_i64("fencingToken"),
+        Ok(next.fencing_token().get()),
+        "one transfer, not two"
+    );
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cancelled_while_the_lock_is_transferred_to_it_releases_it_at_once() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let database = client.database(common::DATABASE);
+    let (lock, collection) = sleepy_lock(&database, "cancelled");
+    let guard = lock.acquire().await.unwrap();
+    let waiter = queued_waiter(&lock).await;
+    proxy.add_rule(Rule::new("findAndModify", Action::Delay(Duration::from_millis(500))).times(1));
+    let release = tokio::spawn(guard.release());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiter.abort(); // while the transfer is on its way
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    release.await.unwrap().unwrap();
+    // The lease it received is released at once, not kept until its 30 s expiry.
+    let freed = common::eventually(Duration::from_secs(10), || async {
+        !stored(&collection, lock.name())
+            .await
+            .contains_key("lockId")
+    })
+    .await;
+    assert!(freed, "{:?}", stored(&collection, lock.name()).await);
+    let again = lock.try_acquire().await.unwrap();
+    again.expect("free again").release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_first_local_waiter_polls_the_server() {
+    const WAITERS: usize = 6;
+    let (database, log) = common::counting_database().await;
+    let collection = common::unique("locks");
+    let options = LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_millis(200), Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let lock = MongoDistributedLock::new(common::unique("poller"), &database)
+        .with_collection(collection.as_str())
+        .with_options(options);
+    // Held by another process for a minute.
+    let in_a_minute = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() + 60_000,
+    );
+    database
+        .collection::<Document>(&collection)
+        .insert_one(doc! {
+            "_id": lock.name(),
+            "lockId": "remote",
+            "expiresAt": in_a_minute,
+            "fencingToken": 1_i64,
+        })
+        .await
+        .unwrap();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await })
+        })
+        .collect();
+    // Every waiter has made its first attempt and waits in line.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    log.clear();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let polls = log.count("findAndModify");
+    // The first waiter polls every 200 ms (at most 10 times in 2 s); six polling waiters would
+    // send six times as many.
+    assert!((1..=12).contains(&polls), "{polls} polls in 2 s");
+    for waiter in waiters {
+        waiter.abort();
+    }
 }

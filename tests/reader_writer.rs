@@ -538,3 +538,41 @@ async fn invalid_collection_names_are_reported_before_anything_is_sent() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_release_wakes_every_local_reader_waiting_behind_it() {
+    const READERS: usize = 5;
+    // Waiters that would sleep 20 s between attempts: anything faster is a local wake-up.
+    let sleepy = LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_secs(20), Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let (lock, _) = rw_lock(sleepy).await;
+    let writer = lock.acquire_write().await.unwrap();
+    let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
+    let mut readers = Vec::new();
+    for _ in 0..READERS {
+        let (lock, acquired) = (lock.clone(), acquired.clone());
+        readers.push(tokio::spawn(async move {
+            let read = lock
+                .acquire_read_timeout(Duration::from_secs(60))
+                .await
+                .unwrap();
+            acquired.send(()).unwrap();
+            std::future::pending::<()>().await;
+            drop(read);
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    writer.release().await.unwrap();
+    for reader in 0..READERS {
+        tokio::time::timeout(Duration::from_secs(10), acquisitions.recv())
+            .await
+            .unwrap_or_else(|_| panic!("reader {reader} woken by the release, not a 20 s sleep"))
+            .unwrap();
+    }
+    assert_eq!(lock.holders().await.unwrap().len(), READERS);
+    for reader in readers {
+        reader.abort();
+    }
+}

@@ -268,3 +268,54 @@ async fn holders_show_each_holder_with_its_details() {
     second.release().await.unwrap();
     assert!(semaphore.holders().await.unwrap().is_empty());
 }
+
+/// Waiters that would sleep 20 s between attempts: anything faster is a local wake-up.
+fn sleepy_options() -> LockOptions {
+    LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_secs(20), Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_every_place_at_once_refills_them_all_from_local_waiters() {
+    const PLACES: u32 = 3;
+    const WAITERS: usize = 6;
+    let provider = Provider::new(&common::database().await)
+        .with_semaphore_collection(common::unique("semaphores"))
+        .with_options(sleepy_options());
+    let semaphore = provider.create_semaphore(common::unique("refill"), PLACES);
+    let mut holders = Vec::new();
+    for _ in 0..PLACES {
+        holders.push(semaphore.acquire().await.unwrap());
+    }
+    let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let (semaphore, acquired) = (semaphore.clone(), acquired.clone());
+        waiters.push(tokio::spawn(async move {
+            let place = semaphore
+                .acquire_timeout(Duration::from_secs(60))
+                .await
+                .unwrap();
+            acquired.send(()).unwrap();
+            // Keep the place until the test ends.
+            std::future::pending::<()>().await;
+            drop(place);
+        }));
+    }
+    // Every waiter has failed its first attempt and waits in line.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    futures::future::join_all(holders.into_iter().map(|holder| holder.release())).await;
+    for place in 0..PLACES {
+        tokio::time::timeout(Duration::from_secs(10), acquisitions.recv())
+            .await
+            .unwrap_or_else(|_| panic!("place {place} refilled by a wake-up, not a 20 s sleep"))
+            .unwrap();
+    }
+    let held = semaphore.holders().await.unwrap();
+    assert_eq!(held.len(), PLACES as usize, "{held:?}");
+    for waiter in waiters {
+        waiter.abort();
+    }
+}

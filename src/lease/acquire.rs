@@ -3,18 +3,19 @@
 //! handoff, deadlines, transient-failure retries, and cleanup after attempts whose outcome is
 //! unknown. A primitive supplies only its attempt.
 
-use std::future::Future;
+use std::future::{Future, pending};
 use std::time::Duration;
 
 use mongodb::Collection;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::Instrument;
 
+use super::backoff;
+use super::handoff::{self, Offer, TakeoverUpdate, Ticket, Transfer, Wake};
 use super::schema::new_lock_id;
-use super::{backoff, handoff};
 use crate::error::{Operation, is_duplicate_key, shown_name};
 use crate::{Error, FencingToken, LockOptions, Result};
 
@@ -79,7 +80,21 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) checked: Result<()>,
     /// The lock's queue of in-process waiters, if it has one.
     pub(crate) waiters: Option<&'a handoff::Key>,
+    /// Whether holders share the lock (readers): a release wakes all such waiters in a row.
+    pub(crate) shared: bool,
 }
+
+/// How a waiter for an exclusive lock takes the lease over in a local holder's release command
+/// (see `handoff`), built by the primitive for a fresh lock id.
+pub(crate) struct Takeover<G> {
+    /// The attempt's pipeline, taking over from the lease with the given lock id.
+    pub(crate) update: TakeoverUpdate,
+    /// The guard, from the document the command returned and the instant it was first sent.
+    pub(crate) finish: Box<dyn FnOnce(Document, Instant) -> Result<Option<G>> + Send>,
+}
+
+/// Builds a [`Takeover`] from the runtime and a fresh lock id.
+pub(crate) type Takeovers<'a, G> = &'a (dyn Fn(&Handle, String) -> Takeover<G> + Sync);
 
 /// One acquisition attempt, built by a primitive: the work to run to completion in its own
 /// task, and what undoes it should its outcome be unknown.
@@ -93,17 +108,22 @@ pub(crate) struct Attempt<W> {
 pub(crate) trait Granted {
     /// The fencing token, for kinds that have one.
     fn fencing_token(&self) -> Option<FencingToken>;
+
+    /// Whether the next local waiter may succeed too (a semaphore with places left, a reader).
+    fn leaves_room(&self) -> bool;
 }
 
 /// Runs attempts until one yields a guard, or the wait runs out (`Ok(None)`).
 ///
 /// `attempt` builds each attempt from the runtime and a fresh lock id. Between attempts the
 /// caller sleeps per the options; with `waiters`, it queues for in-process handoff after its
-/// first failure. See [`retry`] and [`spawned`].
+/// first failure, and with `takeovers` it offers to take the lease over from a local holder's
+/// release. See [`retry`] and [`spawned`].
 pub(crate) async fn acquire<G, F, W>(
     what: Acquisition<'_>,
     wait: Wait,
     mut attempt: F,
+    takeovers: Option<Takeovers<'_, G>>,
 ) -> Result<Option<G>>
 where
     G: Granted + Send + 'static,
@@ -123,7 +143,12 @@ where
     let result = async {
         what.checked?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        retry(options, deadline, what.waiters, || {
+        let queue = what.waiters.map(|key| Queue {
+            key,
+            shared: what.shared,
+            takeovers: takeovers.map(|takeovers| (takeovers, &runtime)),
+        });
+        retry(options, deadline, queue, || {
             let attempt = attempt(&runtime, new_lock_id());
             spawned(&runtime, deadline, options, attempt)
         })
@@ -148,23 +173,44 @@ where
     result
 }
 
+/// Where a waiter queues for in-process handoff.
+struct Queue<'a, G> {
+    key: &'a handoff::Key,
+    shared: bool,
+    takeovers: Option<(Takeovers<'a, G>, &'a Handle)>,
+}
+
+/// What ended a wait between attempts.
+enum Event<G> {
+    /// The sleep ended, or a local release woke the waiter: attempt.
+    Attempt,
+    /// Told to poll (again) at the busy-wait pace: wait again, without an attempt.
+    Poll,
+    /// The outcome of this waiter's offer to take a lease over.
+    Transferred(std::result::Result<Result<Option<G>>, oneshot::error::RecvError>),
+}
+
 /// Repeats `attempt` until it yields a guard, or `deadline` (`None`: never) has passed.
 ///
-/// Between attempts it sleeps per `options`. With `waiters`, the caller queues for in-process
-/// handoff after its first failure: a local release wakes it at once, and only the first local
-/// waiter polls at the busy-wait pace (see `handoff`).
+/// Between attempts it sleeps per `options`. With a `queue`, the caller joins the lock's queue of
+/// local waiters after its first failure (see `handoff`): a local release wakes it at once, and
+/// only the first local waiter polls the server; the others wait for local events and the
+/// deadline only.
 async fn retry<G, F, Fut>(
     options: &LockOptions,
     deadline: Option<Instant>,
-    waiters: Option<&handoff::Key>,
+    queue: Option<Queue<'_, G>>,
     mut attempt: F,
 ) -> Result<Option<G>>
 where
+    G: Granted + Send + 'static,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<G>>>,
 {
     let mut failed_attempts = 0_u32;
-    let mut ticket: Option<handoff::Ticket> = None;
+    let mut ticket: Option<Ticket> = None;
+    // The outcome of this waiter's standing offer to take a lease over, if it made one.
+    let mut offered: Option<oneshot::Receiver<Result<Option<G>>>> = None;
     // Since when every attempt has failed with a transient error.
     let mut failing_since: Option<Instant> = None;
     loop {
@@ -175,7 +221,7 @@ where
         match outcome {
             Ok(Some(guard)) => {
                 if let Some(ticket) = ticket {
-                    ticket.leave_with_lock();
+                    ticket.leave_with_lock(guard.leaves_room());
                 }
                 return Ok(Some(guard));
             }
@@ -195,26 +241,132 @@ where
             return Ok(None);
         }
         if ticket.is_none() {
-            ticket = waiters.map(handoff::Ticket::join);
+            ticket = queue
+                .as_ref()
+                .map(|queue| Ticket::join(queue.key, queue.shared));
         }
-        // Only the first local waiter polls at the busy-wait pace; the others are woken by
-        // local releases in turn and poll at the slowest pace as a safety net.
-        let sleep = match &ticket {
-            Some(ticket) if !ticket.is_first() => options.busy_wait_sleep_time().1,
-            _ => backoff::sleep_time(options, failed_attempts, rand::random()),
-        };
-        let sleep = tokio::time::sleep(backoff::sleep_until_deadline(sleep, now, deadline));
-        match &ticket {
-            Some(ticket) => {
-                tokio::select! {
-                    () = sleep => {}
-                    () = ticket.woken() => {}
+        loop {
+            if let (Some(ticket), Some((takeovers, runtime)), None) = (
+                &ticket,
+                queue.as_ref().and_then(|queue| queue.takeovers),
+                &offered,
+            ) {
+                offered = Some(offer(ticket, takeovers, runtime));
+            }
+            let event = wait(
+                options,
+                failed_attempts,
+                deadline,
+                ticket.as_ref(),
+                &mut offered,
+            );
+            match event.await {
+                Event::Attempt => break,
+                Event::Poll => {}
+                Event::Transferred(Ok(Ok(Some(guard)))) => {
+                    if let Some(ticket) = ticket {
+                        ticket.leave_with_lock(guard.leaves_room());
+                    }
+                    return Ok(Some(guard));
+                }
+                Event::Transferred(Ok(Err(error))) => return Err(error),
+                // No transfer: the lease it was offered for may be gone, so the lock free.
+                Event::Transferred(Ok(Ok(None)) | Err(_)) => {
+                    offered = None;
+                    break;
                 }
             }
-            None => sleep.await,
         }
         failed_attempts = failed_attempts.saturating_add(1);
     }
+}
+
+/// Waits for what comes first: the end of this waiter's sleep (the first local waiter's, or the
+/// only waiter's, per the busy-wait pace; the others' at the deadline), a local wake, or the
+/// outcome of its offer.
+async fn wait<G>(
+    options: &LockOptions,
+    failed_attempts: u32,
+    deadline: Option<Instant>,
+    ticket: Option<&Ticket>,
+    offered: &mut Option<oneshot::Receiver<Result<Option<G>>>>,
+) -> Event<G> {
+    let now = Instant::now();
+    let pace = match ticket {
+        None => Some(backoff::sleep_time(
+            options,
+            failed_attempts,
+            rand::random(),
+        )),
+        // While a lease of the lock is held here, its end comes as a local event; polling
+        // slowly is only a safety net.
+        Some(ticket) if ticket.is_first() && ticket.held_here() => {
+            Some(options.busy_wait_sleep_time().1)
+        }
+        Some(ticket) if ticket.is_first() => Some(backoff::sleep_time(
+            options,
+            failed_attempts,
+            rand::random(),
+        )),
+        Some(_) => None,
+    };
+    let until = match pace {
+        Some(pace) => Some(now + backoff::sleep_until_deadline(pace, now, deadline)),
+        None => deadline,
+    };
+    let sleep = async {
+        match until {
+            Some(until) => sleep_until(until).await,
+            None => pending().await,
+        }
+    };
+    let woken = async {
+        match ticket {
+            Some(ticket) => ticket.woken().await,
+            None => pending().await,
+        }
+    };
+    let transferred = async {
+        match offered {
+            Some(outcome) => outcome.await,
+            None => pending().await,
+        }
+    };
+    tokio::select! {
+        () = sleep => Event::Attempt,
+        wake = woken => match wake {
+            Wake::Attempt => Event::Attempt,
+            Wake::Poll => Event::Poll,
+        },
+        outcome = transferred => Event::Transferred(outcome),
+    }
+}
+
+/// Leaves an offer to take a lease over in `ticket`'s queue; returns where its outcome arrives.
+fn offer<G>(
+    ticket: &Ticket,
+    takeovers: Takeovers<'_, G>,
+    runtime: &Handle,
+) -> oneshot::Receiver<Result<Option<G>>>
+where
+    G: Send + 'static,
+{
+    let lock_id = new_lock_id();
+    let Takeover { update, finish } = takeovers(runtime, lock_id.clone());
+    let (outcome, received) = oneshot::channel();
+    ticket.offer(Offer {
+        lock_id,
+        update,
+        deliver: Box::new(move |transfer| {
+            let result = match transfer {
+                Transfer::Done { document, sent_at } => finish(document, sent_at),
+                Transfer::NotDone => Ok(None),
+            };
+            // A waiter that has gone drops the guard: released at once.
+            let _ = outcome.send(result);
+        }),
+    });
+    received
 }
 
 /// Runs one attempt in its own task and waits for its outcome.
@@ -290,7 +442,7 @@ pub(crate) struct Cleanup {
 impl Cleanup {
     /// Sends the cleanup in the background, waiting at most `expiry` for it (by then any lease
     /// the attempt took has ended anyway).
-    fn spawn(&self, runtime: &Handle) {
+    pub(crate) fn spawn(&self, runtime: &Handle) {
         let Cleanup {
             collection,
             filter,

@@ -1,13 +1,19 @@
-//! In-process handoff: a release wakes the longest-waiting waiter for the same lock in this
-//! process at once, instead of leaving it to finish its busy-wait sleep.
+//! In-process handoff: the callers of `acquire*` waiting for the same lock in this process queue
+//! up, so that a local release reaches them at once and only one of them polls the server.
 //!
-//! Waiters queue in FIFO order from their first failed attempt until their `acquire*` call ends
-//! (successfully, with an error, or cancelled). A release wakes only the first of them: waking
-//! all would cost a command each. Only the first waiter polls the server at the busy-wait pace
-//! (to notice releases by other processes); the others are woken in turn by local releases and
-//! poll only at the slowest pace, as a safety net. When the first waiter leaves without the lock
-//! (timeout, error, cancellation) the next one is woken to take over polling. Waiters in other
-//! processes keep their own busy-wait.
+//! - **Queue.** A waiter joins in FIFO order after its first failed attempt and leaves when its
+//!   `acquire*` call ends (with the lock, an error, a timeout or cancellation).
+//! - **One poller.** Only the first waiter polls the server, at the busy-wait pace, to notice
+//!   releases by other processes (at the slowest pace while an exclusive lease of the same lock
+//!   is held in this process: its release will come as a local event). The others wait for local
+//!   events only. When the first waiter leaves, the next one takes over polling at once.
+//! - **Transfer.** A waiter for an exclusive lock leaves an [`Offer`]: the release of a local
+//!   holder then hands the lease over in the release command itself (see `renewal`), at most
+//!   [`MAX_TRANSFERS_IN_A_ROW`] times in a row.
+//! - **Waking.** Otherwise a release wakes the first waiter that is not already busy with an
+//!   attempt, and, if that one shares the lock (a reader), every sharing waiter behind it up to
+//!   the next exclusive one. A waiter that acquires a lock with room left (a semaphore with free
+//!   places, a reader) wakes the next waiter at once.
 //!
 //! The queue is process-wide, keyed by database, collection and lock name. Two clusters with the
 //! same names would at worst wake a waiter early, which costs one attempt.
@@ -16,7 +22,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
+use mongodb::bson::Document;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// Identifies one lock across the process: database, collection and name.
 pub(crate) type Key = Arc<str>;
@@ -26,21 +34,147 @@ pub(crate) fn key(database: &str, collection: &str, name: &str) -> Key {
     format!("{database}\0{collection}\0{name}").into()
 }
 
+/// After this many transfers in a row, a release of the lock is a plain one and does not wake
+/// local waiters: the local poller and the waiters of other processes then compete on equal
+/// terms (each at its busy-wait pace) for the next acquisition.
+pub(crate) const MAX_TRANSFERS_IN_A_ROW: u32 = 8;
+
+/// What a waiter was woken for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// The lock may be free now: attempt at once.
+    Attempt,
+    /// Become the poller (or poll at the busy-wait pace again): sleep first, then attempt.
+    Poll,
+}
+
+/// Builds the pipeline that takes a lease over from the lease with the given lock id.
+pub(crate) type TakeoverUpdate = Box<dyn Fn(&str) -> Vec<Document> + Send>;
+
+/// A waiter's readiness to take a lease over in a release command (exclusive locks only).
+pub(crate) struct Offer {
+    /// The waiter's lock id.
+    pub(crate) lock_id: String,
+    /// The attempt's pipeline, taking over from the lease with the given lock id.
+    pub(crate) update: TakeoverUpdate,
+    /// Receives the outcome (and builds the waiter's guard from it). Called exactly once.
+    pub(crate) deliver: Box<dyn FnOnce(Transfer) + Send>,
+}
+
+impl std::fmt::Debug for Offer {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Offer")
+            .field("lock_id", &self.lock_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of a transfer.
+#[derive(Debug)]
+pub(crate) enum Transfer {
+    /// The lease is the waiter's: the document after the command, sent first at `sent_at`.
+    Done {
+        document: Document,
+        sent_at: Instant,
+    },
+    /// No transfer (the releasing lease was gone, or the outcome is unknown and was undone):
+    /// the waiter goes on waiting.
+    NotDone,
+}
+
+/// What a release does for the local waiters.
+#[derive(Debug)]
+pub(crate) enum Handoff {
+    /// Hand the lease over to this waiter.
+    Transfer(Offer),
+    /// Release, then wake waiters.
+    Wake,
+    /// Release without waking anyone: the transfers in a row reached their bound.
+    LetOthersIn,
+}
+
 struct Waiter {
     id: u64,
     wake: Arc<Notify>,
-    /// Woken and not yet back to waiting: a further release wakes the next waiter instead (a
-    /// semaphore can free several slots before the first woken waiter retries).
-    woken: bool,
+    /// What it was woken for, until it takes it.
+    signal: Option<Wake>,
+    /// Woken to attempt and not yet back to waiting: further releases wake the next waiter.
+    busy: bool,
+    /// A reader: others like it can hold the lock at the same time.
+    shared: bool,
+    offer: Option<Offer>,
 }
 
-static QUEUES: LazyLock<Mutex<HashMap<Key, VecDeque<Waiter>>>> = LazyLock::new(Mutex::default);
+impl Waiter {
+    fn signal(&mut self, wake: Wake) {
+        if wake == Wake::Attempt {
+            self.busy = true;
+        }
+        // An attempt covers a poll.
+        if self.signal != Some(Wake::Attempt) {
+            self.signal = Some(wake);
+        }
+        self.wake.notify_one();
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    waiters: VecDeque<Waiter>,
+    /// Exclusive leases of this lock held in this process.
+    held_here: usize,
+    transfers_in_a_row: u32,
+}
+
+impl Queue {
+    fn is_unused(&self) -> bool {
+        self.waiters.is_empty() && self.held_here == 0
+    }
+
+    /// Tells the first waiter to poll (again) at the busy-wait pace.
+    fn poll_first(&mut self) {
+        if let Some(first) = self.waiters.front_mut() {
+            first.signal(Wake::Poll);
+        }
+    }
+
+    /// Wakes the first waiter not busy with an attempt and, if it shares the lock, the sharing
+    /// waiters behind it up to the next exclusive one; returns their ids.
+    fn wake_first(&mut self) -> Vec<u64> {
+        let mut woken = Vec::new();
+        for waiter in self.waiters.iter_mut().filter(|waiter| !waiter.busy) {
+            if !woken.is_empty() && !waiter.shared {
+                break;
+            }
+            waiter.signal(Wake::Attempt);
+            woken.push(waiter.id);
+            if !waiter.shared {
+                break;
+            }
+        }
+        woken
+    }
+}
+
+static QUEUES: LazyLock<Mutex<HashMap<Key, Queue>>> = LazyLock::new(Mutex::default);
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-fn queues() -> MutexGuard<'static, HashMap<Key, VecDeque<Waiter>>> {
+fn queues() -> MutexGuard<'static, HashMap<Key, Queue>> {
     QUEUES
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `change` on `key`'s queue, if it exists, and removes the queue once unused.
+fn with_queue<R>(key: &Key, change: impl FnOnce(&mut Queue) -> R) -> Option<R> {
+    let mut queues = queues();
+    let queue = queues.get_mut(key)?;
+    let result = change(queue);
+    if queue.is_unused() {
+        queues.remove(key);
+    }
+    Some(result)
 }
 
 /// A place in a lock's queue of local waiters; leaves the queue when dropped.
@@ -49,98 +183,198 @@ pub(crate) struct Ticket {
     key: Key,
     id: u64,
     wake: Arc<Notify>,
-    /// Set when leaving with the lock: its release will wake the next waiter.
-    acquired: bool,
+    /// Set when leaving with the lock: whether there is room for the next waiter.
+    acquired: Option<bool>,
 }
 
 impl Ticket {
-    /// Joins the back of `key`'s queue.
-    pub(crate) fn join(key: &Key) -> Ticket {
+    /// Joins the back of `key`'s queue; `shared` for a reader.
+    pub(crate) fn join(key: &Key, shared: bool) -> Ticket {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         queues()
             .entry(Arc::clone(key))
             .or_default()
+            .waiters
             .push_back(Waiter {
                 id,
                 wake: Arc::clone(&wake),
-                woken: false,
+                signal: None,
+                busy: false,
+                shared,
+                offer: None,
             });
         Ticket {
             key: Arc::clone(key),
             id,
             wake,
-            acquired: false,
+            acquired: None,
         }
     }
 
-    /// Whether this waiter is the longest-waiting one (the one that polls the server).
+    /// Whether this waiter is the first one (the one that polls the server).
     pub(crate) fn is_first(&self) -> bool {
         queues()
             .get(&self.key)
-            .and_then(VecDeque::front)
+            .and_then(|queue| queue.waiters.front())
             .is_some_and(|first| first.id == self.id)
     }
 
-    /// Leaves the queue holding the lock (the release will wake the next waiter).
-    pub(crate) fn leave_with_lock(mut self) {
-        self.acquired = true;
+    /// Whether an exclusive lease of this lock is held in this process.
+    pub(crate) fn held_here(&self) -> bool {
+        queues()
+            .get(&self.key)
+            .is_some_and(|queue| queue.held_here > 0)
     }
 
-    /// Resolves when a release woke this waiter (immediately if it was woken since the last
-    /// call).
-    pub(crate) async fn woken(&self) {
-        // Waiting again: releases may wake this waiter again. (While it was busy retrying they
-        // went to the next waiter.)
-        if let Some(me) = queues()
+    /// Leaves `offer` for the next release of a local holder (replacing an earlier one).
+    pub(crate) fn offer(&self, offer: Offer) {
+        let mut queues = queues();
+        let me = queues
             .get_mut(&self.key)
-            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.id == self.id))
-        {
-            me.woken = false;
+            .and_then(|queue| queue.waiters.iter_mut().find(|w| w.id == self.id));
+        if let Some(me) = me {
+            me.offer = Some(offer);
         }
-        self.wake.notified().await;
+    }
+
+    /// Leaves the queue holding the lock; with `room`, the next waiter is woken to attempt too.
+    pub(crate) fn leave_with_lock(mut self, room: bool) {
+        self.acquired = Some(room);
+    }
+
+    /// Resolves when this waiter is woken (at once if it was woken since the last call), with
+    /// what for.
+    pub(crate) async fn woken(&self) -> Wake {
+        loop {
+            // Waiting again: releases may wake this waiter again.
+            let signal = with_queue(&self.key, |queue| {
+                let me = queue.waiters.iter_mut().find(|w| w.id == self.id)?;
+                me.busy = false;
+                me.signal.take()
+            });
+            if let Some(Some(wake)) = signal {
+                return wake;
+            }
+            // A signal set from now on comes with a notification (kept as a permit if it comes
+            // before this waits); a permit left by a signal already taken only costs a loop.
+            self.wake.notified().await;
+        }
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut queues = queues();
-        if let Some(queue) = queues.get_mut(&self.key) {
-            let was_first = queue.front().is_some_and(|first| first.id == self.id);
-            queue.retain(|waiter| waiter.id != self.id);
-            if was_first && !self.acquired {
-                // Someone must go on polling for releases by other processes.
-                if let Some(next) = queue.front() {
-                    next.wake.notify_one();
+        let acquired = self.acquired;
+        let id = self.id;
+        let deliver = with_queue(&self.key, |queue| {
+            let was_first = queue.waiters.front().is_some_and(|first| first.id == id);
+            let position = queue.waiters.iter().position(|waiter| waiter.id == id)?;
+            let me = queue.waiters.remove(position)?;
+            if was_first {
+                match acquired {
+                    // With room, the next may succeed too; without, it becomes the poller.
+                    Some(true) => {
+                        queue.wake_first();
+                    }
+                    Some(false) => queue.poll_first(),
+                    // Someone must go on polling for releases by other processes.
+                    None => {
+                        if let Some(next) = queue.waiters.front_mut() {
+                            next.signal(Wake::Attempt);
+                        }
+                    }
                 }
+            } else if acquired == Some(true) {
+                queue.wake_first();
             }
-            if queue.is_empty() {
-                queues.remove(&self.key);
-            }
+            me.offer.map(|offer| offer.deliver)
+        });
+        // An offer nobody took: nothing to deliver to a waiter that is gone, but the contract
+        // is exactly one call.
+        if let Some(Some(deliver)) = deliver {
+            deliver(Transfer::NotDone);
         }
     }
 }
 
-/// Wakes the longest-waiting waiter of `key` that is not already woken, if any; returns its id.
-pub(crate) fn wake_first(key: &Key) -> Option<u64> {
-    let mut queues = queues();
-    let first = queues
-        .get_mut(key)?
-        .iter_mut()
-        .find(|waiter| !waiter.woken)?;
-    first.woken = true;
-    first.wake.notify_one();
-    Some(first.id)
+/// Wakes the first waiter of `key` not busy with an attempt (and the sharing ones behind it, for
+/// readers); returns their ids.
+pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
+    with_queue(key, Queue::wake_first).unwrap_or_default()
 }
 
-/// Wakes waiter `id` again if it is still waiting (its first attempt may have reached the server
-/// before the release did).
-pub(crate) fn wake_again(key: &Key, id: u64) {
-    if let Some(waiter) = queues()
-        .get(key)
-        .and_then(|queue| queue.iter().find(|waiter| waiter.id == id))
-    {
-        waiter.wake.notify_one();
+/// Wakes the waiters `ids` again if they are still waiting (their attempts may have reached the
+/// server before the release did).
+pub(crate) fn wake_again(key: &Key, ids: &[u64]) {
+    with_queue(key, |queue| {
+        for waiter in queue.waiters.iter_mut() {
+            if ids.contains(&waiter.id) {
+                waiter.signal(Wake::Attempt);
+            }
+        }
+    });
+}
+
+/// What the release of a local holder of `key` does: hand over to the first waiter's offer, if
+/// it is waiting and the bound allows; else a plain release that wakes waiters, or (at the
+/// bound) one that lets other processes in.
+pub(crate) fn handoff(key: &Key) -> Handoff {
+    with_queue(key, |queue| {
+        let first = queue.waiters.iter_mut().find(|waiter| !waiter.busy);
+        let Some(first) = first.filter(|first| first.offer.is_some()) else {
+            queue.transfers_in_a_row = 0;
+            return Handoff::Wake;
+        };
+        if queue.transfers_in_a_row >= MAX_TRANSFERS_IN_A_ROW {
+            queue.transfers_in_a_row = 0;
+            return Handoff::LetOthersIn;
+        }
+        queue.transfers_in_a_row += 1;
+        // Busy receiving: not woken for anything else until it waits again.
+        first.busy = true;
+        first.offer.take().map_or(Handoff::Wake, Handoff::Transfer)
+    })
+    .unwrap_or(Handoff::Wake)
+}
+
+/// Counts an exclusive lease of a lock as held in this process while it lives: the first
+/// waiter then polls at the slowest pace, and is told to poll at the busy-wait pace again when
+/// the lease ends here (released, transferred or lost).
+#[derive(Debug)]
+pub(crate) struct Holding {
+    key: Mutex<Option<Key>>,
+}
+
+impl Holding {
+    pub(crate) fn new(key: &Key) -> Holding {
+        queues().entry(Arc::clone(key)).or_default().held_here += 1;
+        Holding {
+            key: Mutex::new(Some(Arc::clone(key))),
+        }
+    }
+
+    /// The lease ended here (idempotent).
+    pub(crate) fn end(&self) {
+        let key = self
+            .key
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(key) = key {
+            with_queue(&key, |queue| {
+                queue.held_here -= 1;
+                if queue.held_here == 0 {
+                    queue.poll_first();
+                }
+            });
+        }
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.end();
     }
 }
 
@@ -149,93 +383,149 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    async fn woken_within(ticket: &Ticket, millis: u64) -> Option<Wake> {
+        tokio::time::timeout(Duration::from_millis(millis), ticket.woken())
+            .await
+            .ok()
+    }
+
     #[tokio::test]
     async fn the_first_waiter_is_woken_and_leaving_passes_the_turn_on() {
         let key = key("db", "coll", "fifo");
-        let first = Ticket::join(&key);
-        let second = Ticket::join(&key);
-        assert_eq!(wake_first(&key), Some(first.id));
-        tokio::time::timeout(Duration::from_secs(1), first.woken())
-            .await
-            .unwrap();
+        let first = Ticket::join(&key, false);
+        let second = Ticket::join(&key, false);
+        assert_eq!(wake_first(&key), vec![first.id]);
+        assert_eq!(woken_within(&first, 1_000).await, Some(Wake::Attempt));
         // Only the first was woken.
-        assert!(
-            tokio::time::timeout(Duration::from_millis(20), second.woken())
-                .await
-                .is_err()
-        );
+        assert_eq!(woken_within(&second, 20).await, None);
         drop(first);
-        assert_eq!(wake_first(&key), Some(second.id));
-        tokio::time::timeout(Duration::from_secs(1), second.woken())
-            .await
-            .unwrap();
+        // Leaving without the lock: the next takes over polling with an attempt.
+        assert_eq!(woken_within(&second, 1_000).await, Some(Wake::Attempt));
+        assert_eq!(wake_first(&key), vec![second.id]);
         drop(second);
-        assert_eq!(wake_first(&key), None);
+        assert_eq!(wake_first(&key), Vec::<u64>::new());
         assert!(!queues().contains_key(&key), "empty queues are removed");
-    }
-
-    fn waiting_id(key: &Key) -> u64 {
-        queues()
-            .get(key)
-            .and_then(|queue| queue.front())
-            .map(|waiter| waiter.id)
-            .unwrap()
     }
 
     #[tokio::test]
     async fn a_second_release_wakes_the_next_waiter_while_the_first_is_still_busy() {
         let key = key("db", "coll", "slots");
-        let first = Ticket::join(&key);
-        let second = Ticket::join(&key);
-        assert_eq!(wake_first(&key), Some(first.id));
+        let first = Ticket::join(&key, false);
+        let second = Ticket::join(&key, false);
+        assert_eq!(wake_first(&key), vec![first.id]);
         // The first has not retried yet; a second freed slot goes to the second waiter.
-        assert_eq!(wake_first(&key), Some(second.id));
-        tokio::time::timeout(Duration::from_secs(1), second.woken())
-            .await
-            .unwrap();
-        tokio::time::timeout(Duration::from_secs(1), first.woken())
-            .await
-            .unwrap();
+        assert_eq!(wake_first(&key), vec![second.id]);
+        assert_eq!(woken_within(&second, 1_000).await, Some(Wake::Attempt));
+        assert_eq!(woken_within(&first, 1_000).await, Some(Wake::Attempt));
         // Both retried and failed; waiting again, the next release goes to the first again.
-        let waiting = tokio::spawn(async move {
-            first.woken().await;
-            first
-        });
+        let first_id = first.id;
+        let waiting = tokio::spawn(async move { (first.woken().await, first) });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(wake_first(&key), Some(waiting_id(&key)));
-        tokio::time::timeout(Duration::from_secs(1), waiting)
+        assert_eq!(wake_first(&key), vec![first_id]);
+        let (wake, _first) = tokio::time::timeout(Duration::from_secs(1), waiting)
             .await
             .unwrap()
             .unwrap();
+        assert_eq!(wake, Wake::Attempt);
     }
 
     #[tokio::test]
-    async fn a_first_waiter_leaving_without_the_lock_hands_polling_to_the_next() {
-        let key = key("db", "coll", "takeover");
-        let first = Ticket::join(&key);
-        let second = Ticket::join(&key);
-        drop(first); // timed out or cancelled
-        tokio::time::timeout(Duration::from_secs(1), second.woken())
-            .await
-            .unwrap();
+    async fn leaving_with_the_lock_makes_the_next_the_poller_or_wakes_it_when_there_is_room() {
+        let key = key("db", "coll", "leave");
+        let first = Ticket::join(&key, false);
+        let second = Ticket::join(&key, false);
+        first.leave_with_lock(false);
+        assert_eq!(woken_within(&second, 1_000).await, Some(Wake::Poll));
         assert!(second.is_first());
+        let third = Ticket::join(&key, false);
+        second.leave_with_lock(true);
+        assert_eq!(woken_within(&third, 1_000).await, Some(Wake::Attempt));
+    }
+
+    #[tokio::test]
+    async fn a_release_wakes_every_reader_up_to_the_next_writer() {
+        let key = key("db", "coll", "readers");
+        let readers = [Ticket::join(&key, true), Ticket::join(&key, true)];
+        let writer = Ticket::join(&key, false);
+        let late_reader = Ticket::join(&key, true);
+        assert_eq!(wake_first(&key), vec![readers[0].id, readers[1].id]);
+        for reader in &readers {
+            assert_eq!(woken_within(reader, 1_000).await, Some(Wake::Attempt));
+        }
+        assert_eq!(woken_within(&writer, 20).await, None);
+        assert_eq!(woken_within(&late_reader, 20).await, None);
     }
 
     #[tokio::test]
     async fn a_wake_before_waiting_is_not_lost_and_wake_again_skips_departed_waiters() {
         let key = key("db", "coll", "permit");
-        let waiter = Ticket::join(&key);
-        let id = wake_first(&key).unwrap();
+        let waiter = Ticket::join(&key, false);
+        let ids = wake_first(&key);
         // Woken while busy with an attempt: the next wait returns at once.
-        tokio::time::timeout(Duration::from_millis(100), waiter.woken())
-            .await
-            .unwrap();
-        wake_again(&key, id);
-        tokio::time::timeout(Duration::from_millis(100), waiter.woken())
-            .await
-            .unwrap();
+        assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
+        wake_again(&key, &ids);
+        assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
+        // Each wake is taken once.
+        assert_eq!(woken_within(&waiter, 20).await, None);
         drop(waiter);
-        wake_again(&key, id); // gone: nothing to wake, no panic
+        wake_again(&key, &ids); // gone: nothing to wake, no panic
+        assert!(!queues().contains_key(&key));
+    }
+
+    fn offer(lock_id: &str, outcome: Arc<Mutex<Option<Transfer>>>) -> Offer {
+        Offer {
+            lock_id: lock_id.to_owned(),
+            update: Box::new(|_| Vec::new()),
+            deliver: Box::new(move |transfer| *outcome.lock().unwrap() = Some(transfer)),
+        }
+    }
+
+    #[tokio::test]
+    async fn transfers_go_to_the_first_waiting_offer_and_stop_after_the_bound() {
+        let key = key("db", "coll", "transfer");
+        let outcome = Arc::new(Mutex::new(None));
+        let waiter = Ticket::join(&key, false);
+        assert!(matches!(handoff(&key), Handoff::Wake), "no offer yet");
+        assert_eq!(wake_first(&key), vec![waiter.id]);
+        assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
+        let mut transfers = 0;
+        loop {
+            waiter.offer(offer(&format!("w{transfers}"), Arc::clone(&outcome)));
+            let _ = woken_within(&waiter, 1).await; // waiting again
+            match handoff(&key) {
+                Handoff::Transfer(offer) => {
+                    assert_eq!(offer.lock_id, format!("w{transfers}"));
+                    transfers += 1;
+                }
+                Handoff::LetOthersIn => break,
+                Handoff::Wake => panic!("an offer was waiting"),
+            }
+        }
+        assert_eq!(transfers, MAX_TRANSFERS_IN_A_ROW);
+        // The bound starts over.
+        waiter.offer(offer("next", Arc::clone(&outcome)));
+        let _ = woken_within(&waiter, 1).await;
+        assert!(matches!(handoff(&key), Handoff::Transfer(_)));
+        // A waiter busy receiving a transfer gets nothing else until it waits again.
+        waiter.offer(offer("busy", Arc::clone(&outcome)));
+        assert!(matches!(handoff(&key), Handoff::Wake));
+        // The offer left behind is told "no transfer" when its waiter leaves.
+        drop(waiter);
+        assert!(matches!(*outcome.lock().unwrap(), Some(Transfer::NotDone)));
+    }
+
+    #[tokio::test]
+    async fn a_lease_held_here_slows_the_poller_and_its_end_tells_it_to_poll() {
+        let key = key("db", "coll", "holding");
+        let waiter = Ticket::join(&key, false);
+        let holding = Holding::new(&key);
+        assert!(waiter.held_here());
+        holding.end();
+        holding.end(); // idempotent
+        assert!(!waiter.held_here());
+        assert_eq!(woken_within(&waiter, 1_000).await, Some(Wake::Poll));
+        drop(holding);
+        drop(waiter);
         assert!(!queues().contains_key(&key));
     }
 }

@@ -192,6 +192,9 @@ impl Target {
             lock_id,
             state: lost::LeaseState::new(self.options.lost_deadline(sent_at)),
             waiters: Some(Arc::clone(&self.waiters)),
+            // The whole lock, or its writer: nobody else can take it while this lease lasts.
+            holding: (!matches!(layout, Layout::Members(_)))
+                .then(|| handoff::Holding::new(&self.waiters)),
         };
         let place = renewal::Place {
             collection: &self.collection,

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
-use mongodb::options::ReadConcern;
+use mongodb::options::{ReadConcern, ReturnDocument};
 use mongodb::results::UpdateResult;
 use mongodb::{Collection, Namespace};
 use tokio::runtime::{self, Handle};
@@ -53,7 +53,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
-use super::handoff;
+use super::acquire::Cleanup;
+use super::handoff::{self, Handoff, Offer, Transfer};
 use super::lost::LeaseState;
 use super::schema::{self, LIVE_LOCK_IDS, Layout};
 use crate::error::{Operation, error_code, shown_name};
@@ -126,6 +127,8 @@ pub(crate) struct Lease {
     pub(crate) state: Arc<LeaseState>,
     /// Identifies the lock's in-process waiters, to wake one on release.
     pub(crate) waiters: Option<handoff::Key>,
+    /// For an exclusive lease: counts it as held in this process until it ends here.
+    pub(crate) holding: Option<handoff::Holding>,
 }
 
 impl Lease {
@@ -136,6 +139,10 @@ impl Lease {
     pub(crate) fn mark_lost(&self, reason: &str) {
         if self.state.mark_lost() {
             tracing::warn!(lock = %shown_name(&self.name), reason, "lock lost");
+        }
+        // Local waiters may be able to take it: the first goes back to the busy-wait pace.
+        if let Some(holding) = &self.holding {
+            holding.end();
         }
     }
 
@@ -589,9 +596,9 @@ async fn renew(
 
 /// How a release ended.
 #[derive(Debug)]
-enum Released {
-    /// An update matched our lease: we ended it.
-    Ours,
+enum Released<T> {
+    /// An update matched our lease: we ended it (with this reply).
+    Ours(T),
     /// The updates that answered matched nothing, and none had failed before: the lease was
     /// gone (expired and taken, deleted, or ended by someone else).
     NotOurs,
@@ -609,9 +616,14 @@ enum Released {
 /// A try without a reply after a quarter of the expiry (at least 1 s) is not given up, but a
 /// second one goes out beside it, on another connection: a half-open connection must not keep
 /// the lease alive until it expires, and whichever try matches tells that the lease was ours.
-async fn release_outcome<S>(options: &LockOptions, started: Instant, send: S) -> Released
+async fn release_outcome<T, S>(
+    options: &LockOptions,
+    started: Instant,
+    send: S,
+    matched: impl Fn(&T) -> bool,
+) -> Released<T>
 where
-    S: Fn() -> JoinHandle<mongodb::error::Result<UpdateResult>>,
+    S: Fn() -> JoinHandle<mongodb::error::Result<T>>,
 {
     let deadline = started + options.expiry();
     let mut calls = vec![send()];
@@ -633,7 +645,7 @@ where
             (result, index) = first_finished(&mut calls), if !calls.is_empty() => {
                 calls.swap_remove(index);
                 match result {
-                    Ok(Ok(result)) if result.matched_count > 0 => break Released::Ours,
+                    Ok(Ok(result)) if matched(&result) => break Released::Ours(result),
                     // Definite answers: no more tries (one still in flight may yet match).
                     Ok(Ok(_)) => {
                         matched_nothing = true;
@@ -717,9 +729,17 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
     // Lost before the release was sent: the release still goes out (it never touches another
     // holder's lease), but the caller must hear that the lock was not held throughout.
     let lost_before = lease.is_lost();
-    // Wake the longest-waiting local waiter now: its attempt reaches the server right behind this
-    // release. If it arrives first after all, it is woken again once the release is confirmed.
-    let woken = lease.waiters.as_ref().and_then(handoff::wake_first);
+    let handoff = match (&lease.waiters, layout) {
+        (Some(waiters), Layout::LockDocument) if !lost_before => handoff::handoff(waiters),
+        _ => Handoff::Wake,
+    };
+    // Wake the longest-waiting local waiters now: their attempts reach the server right behind
+    // this release. If they arrive first after all, they are woken again once it is confirmed.
+    let woken = match (&lease.waiters, handoff) {
+        (_, Handoff::Transfer(offer)) => return transfer(context, lease, offer, started).await,
+        (Some(waiters), Handoff::Wake) => handoff::wake_first(waiters),
+        (_, Handoff::LetOthersIn) | (None, Handoff::Wake) => Vec::new(),
+    };
     let filter = layout.release_filter(&lease.id, &lease.lock_id);
     let update = layout.release_update(&lease.lock_id);
     let send = || {
@@ -732,31 +752,110 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
                 .await
         })
     };
-    match release_outcome(options, started, send).await {
-        Released::Ours => {}
-        Released::NotOurs => {
-            lease.mark_lost("the lease was no longer in the database at release");
-            return Err(Error::LockLost {
-                name: lease.name.clone(),
-            });
-        }
-        Released::Unknown(error) => return Err(error),
-        Released::NoReply => {
-            return Err(Error::Timeout {
-                operation: Operation::Release,
-                name: lease.name.clone(),
-                waited: started.elapsed(),
-            });
-        }
-    }
+    let matched = |result: &UpdateResult| result.matched_count > 0;
+    released(
+        lease,
+        started,
+        release_outcome(options, started, send, matched).await,
+    )?;
     if lost_before {
         return Err(Error::LockLost {
             name: lease.name.clone(),
         });
     }
     lease.state.mark_released();
-    if let (Some(waiters), Some(woken)) = (&lease.waiters, woken) {
-        handoff::wake_again(waiters, woken);
+    if let Some(waiters) = &lease.waiters {
+        handoff::wake_again(waiters, &woken);
     }
     Ok(())
+}
+
+/// What a release's outcome means for its caller: `Ok` when it ended our lease.
+fn released<T>(lease: &Lease, started: Instant, outcome: Released<T>) -> Result<T> {
+    match outcome {
+        Released::Ours(reply) => Ok(reply),
+        Released::NotOurs => {
+            lease.mark_lost("the lease was no longer in the database at release");
+            Err(Error::LockLost {
+                name: lease.name.clone(),
+            })
+        }
+        Released::Unknown(error) => Err(error),
+        Released::NoReply => Err(Error::Timeout {
+            operation: Operation::Release,
+            name: lease.name.clone(),
+            waited: started.elapsed(),
+        }),
+    }
+}
+
+/// Releases an exclusive `lease` by handing it over to a local waiter's `offer`, in one
+/// `findAndModify`: filtered by our lock id (or the waiter's, should an earlier try have
+/// applied), it writes the waiter's lock id, a fresh lease and the next fencing token, exactly
+/// as the waiter's own attempt would on a free lock. When that command returns, the waiter
+/// holds the lock.
+///
+/// If the outcome stays unknown, the waiter's lease (if the command took effect) is ended at
+/// once with a cleanup filtered by its lock id, and the waiter goes on waiting.
+async fn transfer(
+    context: &ReleaseContext,
+    lease: &Lease,
+    offer: Offer,
+    started: Instant,
+) -> Result<()> {
+    let ReleaseContext {
+        runtime,
+        collection,
+        layout,
+        options,
+    } = context;
+    let Offer {
+        lock_id,
+        update,
+        deliver,
+    } = offer;
+    let filter = doc! {
+        schema::ID: lease.id.clone(),
+        schema::LOCK_ID: { "$in": [&lease.lock_id, &lock_id] },
+    };
+    let update = update(&lease.lock_id);
+    let send = || {
+        let (collection, filter, update) = (collection.clone(), filter.clone(), update.clone());
+        let write_concern = options.write_concern().clone();
+        runtime.spawn(async move {
+            collection
+                .find_one_and_update(filter, update)
+                .return_document(ReturnDocument::After)
+                .write_concern(write_concern)
+                .await
+        })
+    };
+    let outcome = release_outcome(options, started, send, Option::is_some).await;
+    let unknown = matches!(outcome, Released::Unknown(_) | Released::NoReply);
+    match released(lease, started, outcome) {
+        Ok(document) => {
+            lease.state.mark_released();
+            let document = document.unwrap_or_default();
+            // Every try was sent at or after `started`: the lease lasts at least from then.
+            deliver(Transfer::Done {
+                document,
+                sent_at: started,
+            });
+            Ok(())
+        }
+        Err(error) => {
+            if unknown {
+                Cleanup {
+                    collection: collection.clone(),
+                    filter: layout.release_filter(&lease.id, &lock_id),
+                    update: layout.release_update(&lock_id),
+                    options: options.clone(),
+                    name: lease.name.clone(),
+                }
+                .spawn(runtime);
+            }
+            deliver(Transfer::NotDone);
+            Err(error)
+        }
+    }
 }

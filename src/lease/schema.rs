@@ -71,12 +71,21 @@ pub(crate) fn primary() -> SelectionCriteria {
 ///
 /// With `details` (an opt-in that .NET clients cannot read), the holder's details are written
 /// to a sixth field, `details`, along with the lease.
+///
+/// With `replacing`, the lease with that lock id counts as free too: a release handing the lock
+/// over to a waiter in the same command (run on `{_id: name, lockId: {$in: [replacing,
+/// lock_id]}}` without upsert).
 pub(crate) fn acquire_update(
     lock_id: &str,
     expiry_millis: i64,
     details: Option<&Document>,
+    replacing: Option<&str>,
 ) -> Vec<Document> {
-    let free = doc! { "$lte": [format!("${EXPIRES_AT}"), "$$NOW"] };
+    let expired = doc! { "$lte": [format!("${EXPIRES_AT}"), "$$NOW"] };
+    let free = match replacing {
+        None => expired,
+        Some(replacing) => doc! { "$or": [expired, { "$eq": [format!("${LOCK_ID}"), replacing] }] },
+    };
     let keep_or = |field: &str, taken: Bson| -> Bson {
         Bson::Document(doc! { "$cond": [free.clone(), taken, format!("${field}")] })
     };
@@ -311,7 +320,7 @@ mod tests {
 
     #[test]
     fn acquire_update_writes_only_the_dotnet_fields() {
-        let pipeline = acquire_update("id", 1_000, None);
+        let pipeline = acquire_update("id", 1_000, None, None);
         assert_eq!(pipeline.len(), 1);
         let set = pipeline[0].get_document("$set").unwrap();
         let fields: Vec<&str> = set.keys().map(String::as_str).collect();
