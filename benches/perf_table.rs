@@ -70,9 +70,13 @@ async fn main() -> Result<()> {
     for adaptive in [false, true] {
         cross_process(&uri, adaptive).await?;
     }
+    local_commands(&uri, "1 holder × 50 ms, 8 local waiters", 9, 5, 50).await?;
+    local_commands(&uri, "16 local contenders (hold 2 ms)", 16, 10, 2).await?;
     for adaptive in [false, true] {
         commands_per_acquisition(&uri, adaptive).await?;
     }
+    semaphore_fill(&database, rtt).await?;
+    reader_wake_up(&database, rtt).await?;
     for (locks, cadence) in [(1, 1_000), (100, 1_000), (1_000, 3_000)] {
         renewals_per_cadence(&database, &commands, locks, cadence).await?;
     }
@@ -104,6 +108,14 @@ impl CommandCounter {
             .iter()
             .filter(|c| *c == name)
             .count()
+    }
+    /// The commands a lock sends: attempts and transfers (`findAndModify`), releases and
+    /// renewals (`update`), renewal read-backs (`aggregate`).
+    fn lock_commands(&self) -> usize {
+        ["findAndModify", "update", "aggregate"]
+            .iter()
+            .map(|name| self.count(name))
+            .sum()
     }
 }
 
@@ -201,12 +213,173 @@ async fn same_process_handoff(database: &Database, rtt: Duration) -> Result<()> 
     }
     let events = events.lock().unwrap().clone();
     let latencies = handoff_latencies(events.into_iter());
+    let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     println!(
-        "| same-process handoff, 8 waiters ({} handoffs): `release()` called → next `acquire` returns | p50 {}, p99 {} (round trip {}) |",
+        "| same-process handoff, 8 waiters ({} handoffs): `release()` called → next `acquire` returns | p50 {} = **{:.2} round trips**, p99 {} = {:.2} round trips (round trip {}) |",
         latencies.len(),
-        ms(percentile(&latencies, 0.5)),
-        ms(percentile(&latencies, 0.99)),
+        ms(p50),
+        p50.as_secs_f64() / rtt.as_secs_f64(),
+        ms(p99),
+        p99.as_secs_f64() / rtt.as_secs_f64(),
         ms(rtt)
+    );
+    Ok(())
+}
+
+/// Lock commands per acquisition with `tasks` tasks of this process that each acquire, hold
+/// `hold_ms` and release, `rounds` times (default options).
+async fn local_commands(
+    uri: &str,
+    label: &str,
+    tasks: usize,
+    rounds: usize,
+    hold_ms: u64,
+) -> Result<()> {
+    let (database, commands) = counting_database(uri).await?;
+    let lock =
+        MongoDistributedLock::new(format!("perf-local-{tasks}-{}", wall_micros()), &database);
+    // The TTL index is created after the first acquisition: not part of the figure.
+    lock.acquire().await?.release().await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    commands.reset();
+    let workers: Vec<_> = (0..tasks)
+        .map(|_| {
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let guard = lock.acquire().await?;
+                    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+                    guard.release().await?;
+                }
+                Ok::<_, distributed_lock_mongodb::Error>(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await??;
+    }
+    let sent = commands.lock_commands();
+    println!(
+        "| commands per acquisition, {label} | **{:.2}** ({sent} commands / {} acquisitions) |",
+        sent as f64 / (tasks * rounds) as f64,
+        tasks * rounds
+    );
+    Ok(())
+}
+
+/// A semaphore of 3 places and 16 local contenders: the most holders at once while they cycle,
+/// and how long after all 3 holders release together the places are all taken again.
+async fn semaphore_fill(database: &Database, rtt: Duration) -> Result<()> {
+    const PLACES: u32 = 3;
+    const CONTENDERS: usize = 16;
+    let semaphore = Provider::new(database)
+        .create_semaphore(format!("perf-semaphore-{}", wall_micros()), PLACES);
+    let (inside, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let cycling: Vec<_> = (0..CONTENDERS)
+        .map(|_| {
+            let (semaphore, inside, most) =
+                (semaphore.clone(), Arc::clone(&inside), Arc::clone(&most));
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    let place = semaphore.acquire().await?;
+                    most.fetch_max(inside.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    place.release().await?;
+                }
+                Ok::<_, distributed_lock_mongodb::Error>(())
+            })
+        })
+        .collect();
+    for task in cycling {
+        task.await??;
+    }
+
+    // Refill: 3 holders and 13 waiters in line; the holders release together (4 rounds).
+    let mut fills = Vec::new();
+    for round in 0..4 {
+        let semaphore = Provider::new(database)
+            .create_semaphore(format!("perf-refill-{round}-{}", wall_micros()), PLACES);
+        let mut holders = Vec::new();
+        for _ in 0..PLACES {
+            holders.push(semaphore.acquire().await?);
+        }
+        let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
+        let waiters: Vec<_> = (0..CONTENDERS - PLACES as usize)
+            .map(|_| {
+                let (semaphore, acquired) = (semaphore.clone(), acquired.clone());
+                tokio::spawn(async move {
+                    let place = semaphore.acquire().await?;
+                    let _ = acquired.send(Instant::now());
+                    std::future::pending::<()>().await;
+                    drop(place);
+                    Ok::<_, distributed_lock_mongodb::Error>(())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released_at = Instant::now();
+        futures::future::join_all(holders.into_iter().map(|holder| holder.release())).await;
+        let mut last = released_at;
+        for _ in 0..PLACES {
+            last = acquisitions.recv().await.ok_or("a waiter ended")?;
+        }
+        fills.push(last - released_at);
+        for waiter in waiters {
+            waiter.abort();
+        }
+    }
+    fills.sort();
+    println!(
+        "| semaphore, 3 places, 16 local contenders: most holders at once; all places retaken after the 3 holders release together (4 times) | **{} of {PLACES}**; median {} = {:.2} round trips, slowest {} |",
+        most.load(Ordering::SeqCst),
+        ms(percentile(&fills, 0.5)),
+        percentile(&fills, 0.5).as_secs_f64() / rtt.as_secs_f64(),
+        ms(fills[fills.len() - 1])
+    );
+    Ok(())
+}
+
+/// 8 local readers waiting behind a writer: how long after the writer's release all of them hold
+/// the lock (default options: without a local wake-up, each would sleep 10–800 ms).
+async fn reader_wake_up(database: &Database, rtt: Duration) -> Result<()> {
+    const READERS: usize = 8;
+    let mut wake_ups = Vec::new();
+    for round in 0..5 {
+        let lock = Provider::new(database)
+            .create_reader_writer_lock(format!("perf-readers-{round}-{}", wall_micros()));
+        let writer = lock.acquire_write().await?;
+        let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
+        let readers: Vec<_> = (0..READERS)
+            .map(|_| {
+                let (lock, acquired) = (lock.clone(), acquired.clone());
+                tokio::spawn(async move {
+                    let read = lock.acquire_read().await?;
+                    let _ = acquired.send(Instant::now());
+                    std::future::pending::<()>().await;
+                    drop(read);
+                    Ok::<_, distributed_lock_mongodb::Error>(())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released_at = Instant::now();
+        writer.release().await?;
+        let mut last = released_at;
+        for _ in 0..READERS {
+            last = acquisitions.recv().await.ok_or("a reader ended")?;
+        }
+        wake_ups.push(last - released_at);
+        for reader in readers {
+            reader.abort();
+        }
+    }
+    wake_ups.sort();
+    println!(
+        "| reader-writer lock: 8 local readers waiting behind a writer, all holding after its release (5 times) | median {} = {:.2} round trips, slowest {} |",
+        ms(percentile(&wake_ups, 0.5)),
+        percentile(&wake_ups, 0.5).as_secs_f64() / rtt.as_secs_f64(),
+        ms(wake_ups[wake_ups.len() - 1])
     );
     Ok(())
 }
@@ -289,21 +462,25 @@ async fn cross_process(uri: &str, adaptive: bool) -> Result<()> {
 async fn commands_per_acquisition(uri: &str, adaptive: bool) -> Result<()> {
     let name = format!("perf-contended-{adaptive}-{}", wall_micros());
     let outputs = run_workers(uri, 4, &["handoff", &name, &adaptive.to_string(), "8", "5"]).await?;
-    let (mut attempts, mut acquisitions) = (0_usize, 0_usize);
+    let (mut sent, mut acquisitions) = (0_usize, 0_usize);
     for output in &outputs {
-        if let Some(line) = output.lines().find(|line| line.starts_with("attempts ")) {
+        if let Some(line) = output.lines().find(|line| line.starts_with("commands ")) {
             let mut numbers = line
                 .split(' ')
                 .skip(1)
                 .map(|n| n.parse::<usize>().unwrap_or(0));
-            attempts += numbers.next().unwrap_or(0);
+            sent += numbers.next().unwrap_or(0);
             acquisitions += numbers.next().unwrap_or(0);
         }
     }
     println!(
-        "| commands per successful acquisition, 32 contenders (4 processes × 8 tasks), {} backoff | **{:.2}** ({attempts} attempts / {acquisitions} acquisitions) |",
-        if adaptive { "adaptive" } else { "random" },
-        attempts as f64 / acquisitions.max(1) as f64
+        "| commands per acquisition, 32 contenders (4 processes × 8 tasks, hold 2 ms), {} | **{:.2}** ({sent} commands / {acquisitions} acquisitions) |",
+        if adaptive {
+            "adaptive backoff"
+        } else {
+            "default options"
+        },
+        sent as f64 / acquisitions.max(1) as f64
     );
     Ok(())
 }
@@ -333,7 +510,7 @@ async fn run_workers(uri: &str, processes: usize, args: &[&str]) -> Result<Vec<S
 }
 
 /// `worker handoff <name> <adaptive> <tasks> <rounds>`: acquire, hold 2 ms, release; prints
-/// `acquired <µs>` / `released <µs>` events and `attempts <findAndModify count> <acquisitions>`.
+/// `acquired <µs>` / `released <µs>` events and `commands <lock commands> <acquisitions>`.
 async fn worker(args: &[String]) -> Result<()> {
     let [kind, name, adaptive, tasks, rounds] = args else {
         return Err(format!("bad worker arguments {args:?}").into());
@@ -373,11 +550,7 @@ async fn worker(args: &[String]) -> Result<()> {
     for event in events.lock().unwrap().iter() {
         println!("{event}");
     }
-    println!(
-        "attempts {} {}",
-        commands.count("findAndModify"),
-        tasks * rounds
-    );
+    println!("commands {} {}", commands.lock_commands(), tasks * rounds);
     Ok(())
 }
 

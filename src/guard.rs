@@ -80,8 +80,14 @@ impl LockGuard {
 
     /// Stops renewing and releases the lock: one update, filtered on this acquisition's lock id,
     /// that ends the lease now. The document stays (for an exclusive lock, the TTL index removes
-    /// it a day later) so the next acquisition's fencing token is larger. The longest-waiting
-    /// caller of `acquire*` for the same lock in this process is woken at once. Transient
+    /// it a day later) so the next acquisition's fencing token is larger.
+    ///
+    /// When a caller of `acquire*` waits for the same exclusive lock in this process, the release
+    /// is instead a *transfer*: one `findAndModify`, filtered on this lock id, that gives the
+    /// longest-waiting local caller the lock (its own lock id, a fresh lease, the next fencing
+    /// token), so it holds the lock when this returns. At most 8 transfers follow one another;
+    /// the next release is a plain one that wakes nobody, giving waiters in other processes
+    /// their turn. For the other kinds, the longest-waiting local caller is woken at once. Transient
     /// failures (an election, a lost reply) are retried, and an update without a reply after a
     /// quarter of `expiry` (at least 1 s) is sent again on another connection, until `expiry`.
     ///

@@ -66,8 +66,11 @@ const WRITE_IS_FREE: &str = "_writeIsFree";
 /// that of every earlier writer of the same name. Both renew their lease, signal `lost`, and
 /// release on `release()` or drop, exactly like the guards of
 /// [`MongoDistributedLock`](crate::MongoDistributedLock). A writer's release never touches readers and vice versa: each
-/// release is filtered on the holder's own lock id. Waiting callers poll at the busy-wait pace
-/// (there is no in-process handoff for reader-writer locks).
+/// release is filtered on the holder's own lock id.
+///
+/// Waiting readers and writers of one lock in one process queue together: only the first polls
+/// the server, and a release wakes the first waiter, with every reader in a row behind it, so
+/// readers waiting behind a writer all get in right after its release.
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {

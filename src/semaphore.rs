@@ -41,7 +41,11 @@ const ADMITTED: &str = "_admitted";
 /// work exactly as for [`MongoDistributedLock`](crate::MongoDistributedLock); fencing tokens strictly increase across all
 /// holders of the semaphore. `details` are the holder's [`LockDetails`] (by default this
 /// process's host and id; see [`with_details`](Self::with_details)), shown by
-/// [`holders`](Self::holders). Releases wake one waiter of the same semaphore in this process.
+/// [`holders`](Self::holders).
+///
+/// Waiters of one semaphore in one process queue: only the first polls the server, a release
+/// wakes the first waiter at once, and a waiter that gets a place while more are free wakes the
+/// next one, so places freed together are refilled together.
 ///
 /// Every user of a name must agree on `max_count`: the first acquisition records it, and a
 /// caller whose count differs gets [`Error::InvalidArgument`] naming both counts (the document
