@@ -146,11 +146,12 @@ async fn a_release_hands_the_lock_to_a_local_waiter_in_one_command() {
     let (lock, collection) = sleepy_lock(&database, "transfer");
     let guard = lock.acquire().await.unwrap();
     let token = guard.fencing_token();
-    let waiter = queued_waiter(&lock).await;
     log.clear();
+    let waiter = queued_waiter(&lock).await;
     guard.release().await.unwrap();
     // One command released the lock and gave it to the waiter: no separate release, and no
-    // attempt by the waiter (its next sleep would last 20 s).
+    // attempt by the waiter (the lock was held in this process when it called, so it queued at
+    // once; and its next poll would come after 20 s).
     assert_eq!(log.started(), ["findAndModify"]);
     let next = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await

@@ -213,33 +213,42 @@ where
     let mut offered: Option<oneshot::Receiver<Result<Option<G>>>> = None;
     // Since when every attempt has failed with a transient error.
     let mut failing_since: Option<Instant> = None;
+    // While an exclusive lease of the lock is held in this process, a caller that may wait
+    // queues at once: an attempt could only fail, and the lease's end is a local event.
+    let mut attempt_now = !(deadline.is_none_or(|deadline| Instant::now() < deadline)
+        && queue
+            .as_ref()
+            .is_some_and(|queue| handoff::held_here(queue.key)));
     loop {
-        let attempt_started = Instant::now();
-        let outcome = attempt().await;
-        let now = Instant::now();
-        let out_of_time = deadline.is_some_and(|deadline| now >= deadline);
-        match outcome {
-            Ok(Some(guard)) => {
-                if let Some(ticket) = ticket {
-                    ticket.leave_with_lock(guard.leaves_room());
+        if attempt_now {
+            let attempt_started = Instant::now();
+            let outcome = attempt().await;
+            let now = Instant::now();
+            let out_of_time = deadline.is_some_and(|deadline| now >= deadline);
+            match outcome {
+                Ok(Some(guard)) => {
+                    if let Some(ticket) = ticket {
+                        ticket.leave_with_lock(guard.leaves_room());
+                    }
+                    return Ok(Some(guard));
                 }
-                return Ok(Some(guard));
-            }
-            Ok(None) => failing_since = None,
-            // An election or a busy primary: wait and try again like for a busy lock, within
-            // the caller's deadline and for at most `expiry` in a row.
-            Err(error) if error.is_transient() => {
-                let since = *failing_since.get_or_insert(attempt_started);
-                if out_of_time || now - since >= options.expiry() {
-                    return Err(error);
+                Ok(None) => failing_since = None,
+                // An election or a busy primary: wait and try again like for a busy lock,
+                // within the caller's deadline and for at most `expiry` in a row.
+                Err(error) if error.is_transient() => {
+                    let since = *failing_since.get_or_insert(attempt_started);
+                    if out_of_time || now - since >= options.expiry() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "transient failure of an acquisition attempt; retrying");
                 }
-                tracing::debug!(%error, "transient failure of an acquisition attempt; retrying");
+                Err(error) => return Err(error),
             }
-            Err(error) => return Err(error),
+            if out_of_time {
+                return Ok(None);
+            }
         }
-        if out_of_time {
-            return Ok(None);
-        }
+        attempt_now = true;
         if ticket.is_none() {
             ticket = queue
                 .as_ref()

@@ -1,8 +1,9 @@
 //! In-process handoff: the callers of `acquire*` waiting for the same lock in this process queue
 //! up, so that a local release reaches them at once and only one of them polls the server.
 //!
-//! - **Queue.** A waiter joins in FIFO order after its first failed attempt and leaves when its
-//!   `acquire*` call ends (with the lock, an error, a timeout or cancellation).
+//! - **Queue.** A waiter joins in FIFO order after its first failed attempt (at once, without an
+//!   attempt, while an exclusive lease of the lock is held here) and leaves when its `acquire*`
+//!   call ends (with the lock, an error, a timeout or cancellation).
 //! - **One poller.** Only the first waiter polls the server, at the busy-wait pace, to notice
 //!   releases by other processes (at the slowest pace while an exclusive lease of the same lock
 //!   is held in this process: its release will come as a local event). The others wait for local
@@ -10,10 +11,10 @@
 //! - **Transfer.** A waiter for an exclusive lock leaves an [`Offer`]: the release of a local
 //!   holder then hands the lease over in the release command itself (see `renewal`), at most
 //!   [`MAX_TRANSFERS_IN_A_ROW`] times in a row.
-//! - **Waking.** Otherwise a release wakes the first waiter that is not already busy with an
-//!   attempt, and, if that one shares the lock (a reader), every sharing waiter behind it up to
-//!   the next exclusive one. A waiter that acquires a lock with room left (a semaphore with free
-//!   places, a reader) wakes the next waiter at once.
+//! - **Waking.** Otherwise, once a release is over, it wakes the first waiter that is not
+//!   already busy with an attempt, and, if that one shares the lock (a reader), every sharing
+//!   waiter behind it up to the next exclusive one. A waiter that acquires a lock with room left
+//!   (a semaphore with free places, a reader) wakes the next waiter at once.
 //!
 //! The queue is process-wide, keyed by database, collection and lock name. Two clusters with the
 //! same names would at worst wake a waiter early, which costs one attempt.
@@ -222,9 +223,7 @@ impl Ticket {
 
     /// Whether an exclusive lease of this lock is held in this process.
     pub(crate) fn held_here(&self) -> bool {
-        queues()
-            .get(&self.key)
-            .is_some_and(|queue| queue.held_here > 0)
+        held_here(&self.key)
     }
 
     /// Leaves `offer` for the next release of a local holder (replacing an earlier one).
@@ -298,22 +297,15 @@ impl Drop for Ticket {
     }
 }
 
+/// Whether an exclusive lease of `key` is held in this process.
+pub(crate) fn held_here(key: &Key) -> bool {
+    queues().get(key).is_some_and(|queue| queue.held_here > 0)
+}
+
 /// Wakes the first waiter of `key` not busy with an attempt (and the sharing ones behind it, for
 /// readers); returns their ids.
 pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
     with_queue(key, Queue::wake_first).unwrap_or_default()
-}
-
-/// Wakes the waiters `ids` again if they are still waiting (their attempts may have reached the
-/// server before the release did).
-pub(crate) fn wake_again(key: &Key, ids: &[u64]) {
-    with_queue(key, |queue| {
-        for waiter in queue.waiters.iter_mut() {
-            if ids.contains(&waiter.id) {
-                waiter.signal(Wake::Attempt);
-            }
-        }
-    });
 }
 
 /// What the release of a local holder of `key` does: hand over to the first waiter's offer, if
@@ -457,18 +449,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_wake_before_waiting_is_not_lost_and_wake_again_skips_departed_waiters() {
+    async fn a_wake_before_waiting_is_not_lost_and_is_taken_once() {
         let key = key("db", "coll", "permit");
         let waiter = Ticket::join(&key, false);
-        let ids = wake_first(&key);
+        wake_first(&key);
         // Woken while busy with an attempt: the next wait returns at once.
         assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
-        wake_again(&key, &ids);
-        assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
-        // Each wake is taken once.
         assert_eq!(woken_within(&waiter, 20).await, None);
         drop(waiter);
-        wake_again(&key, &ids); // gone: nothing to wake, no panic
         assert!(!queues().contains_key(&key));
     }
 

@@ -733,12 +733,10 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
         (Some(waiters), Layout::LockDocument) if !lost_before => handoff::handoff(waiters),
         _ => Handoff::Wake,
     };
-    // Wake the longest-waiting local waiters now: their attempts reach the server right behind
-    // this release. If they arrive first after all, they are woken again once it is confirmed.
-    let woken = match (&lease.waiters, handoff) {
-        (_, Handoff::Transfer(offer)) => return transfer(context, lease, offer, started).await,
-        (Some(waiters), Handoff::Wake) => handoff::wake_first(waiters),
-        (_, Handoff::LetOthersIn) | (None, Handoff::Wake) => Vec::new(),
+    let wake = match handoff {
+        Handoff::Transfer(offer) => return transfer(context, lease, offer, started).await,
+        Handoff::Wake => lease.waiters.as_ref(),
+        Handoff::LetOthersIn => None,
     };
     let filter = layout.release_filter(&lease.id, &lease.lock_id);
     let update = layout.release_update(&lease.lock_id);
@@ -753,20 +751,19 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
         })
     };
     let matched = |result: &UpdateResult| result.matched_count > 0;
-    released(
-        lease,
-        started,
-        release_outcome(options, started, send, matched).await,
-    )?;
+    let outcome = release_outcome(options, started, send, matched).await;
+    // Local waiters attempt once the lease is over (whatever the outcome: it is over or will
+    // be), not before: an attempt that overtook the release would fail and cost a command.
+    if let Some(waiters) = wake {
+        handoff::wake_first(waiters);
+    }
+    released(lease, started, outcome)?;
     if lost_before {
         return Err(Error::LockLost {
             name: lease.name.clone(),
         });
     }
     lease.state.mark_released();
-    if let Some(waiters) = &lease.waiters {
-        handoff::wake_again(waiters, &woken);
-    }
     Ok(())
 }
 
