@@ -52,6 +52,8 @@ pub struct CommandLog {
     sizes: Mutex<Vec<(String, usize)>>,
     /// The reads (`find`, `aggregate`) started, as sent.
     reads: Mutex<Vec<Document>>,
+    /// The `findAndModify` commands started, as sent.
+    find_and_modifies: Mutex<Vec<Document>>,
     in_flight: AtomicI64,
 }
 
@@ -73,11 +75,28 @@ impl CommandLog {
     pub fn clear(&self) {
         self.started.lock().unwrap().clear();
         self.sizes.lock().unwrap().clear();
+        self.find_and_modifies.lock().unwrap().clear();
     }
 
     /// The `find` and `aggregate` commands started so far, as sent.
     pub fn reads(&self) -> Vec<Document> {
         self.reads.lock().unwrap().clone()
+    }
+
+    /// The `findAndModify` commands that transferred a lock to a local waiter on release (their
+    /// filter admits two lock ids).
+    pub fn transfers(&self) -> usize {
+        self.find_and_modifies
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|command| {
+                command
+                    .get_document("query")
+                    .and_then(|query| query.get_document("lockId"))
+                    .is_ok_and(|lock_id| lock_id.contains_key("$in"))
+            })
+            .count()
     }
 
     /// The BSON sizes of the commands called `name` started so far.
@@ -126,8 +145,16 @@ pub async fn counting_database_on(
                 .lock()
                 .unwrap()
                 .push(started.command_name.clone());
-            if matches!(started.command_name.as_str(), "find" | "aggregate") {
-                recorder.reads.lock().unwrap().push(started.command.clone());
+            match started.command_name.as_str() {
+                "find" | "aggregate" => {
+                    recorder.reads.lock().unwrap().push(started.command.clone())
+                }
+                "findAndModify" => recorder
+                    .find_and_modifies
+                    .lock()
+                    .unwrap()
+                    .push(started.command.clone()),
+                _ => {}
             }
             let size = mongodb::bson::to_vec(&started.command).map_or(0, |raw| raw.len());
             recorder
