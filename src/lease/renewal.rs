@@ -832,6 +832,7 @@ async fn transfer(
     match released(lease, started, outcome) {
         Ok(document) => {
             lease.state.mark_released();
+            tracing::debug!(lock = %shown_name(&lease.name), "released to a local waiter");
             let document = document.unwrap_or_default();
             // Every try was sent at or after `started`: the lease lasts at least from then.
             deliver(Transfer::Done {
