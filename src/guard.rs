@@ -82,8 +82,9 @@ impl LockGuard {
     /// that ends the lease now. The document stays (for an exclusive lock, the TTL index removes
     /// it a day later) so the next acquisition's fencing token is larger.
     ///
-    /// When a caller of `acquire*` waits for the same exclusive lock in this process, the release
-    /// is instead a *transfer*: one `findAndModify`, filtered on this lock id, that gives the
+    /// When a caller of `acquire*` waits for the same exclusive lock in this process (through a
+    /// clone of the lock or the same provider, with the same write concern), the release is
+    /// instead a *transfer*: one `findAndModify`, filtered on this lock id, that gives the
     /// longest-waiting local caller the lock (its own lock id, a fresh lease, the next fencing
     /// token), so it holds the lock when this returns. At most 8 transfers follow one another;
     /// the next release is a plain one that wakes nobody, giving waiters in other processes

@@ -20,7 +20,10 @@ pub const DEFAULT_LOCK_COLLECTION: &str = "distributed_locks";
 /// A named mutual-exclusion lock stored in a MongoDB collection.
 ///
 /// Cheap to clone (the clones share one lock definition); `Send + Sync`. Creating one talks to
-/// no server. See the [crate docs](crate) for what it guarantees and [`design`](crate::design) for how it works.
+/// no server. Callers waiting for the lock in one process queue up (a release hands it to the
+/// longest-waiting one) when they use clones of one lock, or locks of one
+/// [`Provider`](crate::Provider); locks built apart with `new` each wait on their own, as if in
+/// different processes. See the [crate docs](crate) for what it guarantees and [`design`](crate::design) for how it works.
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
@@ -87,7 +90,7 @@ impl MongoDistributedLock {
         details: Option<Document>,
     ) -> Self {
         let target = Arc::make_mut(&mut self.target);
-        target.renewals = Arc::clone(renewals);
+        target.share_renewals(renewals);
         target.details = details;
         self
     }

@@ -134,7 +134,7 @@ impl MongoDistributedReaderWriterLock {
 
     /// Shares `renewals` (a provider's).
     pub(crate) fn with_renewals(mut self, renewals: &Arc<RenewalHub>) -> Self {
-        Arc::make_mut(&mut self.target).renewals = Arc::clone(renewals);
+        Arc::make_mut(&mut self.target).share_renewals(renewals);
         self
     }
 

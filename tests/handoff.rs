@@ -363,3 +363,47 @@ async fn only_the_first_local_waiter_polls_the_server() {
         waiter.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_built_apart_never_hand_over_to_each_other() {
+    // Two clients (for all the crate knows, of two clusters) and two locks built apart, with the
+    // same database, collection and name.
+    let (holder_database, holder_log) = common::counting_database().await;
+    let (waiter_database, waiter_log) = common::counting_database().await;
+    let (holder_lock, collection) = sleepy_lock(&holder_database, "apart");
+    let waiter_lock = MongoDistributedLock::new(holder_lock.name(), &waiter_database)
+        .with_collection(collection.name())
+        .with_options(
+            LockOptions::builder()
+                .busy_wait_sleep_time(Duration::from_millis(50), Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        );
+    let guard = holder_lock.acquire().await.unwrap();
+    let token = guard.fencing_token();
+    let waiter =
+        tokio::spawn(async move { waiter_lock.acquire_timeout(Duration::from_secs(60)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder_log.clear();
+    guard.release().await.unwrap();
+    // A plain release on the holder's client; the waiter acquires with its own command, on its
+    // own client.
+    assert_eq!(
+        holder_log.count("findAndModify"),
+        0,
+        "{:?}",
+        holder_log.started()
+    );
+    assert_eq!(holder_log.count("update"), 1, "{:?}", holder_log.started());
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter acquires by polling")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    assert!(
+        waiter_log.count("findAndModify") >= 2,
+        "a failed attempt, then the winning one"
+    );
+    next.release().await.unwrap();
+}

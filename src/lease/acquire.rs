@@ -219,6 +219,7 @@ where
         && queue
             .as_ref()
             .is_some_and(|queue| handoff::held_here(queue.key)));
+    let skipped_first_attempt = !attempt_now;
     loop {
         if attempt_now {
             let attempt_started = Instant::now();
@@ -245,7 +246,11 @@ where
                 Err(error) => return Err(error),
             }
             if out_of_time {
-                return Ok(None);
+                // A transfer may have come in while this attempt was on its way.
+                return match offered.as_mut().map(oneshot::Receiver::try_recv) {
+                    Some(Ok(transferred @ Ok(Some(_)))) => transferred,
+                    _ => Ok(None),
+                };
             }
         }
         attempt_now = true;
@@ -253,6 +258,11 @@ where
             ticket = queue
                 .as_ref()
                 .map(|queue| Ticket::join(queue.key, queue.shared));
+            // The lease held here when this caller came may have ended before it joined: then
+            // no local event is coming for it.
+            if skipped_first_attempt && ticket.as_ref().is_some_and(|ticket| !ticket.held_here()) {
+                continue;
+            }
         }
         loop {
             if let (Some(ticket), Some((takeovers, runtime)), None) = (
@@ -260,7 +270,7 @@ where
                 queue.as_ref().and_then(|queue| queue.takeovers),
                 &offered,
             ) {
-                offered = Some(offer(ticket, takeovers, runtime));
+                offered = Some(offer(ticket, takeovers, runtime, options));
             }
             let event = wait(
                 options,
@@ -341,13 +351,15 @@ async fn wait<G>(
             None => pending().await,
         }
     };
+    // A transfer's outcome first: its guard must not wait behind an attempt that cannot win.
     tokio::select! {
+        biased;
+        outcome = transferred => Event::Transferred(outcome),
         () = sleep => Event::Attempt,
         wake = woken => match wake {
             Wake::Attempt => Event::Attempt,
             Wake::Poll => Event::Poll,
         },
-        outcome = transferred => Event::Transferred(outcome),
     }
 }
 
@@ -356,6 +368,7 @@ fn offer<G>(
     ticket: &Ticket,
     takeovers: Takeovers<'_, G>,
     runtime: &Handle,
+    options: &LockOptions,
 ) -> oneshot::Receiver<Result<Option<G>>>
 where
     G: Send + 'static,
@@ -366,6 +379,7 @@ where
     ticket.offer(Offer {
         lock_id,
         update,
+        write_concern: options.write_concern().clone(),
         deliver: Box::new(move |transfer| {
             let result = match transfer {
                 Transfer::Done { document, sent_at } => finish(document, sent_at),

@@ -16,23 +16,28 @@
 //!   waiter behind it up to the next exclusive one. A waiter that acquires a lock with room left
 //!   (a semaphore with free places, a reader) wakes the next waiter at once.
 //!
-//! The queue is process-wide, keyed by database, collection and lock name. Two clusters with the
-//! same names would at worst wake a waiter early, which costs one attempt.
+//! The queue is process-wide, keyed by the locks' [`RenewalHub`](super::renewal::RenewalHub)
+//! (the locks of one provider, or clones of one lock: one client, hence one cluster), database,
+//! collection and lock name. A `mongodb::Client` has no public identity, so locks built apart
+//! from each other never share a queue: they could talk to different clusters, where a transfer,
+//! a wake or a single poller would be wrong. A transfer also requires the releaser and the
+//! waiter to use the same write concern.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use mongodb::bson::Document;
+use mongodb::options::WriteConcern;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Identifies one lock across the process: database, collection and name.
+/// Identifies one lock across the process: renewal hub, database, collection and name.
 pub(crate) type Key = Arc<str>;
 
-pub(crate) fn key(database: &str, collection: &str, name: &str) -> Key {
+pub(crate) fn key(hub: u64, database: &str, collection: &str, name: &str) -> Key {
     // Database and collection names cannot contain NUL (names are validated before use).
-    format!("{database}\0{collection}\0{name}").into()
+    format!("{hub}\0{database}\0{collection}\0{name}").into()
 }
 
 /// After this many transfers in a row, a release of the lock is a plain one and does not wake
@@ -58,7 +63,10 @@ pub(crate) struct Offer {
     pub(crate) lock_id: String,
     /// The attempt's pipeline, taking over from the lease with the given lock id.
     pub(crate) update: TakeoverUpdate,
-    /// Receives the outcome (and builds the waiter's guard from it). Called exactly once.
+    /// The waiter's write concern: only a releaser with the same one transfers to it.
+    pub(crate) write_concern: WriteConcern,
+    /// Receives the outcome (and builds the waiter's guard from it). Called exactly once: with
+    /// [`Transfer::NotDone`] if the offer is replaced or its waiter leaves without it.
     pub(crate) deliver: Box<dyn FnOnce(Transfer) + Send>,
 }
 
@@ -141,7 +149,9 @@ impl Queue {
     }
 
     /// Wakes the first waiter not busy with an attempt and, if it shares the lock, the sharing
-    /// waiters behind it up to the next exclusive one; returns their ids.
+    /// waiters behind it up to the next exclusive one; returns their ids. If every waiter is
+    /// busy, the first one attempts once more when it is back (its attempt may have been sent
+    /// before the release).
     fn wake_first(&mut self) -> Vec<u64> {
         let mut woken = Vec::new();
         for waiter in self.waiters.iter_mut().filter(|waiter| !waiter.busy) {
@@ -153,6 +163,12 @@ impl Queue {
             if !waiter.shared {
                 break;
             }
+        }
+        if woken.is_empty()
+            && let Some(first) = self.waiters.front_mut()
+        {
+            first.signal(Wake::Attempt);
+            woken.push(first.id);
         }
         woken
     }
@@ -226,14 +242,21 @@ impl Ticket {
         held_here(&self.key)
     }
 
-    /// Leaves `offer` for the next release of a local holder (replacing an earlier one).
+    /// Leaves `offer` for the next release of a local holder (an earlier one it replaces is
+    /// told "no transfer").
     pub(crate) fn offer(&self, offer: Offer) {
-        let mut queues = queues();
-        let me = queues
-            .get_mut(&self.key)
-            .and_then(|queue| queue.waiters.iter_mut().find(|w| w.id == self.id));
-        if let Some(me) = me {
-            me.offer = Some(offer);
+        let replaced = {
+            let mut queues = queues();
+            let me = queues
+                .get_mut(&self.key)
+                .and_then(|queue| queue.waiters.iter_mut().find(|w| w.id == self.id));
+            match me {
+                Some(me) => me.offer.replace(offer),
+                None => Some(offer),
+            }
+        };
+        if let Some(replaced) = replaced {
+            (replaced.deliver)(Transfer::NotDone);
         }
     }
 
@@ -249,8 +272,10 @@ impl Ticket {
             // Waiting again: releases may wake this waiter again.
             let signal = with_queue(&self.key, |queue| {
                 let me = queue.waiters.iter_mut().find(|w| w.id == self.id)?;
-                me.busy = false;
-                me.signal.take()
+                let signal = me.signal.take();
+                // Woken to attempt: busy until it waits again.
+                me.busy = signal == Some(Wake::Attempt);
+                signal
             });
             if let Some(Some(wake)) = signal {
                 return wake;
@@ -286,6 +311,9 @@ impl Drop for Ticket {
                 }
             } else if acquired == Some(true) {
                 queue.wake_first();
+            } else if acquired.is_none() && (me.busy || me.signal == Some(Wake::Attempt)) {
+                // Woken for a release it will not attempt for: the wake goes to the next.
+                queue.wake_first();
             }
             me.offer.map(|offer| offer.deliver)
         });
@@ -308,13 +336,18 @@ pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
     with_queue(key, Queue::wake_first).unwrap_or_default()
 }
 
-/// What the release of a local holder of `key` does: hand over to the first waiter's offer, if
-/// it is waiting and the bound allows; else a plain release that wakes waiters, or (at the
-/// bound) one that lets other processes in.
-pub(crate) fn handoff(key: &Key) -> Handoff {
+/// What the release of a local holder of `key` with `write_concern` does: hand over to the
+/// first waiter's offer, if it is waiting, uses the same write concern and the bound allows;
+/// else a plain release that wakes waiters, or (at the bound) one that lets other processes in.
+pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern) -> Handoff {
     with_queue(key, |queue| {
         let first = queue.waiters.iter_mut().find(|waiter| !waiter.busy);
-        let Some(first) = first.filter(|first| first.offer.is_some()) else {
+        let Some(first) = first.filter(|first| {
+            first
+                .offer
+                .as_ref()
+                .is_some_and(|offer| offer.write_concern == *write_concern)
+        }) else {
             queue.transfers_in_a_row = 0;
             return Handoff::Wake;
         };
@@ -383,7 +416,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_first_waiter_is_woken_and_leaving_passes_the_turn_on() {
-        let key = key("db", "coll", "fifo");
+        let key = key(0, "db", "coll", "fifo");
         let first = Ticket::join(&key, false);
         let second = Ticket::join(&key, false);
         assert_eq!(wake_first(&key), vec![first.id]);
@@ -401,7 +434,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_second_release_wakes_the_next_waiter_while_the_first_is_still_busy() {
-        let key = key("db", "coll", "slots");
+        let key = key(0, "db", "coll", "slots");
         let first = Ticket::join(&key, false);
         let second = Ticket::join(&key, false);
         assert_eq!(wake_first(&key), vec![first.id]);
@@ -423,7 +456,7 @@ mod tests {
 
     #[tokio::test]
     async fn leaving_with_the_lock_makes_the_next_the_poller_or_wakes_it_when_there_is_room() {
-        let key = key("db", "coll", "leave");
+        let key = key(0, "db", "coll", "leave");
         let first = Ticket::join(&key, false);
         let second = Ticket::join(&key, false);
         first.leave_with_lock(false);
@@ -436,7 +469,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_release_wakes_every_reader_up_to_the_next_writer() {
-        let key = key("db", "coll", "readers");
+        let key = key(0, "db", "coll", "readers");
         let readers = [Ticket::join(&key, true), Ticket::join(&key, true)];
         let writer = Ticket::join(&key, false);
         let late_reader = Ticket::join(&key, true);
@@ -450,7 +483,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wake_before_waiting_is_not_lost_and_is_taken_once() {
-        let key = key("db", "coll", "permit");
+        let key = key(0, "db", "coll", "permit");
         let waiter = Ticket::join(&key, false);
         wake_first(&key);
         // Woken while busy with an attempt: the next wait returns at once.
@@ -464,23 +497,27 @@ mod tests {
         Offer {
             lock_id: lock_id.to_owned(),
             update: Box::new(|_| Vec::new()),
+            write_concern: WriteConcern::default(),
             deliver: Box::new(move |transfer| *outcome.lock().unwrap() = Some(transfer)),
         }
     }
 
     #[tokio::test]
     async fn transfers_go_to_the_first_waiting_offer_and_stop_after_the_bound() {
-        let key = key("db", "coll", "transfer");
+        let key = key(0, "db", "coll", "transfer");
         let outcome = Arc::new(Mutex::new(None));
         let waiter = Ticket::join(&key, false);
-        assert!(matches!(handoff(&key), Handoff::Wake), "no offer yet");
+        assert!(
+            matches!(handoff(&key, &WriteConcern::default()), Handoff::Wake),
+            "no offer yet"
+        );
         assert_eq!(wake_first(&key), vec![waiter.id]);
         assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
         let mut transfers = 0;
         loop {
             waiter.offer(offer(&format!("w{transfers}"), Arc::clone(&outcome)));
             let _ = woken_within(&waiter, 1).await; // waiting again
-            match handoff(&key) {
+            match handoff(&key, &WriteConcern::default()) {
                 Handoff::Transfer(offer) => {
                     assert_eq!(offer.lock_id, format!("w{transfers}"));
                     transfers += 1;
@@ -493,18 +530,72 @@ mod tests {
         // The bound starts over.
         waiter.offer(offer("next", Arc::clone(&outcome)));
         let _ = woken_within(&waiter, 1).await;
-        assert!(matches!(handoff(&key), Handoff::Transfer(_)));
+        assert!(matches!(
+            handoff(&key, &WriteConcern::default()),
+            Handoff::Transfer(_)
+        ));
         // A waiter busy receiving a transfer gets nothing else until it waits again.
         waiter.offer(offer("busy", Arc::clone(&outcome)));
-        assert!(matches!(handoff(&key), Handoff::Wake));
+        assert!(matches!(
+            handoff(&key, &WriteConcern::default()),
+            Handoff::Wake
+        ));
         // The offer left behind is told "no transfer" when its waiter leaves.
         drop(waiter);
         assert!(matches!(*outcome.lock().unwrap(), Some(Transfer::NotDone)));
     }
 
     #[tokio::test]
+    async fn no_transfer_between_different_write_concerns_and_a_replaced_offer_hears_no() {
+        let key = key(0, "db", "coll", "concerns");
+        let first = Arc::new(Mutex::new(None));
+        let second = Arc::new(Mutex::new(None));
+        let waiter = Ticket::join(&key, false);
+        waiter.offer(offer("first", Arc::clone(&first)));
+        waiter.offer(offer("second", Arc::clone(&second)));
+        assert!(matches!(*first.lock().unwrap(), Some(Transfer::NotDone)));
+        let majority = WriteConcern::majority();
+        assert!(matches!(handoff(&key, &majority), Handoff::Wake));
+        assert!(second.lock().unwrap().is_none(), "the offer stands");
+        match handoff(&key, &WriteConcern::default()) {
+            Handoff::Transfer(offer) => assert_eq!(offer.lock_id, "second"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiter_attempting_after_a_wake_is_busy_until_it_waits_again() {
+        let key = key(0, "db", "coll", "allbusy");
+        let first = Ticket::join(&key, false);
+        let second = Ticket::join(&key, false);
+        assert_eq!(wake_first(&key), vec![first.id]);
+        assert_eq!(woken_within(&first, 100).await, Some(Wake::Attempt));
+        // The first is attempting: a second release goes to the second waiter.
+        assert_eq!(wake_first(&key), vec![second.id]);
+        assert_eq!(woken_within(&second, 100).await, Some(Wake::Attempt));
+        // Both are attempting; a release now may have come after the first's attempt was
+        // sent: it attempts once more when back.
+        assert_eq!(wake_first(&key), vec![first.id]);
+        assert_eq!(woken_within(&first, 100).await, Some(Wake::Attempt));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_leaving_after_a_wake_passes_it_to_the_next() {
+        let key = key(0, "db", "coll", "passon");
+        let first = Ticket::join(&key, false);
+        let second = Ticket::join(&key, false);
+        let third = Ticket::join(&key, false);
+        assert_eq!(wake_first(&key), vec![first.id]);
+        assert_eq!(wake_first(&key), vec![second.id]);
+        // The second leaves (a timeout, say) without attempting: the third gets the wake.
+        drop(second);
+        assert_eq!(woken_within(&third, 1_000).await, Some(Wake::Attempt));
+        drop(first);
+    }
+
+    #[tokio::test]
     async fn a_lease_held_here_slows_the_poller_and_its_end_tells_it_to_poll() {
-        let key = key("db", "coll", "holding");
+        let key = key(0, "db", "coll", "holding");
         let waiter = Ticket::join(&key, false);
         let holding = Holding::new(&key);
         assert!(waiter.held_here());

@@ -99,7 +99,7 @@ impl Problem {
 impl Target {
     pub(crate) fn new(name: String, database: &Database, collection: &str) -> Target {
         let mut target = Target {
-            waiters: handoff::key(database.name(), collection, &name),
+            waiters: handoff::Key::from(""),
             database: database.clone(),
             collection: database.collection(collection),
             options: LockOptions::default(),
@@ -109,14 +109,30 @@ impl Target {
             name,
         };
         target.problem = target.find_problem();
+        target.waiters = target.queue_key();
         target
     }
 
     /// Moves the lock to `collection` (of the same database).
     pub(crate) fn set_collection(&mut self, collection: &str) {
-        self.waiters = handoff::key(self.database.name(), collection, &self.name);
         self.collection = self.database.collection(collection);
         self.problem = self.find_problem();
+        self.waiters = self.queue_key();
+    }
+
+    /// Shares `renewals` (a provider's), and with them the in-process queues of its locks.
+    pub(crate) fn share_renewals(&mut self, renewals: &Arc<RenewalHub>) {
+        self.renewals = Arc::clone(renewals);
+        self.waiters = self.queue_key();
+    }
+
+    fn queue_key(&self) -> handoff::Key {
+        handoff::key(
+            self.renewals.id(),
+            self.database.name(),
+            self.collection.name(),
+            &self.name,
+        )
     }
 
     fn find_problem(&self) -> Option<Problem> {

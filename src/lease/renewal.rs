@@ -36,10 +36,13 @@
 //! # Release
 //! A guard's release or drop sends a message to its loop (a plain channel send: it works from
 //! `Drop`, off the runtime, without blocking). The loop forgets the lease and sends the release
-//! update in a spawned task. The release clears `lockId`, so a renewal still in flight can no
+//! in a spawned task: an update that clears `lockId`, or, for an exclusive lock with a local
+//! waiter, a `findAndModify` that writes the waiter's lease instead (a *transfer*, see
+//! `handoff`). Either way the releasing lock id is gone, so a renewal still in flight can no
 //! longer match the lease: releases and renewals need no ordering.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -185,12 +188,29 @@ pub(crate) struct Place<'a> {
 }
 
 /// The renewal loops of a family of locks, one per runtime and configuration.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RenewalHub {
+    /// Unique in the process: the family's locks share in-process queues (see `handoff`).
+    id: u64,
     loops: Mutex<HashMap<LoopKey, mpsc::UnboundedSender<Command>>>,
 }
 
+impl Default for RenewalHub {
+    fn default() -> RenewalHub {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        RenewalHub {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            loops: Mutex::default(),
+        }
+    }
+}
+
 impl RenewalHub {
+    /// Identifies this hub (this family of locks) in the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     fn loops(&self) -> MutexGuard<'_, HashMap<LoopKey, mpsc::UnboundedSender<Command>>> {
         self.loops
             .lock()
@@ -730,7 +750,9 @@ async fn send_release(context: &ReleaseContext, lease: &Lease) -> Result<()> {
     // holder's lease), but the caller must hear that the lock was not held throughout.
     let lost_before = lease.is_lost();
     let handoff = match (&lease.waiters, layout) {
-        (Some(waiters), Layout::LockDocument) if !lost_before => handoff::handoff(waiters),
+        (Some(waiters), Layout::LockDocument) if !lost_before => {
+            handoff::handoff(waiters, options.write_concern())
+        }
         _ => Handoff::Wake,
     };
     let wake = match handoff {
@@ -810,6 +832,7 @@ async fn transfer(
         lock_id,
         update,
         deliver,
+        ..
     } = offer;
     let filter = doc! {
         schema::ID: lease.id.clone(),
