@@ -75,8 +75,8 @@ async fn main() -> Result<()> {
     for adaptive in [false, true] {
         commands_per_acquisition(&uri, adaptive).await?;
     }
-    semaphore_fill(&database, rtt).await?;
-    reader_wake_up(&database, rtt).await?;
+    semaphore_fill(&database, &commands, rtt).await?;
+    reader_wake_up(&database, &commands, rtt).await?;
     for (locks, cadence) in [(1, 1_000), (100, 1_000), (1_000, 3_000)] {
         renewals_per_cadence(&database, &commands, locks, cadence).await?;
     }
@@ -269,7 +269,11 @@ async fn local_commands(
 
 /// A semaphore of 3 places and 16 local contenders: the most holders at once while they cycle,
 /// and how long after all 3 holders release together the places are all taken again.
-async fn semaphore_fill(database: &Database, rtt: Duration) -> Result<()> {
+async fn semaphore_fill(
+    database: &Database,
+    commands: &CommandCounter,
+    rtt: Duration,
+) -> Result<()> {
     const PLACES: u32 = 3;
     const CONTENDERS: usize = 16;
     let semaphore = Provider::new(database)
@@ -296,7 +300,7 @@ async fn semaphore_fill(database: &Database, rtt: Duration) -> Result<()> {
     }
 
     // Refill: 3 holders and 13 waiters in line; the holders release together (4 rounds).
-    let mut fills = Vec::new();
+    let (mut fills, mut refill_commands) = (Vec::new(), 0);
     for round in 0..4 {
         let semaphore = Provider::new(database)
             .create_semaphore(format!("perf-refill-{round}-{}", wall_micros()), PLACES);
@@ -318,6 +322,7 @@ async fn semaphore_fill(database: &Database, rtt: Duration) -> Result<()> {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
+        commands.reset();
         let released_at = Instant::now();
         futures::future::join_all(holders.into_iter().map(|holder| holder.release())).await;
         let mut last = released_at;
@@ -325,26 +330,32 @@ async fn semaphore_fill(database: &Database, rtt: Duration) -> Result<()> {
             last = acquisitions.recv().await.ok_or("a waiter ended")?;
         }
         fills.push(last - released_at);
+        refill_commands += commands.lock_commands();
         for waiter in waiters {
             waiter.abort();
         }
     }
     fills.sort();
     println!(
-        "| semaphore, 3 places, 16 local contenders: most holders at once; all places retaken after the 3 holders release together (4 times) | **{} of {PLACES}**; median {} = {:.2} round trips, slowest {} |",
+        "| semaphore, 3 places, 16 local contenders: most holders at once; all places retaken after the 3 holders release together (4 times) | **{} of {PLACES}**; median {} = {:.2} round trips, slowest {}; {:.1} commands per refill (at least {PLACES} releases + {PLACES} attempts) |",
         most.load(Ordering::SeqCst),
         ms(percentile(&fills, 0.5)),
         percentile(&fills, 0.5).as_secs_f64() / rtt.as_secs_f64(),
-        ms(fills[fills.len() - 1])
+        ms(fills[fills.len() - 1]),
+        refill_commands as f64 / fills.len() as f64
     );
     Ok(())
 }
 
 /// 8 local readers waiting behind a writer: how long after the writer's release all of them hold
 /// the lock (default options: without a local wake-up, each would sleep 10–800 ms).
-async fn reader_wake_up(database: &Database, rtt: Duration) -> Result<()> {
+async fn reader_wake_up(
+    database: &Database,
+    commands: &CommandCounter,
+    rtt: Duration,
+) -> Result<()> {
     const READERS: usize = 8;
-    let mut wake_ups = Vec::new();
+    let (mut wake_ups, mut wake_commands) = (Vec::new(), 0);
     for round in 0..5 {
         let lock = Provider::new(database)
             .create_reader_writer_lock(format!("perf-readers-{round}-{}", wall_micros()));
@@ -363,6 +374,7 @@ async fn reader_wake_up(database: &Database, rtt: Duration) -> Result<()> {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
+        commands.reset();
         let released_at = Instant::now();
         writer.release().await?;
         let mut last = released_at;
@@ -370,16 +382,18 @@ async fn reader_wake_up(database: &Database, rtt: Duration) -> Result<()> {
             last = acquisitions.recv().await.ok_or("a reader ended")?;
         }
         wake_ups.push(last - released_at);
+        wake_commands += commands.lock_commands();
         for reader in readers {
             reader.abort();
         }
     }
     wake_ups.sort();
     println!(
-        "| reader-writer lock: 8 local readers waiting behind a writer, all holding after its release (5 times) | median {} = {:.2} round trips, slowest {} |",
+        "| reader-writer lock: 8 local readers waiting behind a writer, all holding after its release (5 times) | median {} = {:.2} round trips, slowest {}; {:.1} commands per wake-up (at least 1 release + {READERS} attempts) |",
         ms(percentile(&wake_ups, 0.5)),
         percentile(&wake_ups, 0.5).as_secs_f64() / rtt.as_secs_f64(),
-        ms(wake_ups[wake_ups.len() - 1])
+        ms(wake_ups[wake_ups.len() - 1]),
+        wake_commands as f64 / wake_ups.len() as f64
     );
     Ok(())
 }
