@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::{FencingToken, LockGuard, LostSignal, Result};
+use crate::{Error, FencingToken, LockGuard, LostSignal, Result};
 
 /// Several exclusive locks acquired together by
 /// [`Provider::acquire_all`](crate::Provider::acquire_all) and released together.
@@ -48,6 +48,23 @@ impl CompositeGuard {
     /// Whether any member is known or presumed lost.
     pub fn is_lost(&self) -> bool {
         self.members.iter().any(LockGuard::is_lost)
+    }
+
+    /// Runs `work` until it completes or any member is lost, whichever comes first; see
+    /// [`LockGuard::run_while_held`]. On loss the error names the first member found lost.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work`; the guard stays held.
+    pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.lost().unless_lost(work).await.ok_or_else(|| {
+            let lost = self.members.iter().find(|member| member.is_lost());
+            Error::LockLost {
+                name: lost.map_or_else(
+                    || self.names().collect::<Vec<_>>().join(", "),
+                    |member| member.name().to_owned(),
+                ),
+            }
+        })
     }
 
     /// Releases every member (in reverse acquisition order).

@@ -19,7 +19,7 @@ use crate::error::{Operation, is_duplicate_id};
 use crate::fencing::{check_operators, read_i64};
 use crate::lease::Problem;
 use crate::lease::acquire::{self, Acquisition, Attempt, Cleanup, Granted, Wait};
-use crate::lease::held::HeldLease;
+use crate::lease::held::{self, HeldLease};
 use crate::lease::lost::LeaseState;
 use crate::lease::renewal::{Lease, Place, RenewalHub};
 use crate::lease::schema::{
@@ -231,6 +231,30 @@ where
         self.lock_within(filter, Wait::at_most(timeout), None).await
     }
 
+    /// Locks a document matching `filter` (waiting as [`lock`](Self::lock) does), runs `work`
+    /// while it is locked ([`DocumentGuard::run_while_held`]) and unlocks it without changing
+    /// it: `work`'s output, or [`Error::LockLost`] if the lock was lost first. To write the
+    /// document as it is unlocked, use [`lock`](Self::lock) and [`DocumentGuard::commit`].
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock); [`Error::LockLost`] if the lock was lost before `work`
+    /// completed (`work` is dropped then). A release that fails after `work` completed is
+    /// logged, not returned: the work ran while the lock was held, and the lease ends by itself
+    /// at its expiry at the latest.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work` and the guard, which releases the lock in
+    /// the background.
+    pub async fn lock_and_run<R>(
+        &self,
+        filter: Document,
+        work: impl AsyncFnOnce(&DocumentGuard<T>) -> R,
+    ) -> Result<R> {
+        let guard = self.lock(filter).await?;
+        let output = guard.run_while_held(work(&guard)).await;
+        held::after_release(self.name(), output, guard.release().await)
+    }
+
     /// Locks the document with `_id` `id`, inserting `new_document` (unlocked, with that `_id`)
     /// first if it does not exist. Concurrent callers never create two documents: the `_id` is
     /// unique, and a caller whose insert hits a duplicate key simply waits for the lock.
@@ -416,7 +440,7 @@ where
         id: id.clone(),
         name: format!("{}/{id}", target.documents.name()),
         lock_id: lock_id.clone(),
-        state: LeaseState::new(target.options.lost_deadline(sent_at)),
+        state: LeaseState::starting(&target.options, sent_at),
         waiters: None,
         holding: None,
     };
@@ -493,6 +517,15 @@ impl<T> DocumentGuard<T> {
     /// Whether the lock is known or presumed lost.
     pub fn is_lost(&self) -> bool {
         self.lease.is_lost()
+    }
+
+    /// Runs `work` until it completes or the lock is lost, whichever comes first; see
+    /// [`LockGuard::run_while_held`](crate::LockGuard::run_while_held).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work`; the guard stays held.
+    pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.lease.run_while_held(work).await
     }
 
     /// Applies `update` (update operators such as `$set`, `$inc`, `$push`) and unlocks the

@@ -74,6 +74,28 @@ impl LockGuard {
         self.lease.is_lost()
     }
 
+    /// Runs `work` while the lock is held: until it completes (its output is returned and the
+    /// guard stays held) or the lock is lost, whichever comes first. On loss, `work` is dropped
+    /// at its current `.await` and the result is [`Error::LockLost`](crate::Error::LockLost); a
+    /// loss noticed together with the completion counts as a loss. Work that must not be cut
+    /// short between two awaits should check a [fencing token](Self::fencing_token) instead.
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock) -> distributed_lock_mongodb::Result<()> {
+    /// # async fn nightly_report() -> u32 { 0 }
+    /// let guard = lock.acquire().await?;
+    /// let rows = guard.run_while_held(nightly_report()).await?; // Err(LockLost) if lost first
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work`; the guard stays held.
+    pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.lease.run_while_held(work).await
+    }
+
     pub(crate) fn lease_state(&self) -> &Arc<LeaseState> {
         self.lease.state()
     }

@@ -9,6 +9,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::lease::acquire::{self, Acquisition, Attempt, Takeover, Wait};
+use crate::lease::held;
 use crate::lease::renewal::RenewalHub;
 use crate::lease::schema::{self, AttemptReply, Layout};
 use crate::lease::{Target, ttl_index};
@@ -173,6 +174,37 @@ impl MongoDistributedLock {
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         self.acquire_within(Wait::at_most(timeout)).await
+    }
+
+    /// Acquires the lock (waiting as [`acquire`](Self::acquire) does), runs `work` while it is
+    /// held ([`LockGuard::run_while_held`]) and releases it: `work`'s output, or
+    /// [`Error::LockLost`] if the lock was lost first.
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock) -> distributed_lock_mongodb::Result<()> {
+    /// let token = lock
+    ///     .acquire_and_run(async |guard| {
+    ///         // ... the work only one instance may do at a time ...
+    ///         guard.fencing_token()
+    ///     })
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); [`Error::LockLost`] if the lock was lost before `work`
+    /// completed (`work` is dropped then). A release that fails after `work` completed is
+    /// logged, not returned: the work ran while the lock was held, and the lease ends by itself
+    /// at its expiry at the latest.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work` and the guard, which releases the lock in
+    /// the background.
+    pub async fn acquire_and_run<T>(&self, work: impl AsyncFnOnce(&LockGuard) -> T) -> Result<T> {
+        let guard = self.acquire().await?;
+        let output = guard.run_while_held(work(&guard)).await;
+        held::after_release(self.name(), output, guard.release().await)
     }
 
     async fn acquire_within(&self, wait: Wait) -> Result<Option<LockGuard>> {

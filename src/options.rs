@@ -41,6 +41,7 @@ pub struct LockOptions {
     adaptive_backoff: bool,
     write_concern: WriteConcern,
     max_clock_skew: Duration,
+    max_hold: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -53,6 +54,7 @@ impl Default for LockOptions {
             adaptive_backoff: false,
             write_concern: WriteConcern::majority(),
             max_clock_skew: default_clock_skew(DEFAULT_EXPIRY),
+            max_hold: None,
         }
     }
 }
@@ -109,6 +111,12 @@ impl LockOptions {
         self.max_clock_skew
     }
 
+    /// The longest a lock may be held: counted from when the acquiring request was sent, after
+    /// this long renewal stops and `lost` fires. `None` (the default): no limit.
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.max_hold
+    }
+
     /// When a lease whose last acquire or renew request was sent at `confirmed_at` (client
     /// monotonic clock) is presumed lost: `confirmed_at + expiry − safety margin − max clock
     /// skew`. The only place this formula exists; every primitive's lost deadline comes from it.
@@ -138,6 +146,7 @@ pub struct LockOptionsBuilder {
     adaptive_backoff: bool,
     write_concern: Option<WriteConcern>,
     max_clock_skew: Option<Duration>,
+    max_hold: Option<Duration>,
 }
 
 impl LockOptionsBuilder {
@@ -192,6 +201,30 @@ impl LockOptionsBuilder {
     /// seconds a day). Zero is allowed for a single server whose clock is the only one.
     pub fn max_clock_skew(mut self, skew: Duration) -> Self {
         self.max_clock_skew = Some(skew);
+        self
+    }
+
+    /// The longest a lock may be held, renewals included: once this long has passed since the
+    /// acquiring request was sent, the lease is no longer renewed and `lost` fires, so a holder
+    /// that is stuck (a hung task, a deadlock) while its process keeps renewing cannot keep the
+    /// lock forever. Others can take the lock once the last renewal's lease ends on the server,
+    /// at most `expiry` later (at once if the guard is released or dropped). Defaults to no
+    /// limit; must be at least `expiry` (for a shorter limit, shorten the expiry) and at most
+    /// 365 days.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::LockOptions;
+    ///
+    /// // A nightly job that never legitimately runs for more than an hour.
+    /// let options = LockOptions::builder()
+    ///     .max_hold(Duration::from_secs(60 * 60))
+    ///     .build()?;
+    /// assert_eq!(options.max_hold(), Some(Duration::from_secs(3_600)));
+    /// # Ok::<(), distributed_lock_mongodb::Error>(())
+    /// ```
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
         self
     }
 
@@ -254,6 +287,16 @@ impl LockOptionsBuilder {
         }
 
         options.adaptive_backoff = self.adaptive_backoff;
+
+        if let Some(max_hold) = self.max_hold {
+            if max_hold < expiry || max_hold > MAX_DURATION {
+                return Err(invalid(format!(
+                    "max_hold must be at least the expiry ({expiry:?}) and at most 365 days, got \
+                     {max_hold:?}"
+                )));
+            }
+            options.max_hold = Some(whole_millis(max_hold));
+        }
 
         if let Some(write_concern) = self.write_concern {
             if matches!(write_concern.w, Some(Acknowledgment::Nodes(0))) {
@@ -419,5 +462,26 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(one.write_concern().w, Some(Acknowledgment::Nodes(1)));
+    }
+
+    #[test]
+    fn max_hold_is_off_by_default_and_validated_against_expiry() {
+        assert_eq!(LockOptions::default().max_hold(), None);
+        assert_eq!(LockOptions::builder().build().unwrap().max_hold(), None);
+        for max_hold in [
+            Duration::ZERO,
+            ms(29_999),
+            MAX_DURATION + ms(1),
+            Duration::MAX,
+        ] {
+            let message = error_of(LockOptions::builder().max_hold(max_hold));
+            assert!(message.starts_with("max_hold"), "{message}");
+        }
+        let short = LockOptions::builder()
+            .expiry(ms(1_000))
+            .max_hold(Duration::from_micros(1_000_900))
+            .build()
+            .unwrap();
+        assert_eq!(short.max_hold(), Some(ms(1_000)));
     }
 }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::error::shown_name;
 use crate::fencing::read_i64;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
-use crate::lease::held::HeldLease;
+use crate::lease::held::{self, HeldLease};
 use crate::lease::renewal::RenewalHub;
 use crate::lease::schema::new_lock_id;
 use crate::lease::schema::{
@@ -242,6 +242,50 @@ impl MongoDistributedReaderWriterLock {
     /// As [`acquire_write`](Self::acquire_write).
     pub async fn try_acquire_write_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         self.write_within(Wait::at_most(timeout)).await
+    }
+
+    /// Acquires a read lock (waiting as [`acquire_read`](Self::acquire_read) does), runs `work`
+    /// while it is held ([`ReadGuard::run_while_held`]) and releases it: `work`'s output, or
+    /// [`Error::LockLost`] if the read lock was lost first.
+    ///
+    /// # Errors
+    /// As [`acquire_read`](Self::acquire_read); [`Error::LockLost`] if the lock was lost before `work`
+    /// completed (`work` is dropped then). A release that fails after `work` completed is
+    /// logged, not returned: the work ran while the lock was held, and the lease ends by itself
+    /// at its expiry at the latest.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work` and the guard, which releases the lock in
+    /// the background.
+    pub async fn acquire_read_and_run<T>(
+        &self,
+        work: impl AsyncFnOnce(&ReadGuard) -> T,
+    ) -> Result<T> {
+        let read = self.acquire_read().await?;
+        let output = read.run_while_held(work(&read)).await;
+        held::after_release(self.name(), output, read.release().await)
+    }
+
+    /// Acquires the write lock (waiting as [`acquire_write`](Self::acquire_write) does), runs
+    /// `work` while it is held ([`LockGuard::run_while_held`]) and releases it: `work`'s output,
+    /// or [`Error::LockLost`] if the write lock was lost first.
+    ///
+    /// # Errors
+    /// As [`acquire_write`](Self::acquire_write); [`Error::LockLost`] if the lock was lost before `work`
+    /// completed (`work` is dropped then). A release that fails after `work` completed is
+    /// logged, not returned: the work ran while the lock was held, and the lease ends by itself
+    /// at its expiry at the latest.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work` and the guard, which releases the lock in
+    /// the background.
+    pub async fn acquire_write_and_run<T>(
+        &self,
+        work: impl AsyncFnOnce(&LockGuard) -> T,
+    ) -> Result<T> {
+        let write = self.acquire_write().await?;
+        let output = write.run_while_held(work(&write)).await;
+        held::after_release(self.name(), output, write.release().await)
     }
 
     /// The current holders (the writer, or the readers) at one server instant, each with its
@@ -576,6 +620,15 @@ impl ReadGuard {
     /// Whether the read lock is known or presumed lost.
     pub fn is_lost(&self) -> bool {
         self.lease.is_lost()
+    }
+
+    /// Runs `work` until it completes or the read lock is lost, whichever comes first; see
+    /// [`LockGuard::run_while_held`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work`; the guard stays held.
+    pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.lease.run_while_held(work).await
     }
 
     /// Stops renewing and releases the read lock: one update that removes this reader, and no

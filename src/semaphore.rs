@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::error::shown_name;
 use crate::fencing::read_i64;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
+use crate::lease::held;
 use crate::lease::renewal::RenewalHub;
 use crate::lease::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
@@ -186,6 +187,25 @@ impl MongoDistributedSemaphore {
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         self.acquire_within(Wait::at_most(timeout)).await
+    }
+
+    /// Acquires a place (waiting as [`acquire`](Self::acquire) does), runs `work` while it is
+    /// held ([`LockGuard::run_while_held`]) and releases it: `work`'s output, or
+    /// [`Error::LockLost`] if the place was lost first.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); [`Error::LockLost`] if the lock was lost before `work`
+    /// completed (`work` is dropped then). A release that fails after `work` completed is
+    /// logged, not returned: the work ran while the lock was held, and the lease ends by itself
+    /// at its expiry at the latest.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work` and the guard, which releases the lock in
+    /// the background.
+    pub async fn acquire_and_run<T>(&self, work: impl AsyncFnOnce(&LockGuard) -> T) -> Result<T> {
+        let place = self.acquire().await?;
+        let output = place.run_while_held(work(&place)).await;
+        held::after_release(self.name(), output, place.release().await)
     }
 
     async fn acquire_within(&self, wait: Wait) -> Result<Option<LockGuard>> {

@@ -8,7 +8,8 @@ use tokio::sync::mpsc;
 
 use super::lost::{LeaseState, LostSignal};
 use super::renewal::{self, Command, Lease, Place, RenewalHub};
-use crate::Result;
+use crate::error::shown_name;
+use crate::{Error, Result};
 
 /// A lease won by an attempt, renewed by a renewal loop until it is released or lost.
 #[derive(Debug)]
@@ -63,6 +64,16 @@ impl HeldLease {
         self.state.is_lost()
     }
 
+    /// Runs `work` until it completes or the lease is lost: the guards' `run_while_held`.
+    pub(crate) async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.lost()
+            .unless_lost(work)
+            .await
+            .ok_or_else(|| Error::LockLost {
+                name: self.name.clone(),
+            })
+    }
+
     /// Stops renewing and ends the lease (see [`renewal::release`]).
     pub(crate) async fn release(mut self) -> Result<()> {
         renewal::release(&self.renewals, self.lock_id.take()).await
@@ -82,4 +93,15 @@ impl Drop for HeldLease {
     fn drop(&mut self) {
         renewal::release_in_background(&self.renewals, self.lock_id.take());
     }
+}
+
+/// What the `*_and_run` methods return once the guard's release is over: the work's `output`,
+/// which is `Ok` only if the work completed before the lock was known lost. A failed release
+/// does not change that (the work ran while the lock was held; the lease ends by itself at its
+/// expiry at the latest), so it is only logged.
+pub(crate) fn after_release<T>(name: &str, output: Result<T>, released: Result<()>) -> Result<T> {
+    if let (Ok(_), Err(error)) = (&output, released) {
+        tracing::warn!(lock = %shown_name(name), %error, "release after the work failed");
+    }
+    output
 }

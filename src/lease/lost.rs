@@ -18,10 +18,17 @@ use futures::future::select_all;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use crate::LockOptions;
+
 /// The state of one lease, shared by its guard, its renewal loop and every [`LostSignal`].
 #[derive(Debug)]
 pub(crate) struct LeaseState {
     inner: Mutex<Phase>,
+    /// The end of the hold allowed by [`LockOptions::max_hold`]: no renewal extends the lost
+    /// deadline past it.
+    ///
+    /// [`LockOptions::max_hold`]: crate::LockOptions::max_hold
+    hold_until: Option<Instant>,
     /// Bumped on every change that can end a wait (lost, released).
     changes: watch::Sender<()>,
 }
@@ -38,11 +45,27 @@ enum Phase {
 }
 
 impl LeaseState {
-    pub(crate) fn new(lost_at: Instant) -> Arc<LeaseState> {
+    /// The state of a lease won by a request sent at `sent_at`.
+    pub(crate) fn starting(options: &LockOptions, sent_at: Instant) -> Arc<LeaseState> {
+        LeaseState::new(
+            options.lost_deadline(sent_at),
+            options.max_hold().map(|max_hold| sent_at + max_hold),
+        )
+    }
+
+    fn new(lost_at: Instant, hold_until: Option<Instant>) -> Arc<LeaseState> {
+        let lost_at = hold_until.map_or(lost_at, |hold_until| lost_at.min(hold_until));
         Arc::new(LeaseState {
             inner: Mutex::new(Phase::Held { lost_at }),
+            hold_until,
             changes: watch::Sender::new(()),
         })
+    }
+
+    /// Whether the hold allowed by `max_hold` is over.
+    pub(crate) fn hold_ended(&self) -> bool {
+        self.hold_until
+            .is_some_and(|hold_until| Instant::now() >= hold_until)
     }
 
     fn phase(&self) -> MutexGuard<'_, Phase> {
@@ -61,8 +84,12 @@ impl LeaseState {
     }
 
     /// Moves the deadline to `lost_at` if that is later and the lease is still held (its
-    /// deadline not passed). Returns whether the lease is still held.
+    /// deadline not passed), never past the end of the hold. Returns whether the lease is
+    /// still held.
     pub(crate) fn extend(&self, lost_at: Instant) -> bool {
+        let lost_at = self
+            .hold_until
+            .map_or(lost_at, |hold_until| lost_at.min(hold_until));
         let mut phase = self.phase();
         match *phase {
             Phase::Held { lost_at: current } if Instant::now() < current => {
@@ -190,6 +217,17 @@ impl LostSignal {
         self.leases.iter().any(|lease| lease.is_lost())
     }
 
+    /// Runs `work` until it completes or the lock is lost, whichever comes first: `None` if the
+    /// lock was lost (`work` is dropped then). A loss noticed in the same poll as the completion
+    /// wins, so an output is returned only if the lock was not known lost when `work` finished.
+    pub(crate) async fn unless_lost<F: Future>(&self, work: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            () = self.wait() => None,
+            output = work => Some(output),
+        }
+    }
+
     /// Resolves once the lock is known or presumed lost (at once if it is already).
     ///
     /// # Panics
@@ -214,7 +252,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_passed_deadline_is_lost_by_itself_and_stays_lost() {
-        let state = LeaseState::new(Instant::now() + Duration::from_millis(30));
+        let state = LeaseState::new(Instant::now() + Duration::from_millis(30), None);
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         assert!(!signal.is_lost());
         tokio::time::timeout(Duration::from_secs(5), signal.wait())
@@ -228,7 +266,7 @@ mod tests {
 
     #[tokio::test]
     async fn extending_moves_the_deadline_and_marking_wakes_waiters() {
-        let state = LeaseState::new(Instant::now() + Duration::from_millis(50));
+        let state = LeaseState::new(Instant::now() + Duration::from_millis(50), None);
         assert!(state.extend(Instant::now() + Duration::from_secs(60)));
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         tokio::time::sleep(Duration::from_millis(80)).await;
@@ -248,7 +286,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_lease_is_never_lost() {
-        let state = LeaseState::new(Instant::now() + Duration::from_millis(20));
+        let state = LeaseState::new(Instant::now() + Duration::from_millis(20), None);
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         state.mark_released();
         tokio::time::sleep(Duration::from_millis(40)).await;
@@ -264,7 +302,7 @@ mod tests {
     #[tokio::test]
     async fn a_composite_is_lost_when_any_member_is() {
         let far = Instant::now() + Duration::from_secs(60);
-        let (a, b) = (LeaseState::new(far), LeaseState::new(far));
+        let (a, b) = (LeaseState::new(far, None), LeaseState::new(far, None));
         let signal = LostSignal::new(vec![Arc::clone(&a), Arc::clone(&b)]);
         assert!(!signal.is_lost());
         b.mark_lost();
@@ -272,5 +310,64 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), signal.wait())
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn no_renewal_extends_a_lease_past_the_end_of_its_hold() {
+        let hold_until = Instant::now() + Duration::from_millis(40);
+        let state = LeaseState::new(Instant::now() + Duration::from_secs(60), Some(hold_until));
+        assert!(state.extend(Instant::now() + Duration::from_secs(120)));
+        assert_eq!(state.lost_at(), Some(hold_until));
+        assert!(!state.hold_ended());
+        let signal = LostSignal::new(vec![Arc::clone(&state)]);
+        tokio::time::timeout(Duration::from_secs(5), signal.wait())
+            .await
+            .expect("lost at the end of the hold");
+        assert!(state.hold_ended());
+        assert!(!state.extend(Instant::now() + Duration::from_secs(60)));
+        assert!(signal.is_lost());
+    }
+
+    #[tokio::test]
+    async fn work_runs_to_its_output_unless_the_lease_is_lost_first() {
+        let far = Instant::now() + Duration::from_secs(60);
+        let held = LostSignal::new(vec![LeaseState::new(far, None)]);
+        assert_eq!(held.unless_lost(async { 7 }).await, Some(7));
+
+        let state = LeaseState::new(far, None);
+        let signal = LostSignal::new(vec![Arc::clone(&state)]);
+        let (dropped, mut work_dropped) = tokio::sync::oneshot::channel::<()>();
+        let work = async move {
+            let _alive = dropped; // dropped with the work
+            std::future::pending::<u32>().await
+        };
+        let running = tokio::spawn(async move { signal.unless_lost(work).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            work_dropped.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty),
+            "the work is still running"
+        );
+        state.mark_lost();
+        let outcome = tokio::time::timeout(Duration::from_secs(5), running)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(outcome, None);
+        assert_eq!(
+            work_dropped.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed),
+            "the work was dropped"
+        );
+
+        // Lost before the work starts: it never runs.
+        let lost = LostSignal::new(vec![LeaseState::new(far, None)]);
+        lost.leases[0].mark_lost();
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let outcome = lost
+            .unless_lost(async { ran.store(true, std::sync::atomic::Ordering::SeqCst) })
+            .await;
+        assert_eq!(outcome, None);
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
     }
 }

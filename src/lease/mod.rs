@@ -206,7 +206,7 @@ impl Target {
             id: self.name.as_str().into(),
             name: self.name.clone(),
             lock_id,
-            state: lost::LeaseState::new(self.options.lost_deadline(sent_at)),
+            state: lost::LeaseState::starting(&self.options, sent_at),
             waiters: Some(Arc::clone(&self.waiters)),
             // The whole lock, or its writer: nobody else can take it while this lease lasts.
             holding: (!matches!(layout, Layout::Members(_)))

@@ -19,7 +19,10 @@
 //! may see it end up to `max_clock_skew` earlier. A lease counts as lost at
 //! `t + expiry - margin - skew` ([`LockOptions::lost_deadline`], checked by whoever asks, see
 //! `lost`) unless a later renewal was confirmed first, and also as soon as a renewal finds it
-//! gone (deleted, taken over, or already expired), and when the loop ends. Either way `lost`
+//! gone (deleted, taken over, or already expired), and when the loop ends. With
+//! [`LockOptions::max_hold`], no deadline moves past the acquisition's send instant + `max_hold`:
+//! the lease is lost then, and no longer renewed, so it ends on the server at most `expiry`
+//! after its last renewal. Either way `lost`
 //! turns true before another client can take the lock, provided the clocks run at about the
 //! same rate, the servers' clocks agree within the skew, and the process is not paused for
 //! longer than the margin.
@@ -137,6 +140,16 @@ pub(crate) struct Lease {
 impl Lease {
     fn is_lost(&self) -> bool {
         self.state.is_lost()
+    }
+
+    /// Why a lease whose deadline has passed is lost: `max_hold` if its hold is over, else
+    /// `otherwise`.
+    fn overdue<'a>(&self, otherwise: &'a str) -> &'a str {
+        if self.state.hold_ended() {
+            "max_hold has passed: the lease is no longer renewed"
+        } else {
+            otherwise
+        }
     }
 
     pub(crate) fn mark_lost(&self, reason: &str) {
@@ -497,7 +510,9 @@ impl RenewalLoop {
                             "the lease was no longer in the database (deleted, taken over or expired)",
                         );
                     } else if !lease.state.extend(lost_at) {
-                        lease.mark_lost("the renewal was confirmed after the lease's deadline");
+                        lease.mark_lost(
+                            lease.overdue("the renewal was confirmed after the lease's deadline"),
+                        );
                     }
                 }
                 return;
@@ -545,7 +560,9 @@ impl RenewalLoop {
     fn expire_overdue(&mut self) {
         for lease in self.leases.values() {
             if lease.state.lost_at().is_none() {
-                lease.mark_lost("no renewal was confirmed before the lease's deadline");
+                lease.mark_lost(
+                    lease.overdue("no renewal was confirmed before the lease's deadline"),
+                );
             }
         }
     }
