@@ -312,6 +312,7 @@ where
             checked: Problem::check(target.problem.as_ref()),
             waiters: None,
             shared: false,
+            shut_down: target.renewals.shut_down_signal(),
         };
         acquire::acquire(
             what,

@@ -88,6 +88,11 @@ pub enum Error {
     #[error("no Tokio runtime: locks must be used from within a Tokio runtime")]
     NoRuntime,
 
+    /// The [`Provider`](crate::Provider) that created this lock was
+    /// [shut down](crate::Provider::shutdown): it acquires nothing any more.
+    #[error("the provider of this lock was shut down: it acquires no more locks")]
+    ShutDown,
+
     /// A background task of this lock ended before it could report back, typically because its
     /// Tokio runtime is shutting down.
     #[error("the background task of {operation} ended early (is the runtime shutting down?)")]

@@ -116,13 +116,13 @@ impl LockGuard {
     ///
     /// # Errors
     /// - [`Error::LockLost`](crate::Error::LockLost) if the lock had been lost before the
-    ///   release (the update is still sent, and never touches another holder's lock).
+    ///   release (the update is still sent, and never touches another holder's lock), also when
+    ///   its [`Provider`](crate::Provider) was shut down (which released it) or the runtime it
+    ///   was acquired on has shut down (nobody renews it any more; it expires by itself).
     /// - [`Error::Mongo`](crate::Error::Mongo) if the update failed for good, or if a retry
     ///   found the lease gone after an earlier try's outcome was unknown (it may have released
     ///   it); [`Error::Timeout`](crate::Error::Timeout) if no try got a reply within `expiry`.
     ///   The lease then ends by itself at its expiry at the latest.
-    /// - [`Error::BackgroundTaskEnded`](crate::Error::BackgroundTaskEnded) if the runtime the
-    ///   lock was acquired on has shut down.
     ///
     /// # Cancel safety
     /// Cancel safe: the release is carried out by a background task, which finishes it even if

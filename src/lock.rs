@@ -217,6 +217,7 @@ impl MongoDistributedLock {
             checked: target.check(),
             waiters: Some(&target.waiters),
             shared: false,
+            shut_down: target.renewals.shut_down_signal(),
         };
         let takeovers = |runtime: &Handle, lock_id: String| {
             takeover(Arc::clone(target), runtime.clone(), lock_id)

@@ -194,6 +194,35 @@ impl Provider {
         admin::purge_expired(&self.collection.open(&self.database)?).await
     }
 
+    /// Releases every lease held through this provider and its clones, and stops acquiring.
+    ///
+    /// Every held lease of the locks it created (locks, semaphore places, readers, writers,
+    /// document locks, composite members) is marked lost (their `lost` signals fire first) and
+    /// released with one update each; releases already under way, such as those of guards
+    /// dropped earlier, are waited for too. Acquisitions waiting at that moment end with
+    /// [`Error::ShutDown`], and so does every later one (a lease an attempt in flight wins
+    /// meanwhile is released at once). Guards of this provider report
+    /// [`Error::LockLost`](crate::Error::LockLost) from `release` afterwards. Call it when a
+    /// service stops, so that other instances need not wait for the leases to expire.
+    ///
+    /// A failed release is logged; its lease ends by itself at its expiry. Locks of this
+    /// provider used on a runtime that has already shut down are not waited for (their leases
+    /// expire by themselves).
+    ///
+    /// ```no_run
+    /// # async fn demo(provider: distributed_lock_mongodb::Provider) {
+    /// tokio::signal::ctrl_c().await.ok();
+    /// provider.shutdown().await; // other instances can take our locks at once
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// The provider is shut down from the first poll on; dropping the future only stops the
+    /// waiting for the releases, which go on in the background.
+    pub async fn shutdown(&self) {
+        self.renewals.shut_down().await;
+    }
+
     /// Acquires the exclusive locks `names` together and returns one guard for all of them.
     ///
     /// The locks are acquired in sorted name order, so callers with overlapping sets cannot

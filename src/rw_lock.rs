@@ -392,6 +392,7 @@ impl MongoDistributedReaderWriterLock {
             // row, and while a writer holds the lock here the queue polls slowly.
             waiters: Some(&target.waiters),
             shared: mode == Mode::Read,
+            shut_down: target.renewals.shut_down_signal(),
         }
     }
 }

@@ -225,6 +225,7 @@ impl MongoDistributedSemaphore {
             checked,
             waiters: Some(&target.waiters),
             shared: false,
+            shut_down: target.renewals.shut_down_signal(),
         };
         let layout = Layout::Members(HOLDERS.to_owned());
         let joined = acquire::acquire(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use mongodb::Collection;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::Instrument;
 
@@ -82,6 +82,9 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) waiters: Option<&'a handoff::Key>,
     /// Whether holders share the lock (readers): a release wakes all such waiters in a row.
     pub(crate) shared: bool,
+    /// Turns true when the lock's family is shut down: acquisitions then end with
+    /// [`Error::ShutDown`].
+    pub(crate) shut_down: watch::Receiver<bool>,
 }
 
 /// How a waiter for an exclusive lock takes the lease over in a local holder's release command
@@ -140,19 +143,28 @@ where
     );
     let options = what.options;
     let deadline = wait.deadline;
+    let mut shut_down = what.shut_down;
     let result = async {
         what.checked?;
+        if *shut_down.borrow_and_update() {
+            return Err(Error::ShutDown);
+        }
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let queue = what.waiters.map(|key| Queue {
             key,
             shared: what.shared,
             takeovers: takeovers.map(|takeovers| (takeovers, &runtime)),
         });
-        retry(options, deadline, queue, || {
+        let attempts = retry(options, deadline, queue, || {
             let attempt = attempt(&runtime, new_lock_id());
             spawned(&runtime, deadline, options, attempt)
-        })
-        .await
+        });
+        // Dropping `attempts` is a cancellation, which is safe (see `spawned`).
+        tokio::select! {
+            biased;
+            Ok(_) = shut_down.wait_for(|shut_down| *shut_down) => Err(Error::ShutDown),
+            result = attempts => result,
+        }
     }
     .instrument(span.clone())
     .await;

@@ -74,9 +74,17 @@ impl HeldLease {
             })
     }
 
-    /// Stops renewing and ends the lease (see [`renewal::release`]).
+    /// Stops renewing and ends the lease (see [`renewal::release`]). A lease its loop no longer
+    /// has because it was lost (its family shut down) reports that.
     pub(crate) async fn release(mut self) -> Result<()> {
-        renewal::release(&self.renewals, self.lock_id.take()).await
+        match renewal::release(&self.renewals, self.lock_id.take()).await {
+            Err(Error::BackgroundTaskEnded { .. }) if self.state.is_lost() => {
+                Err(Error::LockLost {
+                    name: self.name.clone(),
+                })
+            }
+            result => result,
+        }
     }
 
     /// The lease was ended by a write of the holder's own (a document lock's commit): the

@@ -55,8 +55,8 @@ use mongodb::options::{ReadConcern, ReturnDocument};
 use mongodb::results::UpdateResult;
 use mongodb::{Collection, Namespace};
 use tokio::runtime::{self, Handle};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, sleep_until};
 
 use super::acquire::Cleanup;
@@ -81,6 +81,9 @@ pub(crate) enum Command {
     },
     /// Forget the lease: its guard ended it itself (a document lock's commit).
     Forget { lock_id: String },
+    /// Mark every lease lost, release them all, wait for every release (also those of dropped
+    /// guards), answer and end.
+    ShutDown { done: oneshot::Sender<()> },
 }
 
 /// Asks the renewal loop to release `lock_id` and waits for the outcome (a guard's `release`).
@@ -206,6 +209,8 @@ pub(crate) struct RenewalHub {
     /// Unique in the process: the family's locks share in-process queues (see `handoff`).
     id: u64,
     loops: Mutex<HashMap<LoopKey, mpsc::UnboundedSender<Command>>>,
+    /// True once the family was shut down (set while holding `loops`): no lease is held any more.
+    shut_down: watch::Sender<bool>,
 }
 
 impl Default for RenewalHub {
@@ -214,6 +219,7 @@ impl Default for RenewalHub {
         RenewalHub {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             loops: Mutex::default(),
+            shut_down: watch::Sender::new(false),
         }
     }
 }
@@ -222,6 +228,34 @@ impl RenewalHub {
     /// Identifies this hub (this family of locks) in the process.
     pub(crate) fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Whether [`shut_down`](Self::shut_down) was called.
+    fn is_shut_down(&self) -> bool {
+        *self.shut_down.borrow()
+    }
+
+    /// Turns true when [`shut_down`](Self::shut_down) is called.
+    pub(crate) fn shut_down_signal(&self) -> watch::Receiver<bool> {
+        self.shut_down.subscribe()
+    }
+
+    /// Holds no more leases: every later [`hold`](Self::hold) releases its lease at once, and
+    /// every loop marks its leases lost, releases them and waits for all its releases (also
+    /// those of guards dropped earlier) before this returns.
+    pub(crate) async fn shut_down(&self) {
+        let loops: Vec<_> = {
+            let mut loops = self.loops();
+            self.shut_down.send_replace(true);
+            loops.drain().map(|(_, commands)| commands).collect()
+        };
+        let done = loops.into_iter().filter_map(|commands| {
+            let (done, finished) = oneshot::channel();
+            commands.send(Command::ShutDown { done }).ok()?;
+            Some(finished)
+        });
+        // A loop whose runtime is gone answers nothing; its leases expire by themselves.
+        futures::future::join_all(done).await;
     }
 
     fn loops(&self) -> MutexGuard<'_, HashMap<LoopKey, mpsc::UnboundedSender<Command>>> {
@@ -254,6 +288,18 @@ impl RenewalHub {
             write_concern: format!("{:?}", options.write_concern()),
         };
         let mut loops = self.loops();
+        if self.is_shut_down() {
+            // Won by an attempt still in flight when the family was shut down.
+            lease.mark_lost("the provider was shut down");
+            let context = ReleaseContext {
+                runtime: runtime.clone(),
+                collection: collection.clone(),
+                layout: layout.clone(),
+                options: options.clone(),
+            };
+            runtime.spawn(release_lease(context, lease, None));
+            return mpsc::unbounded_channel().0;
+        }
         // A loop whose runtime shut down has dropped its receiver; a new runtime with a reused
         // id then gets a fresh loop.
         loops.retain(|_, commands| !commands.is_closed());
@@ -266,6 +312,7 @@ impl RenewalHub {
                 options: options.clone(),
                 leases: HashMap::new(),
                 next_renewal: Instant::now(),
+                releases: JoinSet::new(),
             };
             runtime.spawn(renewals.run(receiver));
             commands
@@ -302,6 +349,8 @@ struct RenewalLoop {
     /// By lock id.
     leases: HashMap<String, Lease>,
     next_renewal: Instant,
+    /// Releases under way.
+    releases: JoinSet<()>,
 }
 
 /// The first of `tasks` to finish, with its index; never resolves when there is none (a
@@ -351,10 +400,16 @@ impl RenewalLoop {
                 .map(|renewal| self.give_up_at(renewal))
                 .min();
             tokio::select! {
-                command = commands.recv() => match command {
-                    Some(command) => self.handle(command),
+                command = commands.recv() => match command.map(|command| self.handle(command)) {
+                    Some(None) => {}
+                    Some(Some(done)) => {
+                        self.shut_down(std::mem::take(&mut in_flight)).await;
+                        let _ = done.send(());
+                        break;
+                    }
                     None => break,
                 },
+                Some(_) = self.releases.join_next(), if !self.releases.is_empty() => {}
                 (result, index) = first_finished(in_flight.iter_mut().map(|renewal| &mut renewal.call)) => {
                     let renewal = in_flight.swap_remove(index);
                     self.renewed(&renewal, result);
@@ -401,8 +456,10 @@ impl RenewalLoop {
             .min()
     }
 
-    fn handle(&mut self, command: Command) {
+    /// Carries out `command`; a shutdown is left to the caller: the channel to answer it on.
+    fn handle(&mut self, command: Command) -> Option<oneshot::Sender<()>> {
         match command {
+            Command::ShutDown { done } => return Some(done),
             Command::Hold(lease) => {
                 // A cadence after the acquisition was sent (a slow reply may have eaten into
                 // the lease), and no later than the round already planned for the others.
@@ -423,15 +480,7 @@ impl RenewalLoop {
                 }
             }
             Command::Release { lock_id, reply } => match self.leases.remove(&lock_id) {
-                Some(lease) => {
-                    let context = ReleaseContext {
-                        runtime: self.runtime.clone(),
-                        collection: self.collection.clone(),
-                        layout: self.layout.clone(),
-                        options: self.options.clone(),
-                    };
-                    self.runtime.spawn(release_lease(context, lease, reply));
-                }
+                Some(lease) => self.release(lease, reply),
                 None => {
                     if let Some(reply) = reply {
                         let _ = reply.send(Err(Error::BackgroundTaskEnded {
@@ -441,6 +490,31 @@ impl RenewalLoop {
                 }
             },
         }
+        None
+    }
+
+    fn release(&mut self, lease: Lease, reply: Option<ReleaseReply>) {
+        let context = ReleaseContext {
+            runtime: self.runtime.clone(),
+            collection: self.collection.clone(),
+            layout: self.layout.clone(),
+            options: self.options.clone(),
+        };
+        self.releases
+            .spawn_on(release_lease(context, lease, reply), &self.runtime);
+    }
+
+    /// Marks every lease lost (so none is transferred), releases them all and waits for every
+    /// release under way.
+    async fn shut_down(&mut self, in_flight: Vec<Renewal>) {
+        for renewal in in_flight {
+            renewal.call.abort();
+        }
+        for (_, lease) in std::mem::take(&mut self.leases) {
+            lease.mark_lost("the provider was shut down");
+            self.release(lease, None);
+        }
+        while self.releases.join_next().await.is_some() {}
     }
 
     /// Sends one renewal command per chunk of live leases.
