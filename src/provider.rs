@@ -14,8 +14,8 @@ use crate::lease::renewal::RenewalHub;
 use crate::lease::{Problem, admin};
 use crate::{
     CompositeGuard, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION,
-    DocumentLock, Error, LockDetails, LockOptions, LockStatus, MongoDistributedLock,
-    MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Result,
+    DocumentLock, Error, LeaderElection, LockDetails, LockOptions, LockStatus,
+    MongoDistributedLock, MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Result,
 };
 
 /// A factory of locks for dependency-injection style applications: configure the database,
@@ -192,6 +192,16 @@ impl Provider {
     /// Dropping the future may or may not leave documents deleted.
     pub async fn purge_expired(&self) -> Result<u64> {
         admin::purge_expired(&self.collection.open(&self.database)?).await
+    }
+
+    /// Starts campaigning for leadership of `name` (an exclusive lock of this provider) in the
+    /// background; see [`LeaderElection`]. [`shutdown`](Self::shutdown) ends the campaign and
+    /// the term.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    pub fn create_leader_election(&self, name: impl Into<String>) -> Result<LeaderElection> {
+        LeaderElection::start(self.create_lock(name))
     }
 
     /// Releases every lease held through this provider and its clones, and stops acquiring.

@@ -197,3 +197,21 @@ async fn provider_locks_share_collection_and_options() {
     assert!(stored.is_some(), "the provider's collection holds the lock");
     guard.release().await.unwrap();
 }
+
+/// The renewal loop ends when the last lock and guard of its family are gone; the release the
+/// dropped guard asked for must still go out (a lease of 30 s would otherwise block the name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_with_the_last_lock_of_its_family_is_still_released() {
+    let (lock, collection) =
+        common::fresh_lock("dropped-together", common::options(30_000, 10_000)).await;
+    let guard = lock.acquire().await.unwrap();
+    let name = lock.name().to_owned();
+    drop(lock);
+    drop(guard);
+    let other =
+        distributed_lock_mongodb::MongoDistributedLock::new(name, &common::database().await)
+            .with_collection(collection.name())
+            .with_options(common::options(30_000, 10_000));
+    let again = other.acquire_timeout(Duration::from_secs(10)).await;
+    assert!(again.is_ok(), "released at once: {again:?}");
+}

@@ -407,7 +407,12 @@ impl RenewalLoop {
                         let _ = done.send(());
                         break;
                     }
-                    None => break,
+                    // Every lock and guard is gone; the releases they asked for are not (a
+                    // `JoinSet` would abort them when dropped).
+                    None => {
+                        while self.releases.join_next().await.is_some() {}
+                        break;
+                    }
                 },
                 Some(_) = self.releases.join_next(), if !self.releases.is_empty() => {}
                 (result, index) = first_finished(in_flight.iter_mut().map(|renewal| &mut renewal.call)) => {

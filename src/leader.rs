@@ -1,0 +1,221 @@
+//! Leader election on top of the exclusive lock.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::error::shown_name;
+use crate::{Error, FencingToken, LockGuard, LostSignal, MongoDistributedLock, Result};
+
+/// After a failed campaign (an error other than a busy lock), the next one waits this long.
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+
+/// Campaigns for leadership of a name in the background: at most one instance at a time is the
+/// leader, and a new one is elected when it resigns, is shut down, crashes or loses its lease.
+///
+/// Leadership is an exclusive lock ([`MongoDistributedLock`]) held for as long as possible: the
+/// campaign waits for the lock, keeps it renewed while leading, and campaigns again after a
+/// loss. Start one with [`Provider::create_leader_election`](crate::Provider::create_leader_election)
+/// or [`LeaderElection::start`].
+///
+/// [`is_leader`](Self::is_leader) is exact: it turns false at the lease's lost deadline, before
+/// another instance can be elected, under the same assumptions as [`LockGuard::lost`]. The
+/// [`watch`](Self::watch) channel reports the same changes as events, as soon as the background
+/// task runs; it can lag behind `is_leader` by a scheduling delay, so check `is_leader` (or use
+/// the term's [`fencing_token`](Self::fencing_token) with [`Fence`](crate::Fence)) right before
+/// acting as the leader.
+///
+/// Dropping the election stops campaigning and releases leadership in the background;
+/// [`resign`](Self::resign) does it and waits for the release.
+///
+/// ```no_run
+/// # async fn demo(provider: distributed_lock_mongodb::Provider) -> distributed_lock_mongodb::Result<()> {
+/// let election = provider.create_leader_election("nightly-report")?;
+/// let mut leading = election.watch();
+/// loop {
+///     leading.wait_for(|leader| *leader).await.ok();
+///     if let Some(term) = election.fencing_token() {
+///         println!("leading term {term}: running the job");
+///         // ... run the job, stopping if `election.is_leader()` turns false ...
+///     }
+///     leading.wait_for(|leader| !*leader).await.ok();
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct LeaderElection {
+    name: String,
+    term: Arc<Mutex<Option<Term>>>,
+    leading: watch::Receiver<bool>,
+    resign: Option<oneshot::Sender<()>>,
+    campaign: JoinHandle<Result<()>>,
+}
+
+/// The current term: its fencing token and whether its lease is lost.
+#[derive(Debug)]
+struct Term {
+    fencing_token: FencingToken,
+    lost: LostSignal,
+}
+
+impl LeaderElection {
+    /// Starts campaigning for leadership of `lock`'s name, on the current Tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    pub fn start(lock: MongoDistributedLock) -> Result<LeaderElection> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let name = lock.name().to_owned();
+        let term = Arc::new(Mutex::new(None));
+        let (leading_tx, leading) = watch::channel(false);
+        let (resign, resigned) = oneshot::channel();
+        let campaign = runtime.spawn(campaign(lock, Arc::clone(&term), leading_tx, resigned));
+        Ok(LeaderElection {
+            name,
+            term,
+            leading,
+            resign: Some(resign),
+            campaign,
+        })
+    }
+
+    /// The name campaigned for.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether this instance is the leader now: it holds the lock and its lease is not lost
+    /// (checked against the lease's deadline on every call).
+    pub fn is_leader(&self) -> bool {
+        self.current().is_some()
+    }
+
+    /// The fencing token of the current term while this instance is the leader: larger than
+    /// that of every earlier term. Pass it to fenced writes ([`Fence`](crate::Fence)) so a leader
+    /// that was replaced cannot overwrite its successor's work.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.current().map(|(fencing_token, _)| fencing_token)
+    }
+
+    /// A signal that turns true when the current term ends (see [`LostSignal`]); `None` while not
+    /// the leader.
+    pub fn lost(&self) -> Option<LostSignal> {
+        self.current().map(|(_, lost)| lost)
+    }
+
+    /// "I am the leader", as a watch channel: `true` when a term starts, `false` as soon as the
+    /// background task sees it end (lost, resigned, shut down). See the type's docs for why
+    /// [`is_leader`](Self::is_leader) is the one to check before acting.
+    pub fn watch(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    /// Steps down: stops campaigning and, if leading, releases leadership, so that another
+    /// instance can be elected at once.
+    ///
+    /// # Errors
+    /// The release's error (see [`LockGuard::release`]); for example
+    /// [`Error::LockLost`] if the term had ended already.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the campaign stops and the release goes on in the background.
+    pub async fn resign(mut self) -> Result<()> {
+        if let Some(resign) = self.resign.take() {
+            let _ = resign.send(());
+        }
+        match (&mut self.campaign).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::BackgroundTaskEnded {
+                operation: crate::Operation::Release,
+            }),
+        }
+    }
+
+    /// The current term's token and signal, while it is not lost.
+    fn current(&self) -> Option<(FencingToken, LostSignal)> {
+        lock_term(&self.term)
+            .as_ref()
+            .filter(|term| !term.lost.is_lost())
+            .map(|term| (term.fencing_token, term.lost.clone()))
+    }
+}
+
+impl Drop for LeaderElection {
+    /// Stops campaigning; a held term's guard is dropped, which releases it in the background.
+    fn drop(&mut self) {
+        self.campaign.abort();
+    }
+}
+
+fn lock_term(term: &Mutex<Option<Term>>) -> MutexGuard<'_, Option<Term>> {
+    term.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Campaigns until resigned or the lock's provider is shut down; returns the outcome of the
+/// release on resigning.
+async fn campaign(
+    lock: MongoDistributedLock,
+    term: Arc<Mutex<Option<Term>>>,
+    leading: watch::Sender<bool>,
+    mut resigned: oneshot::Receiver<()>,
+) -> Result<()> {
+    loop {
+        let guard = tokio::select! {
+            biased;
+            _ = &mut resigned => return Ok(()),
+            acquired = lock.acquire() => acquired,
+        };
+        let guard = match guard {
+            Ok(guard) => guard,
+            // The provider's shutdown released the term already.
+            Err(Error::ShutDown) => return Ok(()),
+            Err(error) => {
+                tracing::warn!(lock = %shown_name(lock.name()), %error, "leader campaign failed; retrying");
+                tokio::select! {
+                    biased;
+                    _ = &mut resigned => return Ok(()),
+                    () = tokio::time::sleep(RETRY_AFTER_ERROR) => continue,
+                }
+            }
+        };
+        if let Some(outcome) = lead(&lock, guard, &term, &leading, &mut resigned).await {
+            return outcome;
+        }
+    }
+}
+
+/// Leads until the term ends: `None` if it was lost (campaign again), the release's outcome if
+/// resigned.
+async fn lead(
+    lock: &MongoDistributedLock,
+    guard: LockGuard,
+    term: &Mutex<Option<Term>>,
+    leading: &watch::Sender<bool>,
+    resigned: &mut oneshot::Receiver<()>,
+) -> Option<Result<()>> {
+    let lost = guard.lost();
+    *lock_term(term) = Some(Term {
+        fencing_token: guard.fencing_token(),
+        lost: lost.clone(),
+    });
+    leading.send_replace(true);
+    tracing::info!(lock = %shown_name(lock.name()), term = guard.fencing_token().get(), "elected leader");
+    let resigning = tokio::select! {
+        biased;
+        () = lost.wait() => false,
+        _ = resigned => true,
+    };
+    // Not the leader any more before anything else happens.
+    *lock_term(term) = None;
+    leading.send_replace(false);
+    if resigning {
+        tracing::info!(lock = %shown_name(lock.name()), "resigned leadership");
+        Some(guard.release().await)
+    } else {
+        tracing::warn!(lock = %shown_name(lock.name()), "leadership lost; campaigning again");
+        drop(guard);
+        None
+    }
+}
