@@ -9,7 +9,9 @@ never leaves a server behind.
 
 mongoeco 4.11.0 has two reply-format quirks that the official Rust driver rejects; the two small
 shims below fix them at the wire boundary, using mongoeco's own functions (see
-shared TEST-SERVER.md, items 1 and 2). tests/test_server.rs covers both.
+shared TEST-SERVER.md, items 1 and 2); tests/infra_test_server.rs covers both. A third gives its
+transaction write conflicts the code and label a real server uses (tests/transactions.rs
+a_transaction_that_meets_a_write_conflict_runs_again depends on it).
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
@@ -64,7 +66,24 @@ def _encode_op_msg_response(document, *args, **kwargs):
     cursor = document.get("cursor") if isinstance(document, dict) else None
     if isinstance(cursor, dict) and isinstance(cursor.get("id"), int):
         cursor["id"] = BsonInt64(cursor["id"])
+    _write_conflict_as_a_server_reports_it(document)
     return _original_encode_op_msg_response(document, *args, **kwargs)
+
+
+# Shim 3: mongoeco refuses to commit a transaction when anything at all was written since the
+# transaction began, with an error that has no code, so the driver cannot read it. A real server
+# reports a write conflict as WriteConflict (112) labelled TransientTransactionError, which tells
+# the client to run the transaction again; reply that way.
+def _write_conflict_as_a_server_reports_it(document):
+    if (
+        isinstance(document, dict)
+        and document.get("ok") in (0, 0.0)
+        and "code" not in document
+        and str(document.get("errmsg", "")).startswith("Write conflict")
+    ):
+        document["code"] = 112
+        document["codeName"] = "WriteConflict"
+        document["errorLabels"] = ["TransientTransactionError"]
 
 
 wire_proxy.decode_op_msg = _decode_op_msg

@@ -529,6 +529,22 @@ impl<T> DocumentGuard<T> {
         self.lease.run_while_held(work).await
     }
 
+    /// Runs `work` in a multi-document transaction on `client` that commits only while this
+    /// document lock is held; see [`LockGuard::transaction`](crate::LockGuard::transaction).
+    ///
+    /// # Errors
+    /// As [`LockGuard::transaction`](crate::LockGuard::transaction).
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::transaction`](crate::LockGuard::transaction).
+    pub async fn transaction<R>(
+        &self,
+        client: &mongodb::Client,
+        work: impl AsyncFnMut(&mut mongodb::ClientSession) -> mongodb::error::Result<R>,
+    ) -> Result<R> {
+        self.lease.transaction(client, work).await
+    }
+
     /// Applies `update` (update operators such as `$set`, `$inc`, `$push`) and unlocks the
     /// document, in one update filtered on this holder's lock id and a live lease. The fencing
     /// token stays in the document.
@@ -560,6 +576,69 @@ impl<T> DocumentGuard<T> {
             }
         }
         self.finish(Ending::Update(update)).await
+    }
+
+    /// Applies `update` (update operators such as `$set`, `$inc`, `$push`) and keeps the
+    /// document locked: progress written by the holder, in one update filtered on this
+    /// holder's lock id and a live lease.
+    ///
+    /// ```no_run
+    /// # async fn demo(job: distributed_lock_mongodb::DocumentGuard<mongodb::bson::Document>) -> distributed_lock_mongodb::Result<()> {
+    /// use mongodb::bson::doc;
+    ///
+    /// job.checkpoint(doc! { "$set": { "progress": 50 } }).await?;
+    /// // ... the rest of the work ...
+    /// job.commit(doc! { "$set": { "status": "done", "progress": 100 } }).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// - [`Error::LockLost`] if the lock was lost: nothing is written.
+    /// - [`Error::InvalidArgument`] if `update` is not made of update operators or touches the
+    ///   lock field (nothing is written; the document stays locked).
+    /// - [`Error::Mongo`] / [`Error::Timeout`] if the update failed or got no reply within
+    ///   `expiry`; the document stays locked.
+    ///
+    /// # Cancel safety
+    /// Dropping this future may or may not leave the update applied; the lock stays held.
+    pub async fn checkpoint(&self, update: Document) -> Result<()> {
+        check_operators(&update, &self.target.field)?;
+        let lost = || Error::LockLost {
+            name: self.lease.name().to_owned(),
+        };
+        let lock_id = self
+            .lease
+            .lock_id()
+            .filter(|_| !self.is_lost())
+            .ok_or_else(lost)?;
+        let options = &self.target.options;
+        let started = Instant::now();
+        let written = self
+            .target
+            .documents
+            .update_one(self.live_filter(lock_id), update)
+            .write_concern(options.write_concern().clone());
+        match timeout_at(started + options.expiry(), written).await {
+            Ok(Ok(written)) if written.matched_count == 1 => Ok(()),
+            Ok(Ok(_)) => Err(lost()),
+            Ok(Err(error)) => Err(error.into()),
+            Err(_elapsed) => Err(Error::Timeout {
+                operation: Operation::Commit,
+                name: self.lease.name().to_owned(),
+                waited: started.elapsed(),
+            }),
+        }
+    }
+
+    /// Matches the document while this holder's lease on it is live.
+    fn live_filter(&self, lock_id: &str) -> Document {
+        let layout = &self.target.layout;
+        doc! {
+            "_id": self.id.clone(),
+            layout.lock_id_path(): lock_id,
+            "$expr": layout.live(),
+        }
     }
 
     /// Replaces the document with `new_document` and unlocks it, in one write filtered on this
@@ -625,11 +704,7 @@ impl<T> DocumentGuard<T> {
             return Err(self.unlock_after(Error::NoRuntime));
         };
         let target = Arc::clone(&self.target);
-        let filter = doc! {
-            "_id": self.id.clone(),
-            target.layout.lock_id_path(): &lock_id,
-            "$expr": target.layout.live(),
-        };
+        let filter = self.live_filter(&lock_id);
         let started = Instant::now();
         let call = {
             let target = Arc::clone(&target);

@@ -114,7 +114,7 @@ pub enum Operation {
     AttemptReply,
     /// Releasing a lock: no try got a reply within `expiry`; the lease ends by itself then.
     Release,
-    /// Committing (or replacing) a locked document: no reply within `expiry`.
+    /// Committing, replacing or checkpointing a locked document: no reply within `expiry`.
     Commit,
 }
 

@@ -96,6 +96,67 @@ impl LockGuard {
         self.lease.run_while_held(work).await
     }
 
+    /// Runs `work` in a multi-document transaction on `client` that commits only while this
+    /// lock is held: fencing without any cooperation from the documents `work` writes.
+    ///
+    /// The transaction first renews this lease, filtered on its lock id and on the lease being
+    /// live by server time: if that matches nothing, the transaction is aborted and the result is
+    /// [`Error::LockLost`](crate::Error::LockLost) — `work` does not run. Because the transaction
+    /// has written the lock's document, another client's acquisition, which must write the same
+    /// document, conflicts with it: it cannot take the lock over before the transaction ends, so
+    /// the writes of `work` (all made through `session`) commit only if nobody else held the lock
+    /// up to the commit. The commit is also skipped if [`lost`](Self::lost) fires meanwhile.
+    /// Transient transaction errors (write conflicts, elections) and unknown commit results are
+    /// retried as the driver recommends, for up to 120 s and while the lock is held; `work` may
+    /// therefore run more than once and must only write through `session`.
+    ///
+    /// `client` must be connected to the cluster the lock lives in, and `work` must write
+    /// through collections of `client` (a session belongs to the client that started it).
+    /// Transactions need a replica
+    /// set or a sharded cluster: on a standalone server the first command fails and its
+    /// [`Error::Mongo`](crate::Error::Mongo) is returned (nothing is written). Read and write
+    /// concerns are `snapshot` and the lock's write concern.
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock, client: mongodb::Client) -> distributed_lock_mongodb::Result<()> {
+    /// use mongodb::bson::{doc, Document};
+    ///
+    /// let accounts = client.database("bank").collection::<Document>("accounts");
+    /// let guard = lock.acquire().await?;
+    /// guard
+    ///     .transaction(&client, async |session| {
+    ///         accounts
+    ///             .update_one(doc! { "_id": "a" }, doc! { "$inc": { "balance": -10 } })
+    ///             .session(&mut *session)
+    ///             .await?;
+    ///         accounts
+    ///             .update_one(doc! { "_id": "b" }, doc! { "$inc": { "balance": 10 } })
+    ///             .session(&mut *session)
+    ///             .await?;
+    ///         Ok(())
+    ///     })
+    ///     .await?; // Err(LockLost): nothing was written
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if the lock was lost before the commit
+    /// (nothing committed); [`Error::Mongo`](crate::Error::Mongo) for `work`'s own errors and
+    /// other failures (the transaction is aborted).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe in the sense that dropping the future during the commit may or may not
+    /// leave the transaction committed; before that, the driver aborts it.
+    pub async fn transaction<T>(
+        &self,
+        client: &mongodb::Client,
+        work: impl AsyncFnMut(&mut mongodb::ClientSession) -> mongodb::error::Result<T>,
+    ) -> Result<T> {
+        self.lease.transaction(client, work).await
+    }
+
     pub(crate) fn lease_state(&self) -> &Arc<LeaseState> {
         self.lease.state()
     }

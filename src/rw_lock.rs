@@ -632,6 +632,22 @@ impl ReadGuard {
         self.lease.run_while_held(work).await
     }
 
+    /// Runs `work` in a multi-document transaction on `client` that commits only while this
+    /// read lock is held; see [`LockGuard::transaction`](crate::LockGuard::transaction).
+    ///
+    /// # Errors
+    /// As [`LockGuard::transaction`](crate::LockGuard::transaction).
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::transaction`](crate::LockGuard::transaction).
+    pub async fn transaction<R>(
+        &self,
+        client: &mongodb::Client,
+        work: impl AsyncFnMut(&mut mongodb::ClientSession) -> mongodb::error::Result<R>,
+    ) -> Result<R> {
+        self.lease.transaction(client, work).await
+    }
+
     /// Stops renewing and releases the read lock: one update that removes this reader, and no
     /// other, from the document.
     ///

@@ -2,12 +2,19 @@
 //! `Drop`. The public guards wrap it and add what their kind has (a fencing token, a document).
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use mongodb::bson::{Bson, Document};
+use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
+use mongodb::options::{ReadConcern, WriteConcern};
+use mongodb::{Client, ClientSession, Namespace};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::lost::{LeaseState, LostSignal};
 use super::renewal::{self, Command, Lease, Place, RenewalHub};
+use super::schema::{self, Layout};
 use crate::error::shown_name;
 use crate::{Error, Result};
 
@@ -20,7 +27,23 @@ pub(crate) struct HeldLease {
     lock_id: Option<String>,
     state: Arc<LeaseState>,
     renewals: mpsc::UnboundedSender<Command>,
+    /// Where the lease is stored, for transactions that check it.
+    home: Home,
 }
+
+/// Where a lease is stored and how it is renewed.
+#[derive(Debug)]
+struct Home {
+    namespace: Namespace,
+    layout: Layout,
+    id: Bson,
+    expiry_millis: i64,
+    write_concern: WriteConcern,
+}
+
+/// How long [`HeldLease::transaction`] retries transient transaction errors, as the driver's
+/// own `with_transaction` does.
+const TRANSACTION_RETRY_LIMIT: Duration = Duration::from_secs(120);
 
 impl HeldLease {
     /// Registers `lease` (just won) with the renewal loop of `renewals` for `place`.
@@ -34,11 +57,19 @@ impl HeldLease {
         place: Place<'_>,
         lease: Lease,
     ) -> Option<HeldLease> {
+        let home = Home {
+            namespace: place.collection.namespace(),
+            layout: place.layout.clone(),
+            id: lease.id.clone(),
+            expiry_millis: place.options.expiry_millis(),
+            write_concern: place.options.write_concern().clone(),
+        };
         let held = HeldLease {
             name: lease.name.clone(),
             lock_id: Some(lease.lock_id.clone()),
             state: Arc::clone(&lease.state),
             renewals: renewals.hold(runtime, place, lease),
+            home,
         };
         (!held.is_lost()).then_some(held)
     }
@@ -69,9 +100,93 @@ impl HeldLease {
         self.lost()
             .unless_lost(work)
             .await
-            .ok_or_else(|| Error::LockLost {
-                name: self.name.clone(),
-            })
+            .ok_or_else(|| self.lost_error())
+    }
+
+    fn lost_error(&self) -> Error {
+        Error::LockLost {
+            name: self.name.clone(),
+        }
+    }
+
+    /// Runs `work` in a multi-document transaction on `client` that first renews the lease in
+    /// the same transaction, filtered on our lock id and a live lease: the guards' `transaction`.
+    pub(crate) async fn transaction<T>(
+        &self,
+        client: &Client,
+        mut work: impl AsyncFnMut(&mut ClientSession) -> mongodb::error::Result<T>,
+    ) -> Result<T> {
+        let lock_id = self.lock_id.clone().ok_or_else(|| self.lost_error())?;
+        let Home {
+            namespace,
+            layout,
+            id,
+            expiry_millis,
+            write_concern,
+        } = &self.home;
+        let lock_ids = [lock_id];
+        let ids = [id.clone()];
+        let ours = layout.renew_many_filter(&ids, &lock_ids);
+        let renew = layout.renew_update(*expiry_millis, &lock_ids);
+        let locks = client
+            .database(&namespace.db)
+            .collection::<Document>(&namespace.coll);
+        let started = Instant::now();
+        let retrying = |error: &mongodb::error::Error, label: &str| {
+            error.contains_label(label) && started.elapsed() < TRANSACTION_RETRY_LIMIT
+        };
+        'transaction: loop {
+            if self.is_lost() {
+                return Err(self.lost_error());
+            }
+            // A fresh session per try: nothing of a failed try's session state carries over.
+            let mut session = client.start_session().await?;
+            session
+                .start_transaction()
+                .read_concern(ReadConcern::snapshot())
+                .write_concern(write_concern.clone())
+                .selection_criteria(schema::primary())
+                .await?;
+            // Ours and live, and written in this transaction: a takeover, which must write the
+            // same document, now conflicts with the transaction until it ends.
+            let checked = locks
+                .update_one(ours.clone(), renew.clone())
+                .session(&mut session)
+                .await;
+            let output = match checked {
+                Ok(checked) if checked.matched_count == 1 => work(&mut session).await,
+                Ok(_) => {
+                    let _ = session.abort_transaction().await;
+                    return Err(self.lost_error());
+                }
+                Err(error) => Err(error),
+            };
+            let output = match output {
+                Ok(output) => output,
+                Err(error) => {
+                    let _ = session.abort_transaction().await;
+                    if retrying(&error, TRANSIENT_TRANSACTION_ERROR) {
+                        continue 'transaction;
+                    }
+                    return Err(error.into());
+                }
+            };
+            // `lost` may have fired meanwhile: then nothing is committed.
+            if self.is_lost() {
+                let _ = session.abort_transaction().await;
+                return Err(self.lost_error());
+            }
+            loop {
+                match session.commit_transaction().await {
+                    Ok(()) => return Ok(output),
+                    Err(error) if retrying(&error, UNKNOWN_TRANSACTION_COMMIT_RESULT) => {}
+                    Err(error) if retrying(&error, TRANSIENT_TRANSACTION_ERROR) => {
+                        continue 'transaction;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        }
     }
 
     /// Stops renewing and ends the lease (see [`renewal::release`]). A lease its loop no longer
@@ -79,9 +194,7 @@ impl HeldLease {
     pub(crate) async fn release(mut self) -> Result<()> {
         match renewal::release(&self.renewals, self.lock_id.take()).await {
             Err(Error::BackgroundTaskEnded { .. }) if self.state.is_lost() => {
-                Err(Error::LockLost {
-                    name: self.name.clone(),
-                })
+                Err(self.lost_error())
             }
             result => result,
         }
