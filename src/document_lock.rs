@@ -440,6 +440,7 @@ where
     let lease = Lease {
         id: id.clone(),
         name: format!("{}/{id}", target.documents.name()),
+        kind: "document",
         lock_id: lock_id.clone(),
         state: LeaseState::starting(&target.options, sent_at),
         waiters: None,

@@ -282,7 +282,13 @@ fn won(
         return Ok(None);
     };
     ttl_index::ensure(runtime, &target.collection);
-    let Some(lease) = target.hold(runtime, &Layout::LockDocument, lock_id, sent_at) else {
+    let Some(lease) = target.hold(
+        runtime,
+        "exclusive",
+        &Layout::LockDocument,
+        lock_id,
+        sent_at,
+    ) else {
         return Ok(None);
     };
     match token {

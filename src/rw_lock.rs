@@ -97,6 +97,16 @@ enum Mode {
     Write,
 }
 
+impl Mode {
+    /// The kind, as the tracing span and the metrics show it.
+    fn kind(self) -> &'static str {
+        match self {
+            Mode::Read => "read",
+            Mode::Write => "write",
+        }
+    }
+}
+
 impl MongoDistributedReaderWriterLock {
     /// A reader-writer lock called `name` in `database`'s `distributed_rw_locks` collection, with
     /// default options, storing this process's [`LockDetails`] with each holder.
@@ -380,10 +390,7 @@ impl MongoDistributedReaderWriterLock {
     fn acquisition(&self, mode: Mode) -> Acquisition<'_> {
         let target = &self.target;
         Acquisition {
-            kind: match mode {
-                Mode::Read => "read",
-                Mode::Write => "write",
-            },
+            kind: mode.kind(),
             name: &target.name,
             collection: target.collection.name(),
             options: &target.options,
@@ -412,7 +419,7 @@ async fn attempt(
     let Some(token) = won(&document, mode, &lock_id) else {
         return Ok(None);
     };
-    let Some(lease) = target.hold(&runtime, &layout(mode), lock_id, sent_at) else {
+    let Some(lease) = target.hold(&runtime, mode.kind(), &layout(mode), lock_id, sent_at) else {
         return Ok(None);
     };
     match (mode, token) {

@@ -293,7 +293,7 @@ async fn attempt(
     };
     let token = ours.get(FENCING_TOKEN).and_then(read_i64);
     let layout = Layout::Members(HOLDERS.to_owned());
-    let Some(lease) = target.hold(&runtime, &layout, lock_id, sent_at) else {
+    let Some(lease) = target.hold(&runtime, "semaphore", &layout, lock_id, sent_at) else {
         return Ok(None);
     };
     let Some(token) = token else {

@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use super::backoff;
 use super::handoff::{self, Offer, TakeoverUpdate, Ticket, Transfer, Wake};
+use super::metrics;
 use super::schema::new_lock_id;
 use crate::error::{Operation, is_duplicate_key, shown_name};
 use crate::{Error, FencingToken, LockOptions, Result};
@@ -143,6 +144,7 @@ where
     );
     let options = what.options;
     let deadline = wait.deadline;
+    let kind = what.kind;
     let mut shut_down = what.shut_down;
     let result = async {
         what.checked?;
@@ -156,6 +158,7 @@ where
             takeovers: takeovers.map(|takeovers| (takeovers, &runtime)),
         });
         let attempts = retry(options, deadline, queue, || {
+            metrics::attempt(kind);
             let attempt = attempt(&runtime, new_lock_id());
             spawned(&runtime, deadline, options, attempt)
         });
@@ -168,6 +171,12 @@ where
     }
     .instrument(span.clone())
     .await;
+    let outcome = match &result {
+        Ok(Some(_)) => "acquired",
+        Ok(None) => "not_acquired",
+        Err(_) => "error",
+    };
+    metrics::acquisition(kind, outcome, wait.started.elapsed());
     match &result {
         Ok(Some(guard)) => {
             span.record("outcome", "acquired");

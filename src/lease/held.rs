@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::lost::{LeaseState, LostSignal};
+use super::metrics;
 use super::renewal::{self, Command, Lease, Place, RenewalHub};
 use super::schema::{self, Layout};
 use crate::error::shown_name;
@@ -29,6 +30,9 @@ pub(crate) struct HeldLease {
     renewals: mpsc::UnboundedSender<Command>,
     /// Where the lease is stored, for transactions that check it.
     home: Home,
+    /// For the hold-time metric.
+    kind: &'static str,
+    held_since: Instant,
 }
 
 /// Where a lease is stored and how it is renewed.
@@ -68,6 +72,8 @@ impl HeldLease {
             name: lease.name.clone(),
             lock_id: Some(lease.lock_id.clone()),
             state: Arc::clone(&lease.state),
+            kind: lease.kind,
+            held_since: Instant::now(),
             renewals: renewals.hold(runtime, place, lease),
             home,
         };
@@ -101,6 +107,15 @@ impl HeldLease {
             .unless_lost(work)
             .await
             .ok_or_else(|| self.lost_error())
+    }
+
+    /// Gives the lock id up (once): the lease is released, ended or dropped now.
+    fn hand_back(&mut self) -> Option<String> {
+        let lock_id = self.lock_id.take();
+        if lock_id.is_some() {
+            metrics::hold_ended(self.kind, self.held_since.elapsed());
+        }
+        lock_id
     }
 
     fn lost_error(&self) -> Error {
@@ -192,7 +207,8 @@ impl HeldLease {
     /// Stops renewing and ends the lease (see [`renewal::release`]). A lease its loop no longer
     /// has because it was lost (its family shut down) reports that.
     pub(crate) async fn release(mut self) -> Result<()> {
-        match renewal::release(&self.renewals, self.lock_id.take()).await {
+        let lock_id = self.hand_back();
+        match renewal::release(&self.renewals, lock_id).await {
             Err(Error::BackgroundTaskEnded { .. }) if self.state.is_lost() => {
                 Err(self.lost_error())
             }
@@ -203,7 +219,7 @@ impl HeldLease {
     /// The lease was ended by a write of the holder's own (a document lock's commit): the
     /// renewal loop only has to forget it.
     pub(crate) fn ended_by_write(mut self) {
-        if let Some(lock_id) = self.lock_id.take() {
+        if let Some(lock_id) = self.hand_back() {
             self.state.mark_released();
             let _ = self.renewals.send(Command::Forget { lock_id });
         }
@@ -212,7 +228,8 @@ impl HeldLease {
 
 impl Drop for HeldLease {
     fn drop(&mut self) {
-        renewal::release_in_background(&self.renewals, self.lock_id.take());
+        let lock_id = self.hand_back();
+        renewal::release_in_background(&self.renewals, lock_id);
     }
 }
 

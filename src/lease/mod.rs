@@ -22,6 +22,7 @@ pub(crate) mod backoff;
 pub(crate) mod handoff;
 pub(crate) mod held;
 pub(crate) mod lost;
+pub(crate) mod metrics;
 pub(crate) mod renewal;
 pub(crate) mod schema;
 pub(crate) mod ttl_index;
@@ -193,11 +194,12 @@ impl Target {
         }
     }
 
-    /// Holds the lease `lock_id` won by an attempt sent at `sent_at` in this lock's document
-    /// (stored as `layout` says): see [`HeldLease::hold`].
+    /// Holds the lease `lock_id` of a lock of `kind` won by an attempt sent at `sent_at` in
+    /// this lock's document (stored as `layout` says): see [`HeldLease::hold`].
     pub(crate) fn hold(
         &self,
         runtime: &Handle,
+        kind: &'static str,
         layout: &Layout,
         lock_id: String,
         sent_at: Instant,
@@ -205,6 +207,7 @@ impl Target {
         let lease = Lease {
             id: self.name.as_str().into(),
             name: self.name.clone(),
+            kind,
             lock_id,
             state: lost::LeaseState::starting(&self.options, sent_at),
             waiters: Some(Arc::clone(&self.waiters)),

@@ -62,6 +62,7 @@ use tokio::time::{Instant, sleep_until};
 use super::acquire::Cleanup;
 use super::handoff::{self, Handoff, Offer, Transfer};
 use super::lost::LeaseState;
+use super::metrics::{self, Loss};
 use super::schema::{self, LIVE_LOCK_IDS, Layout};
 use crate::error::{Operation, error_code, shown_name};
 use crate::{Error, LockOptions, Result};
@@ -131,6 +132,8 @@ pub(crate) struct Lease {
     pub(crate) id: Bson,
     /// How the lock is named in messages.
     pub(crate) name: String,
+    /// The kind of lock, for metrics: `exclusive`, `read`, `write`, `semaphore`, `document`.
+    pub(crate) kind: &'static str,
     pub(crate) lock_id: String,
     /// Its deadline and lost state, shared with the guard.
     pub(crate) state: Arc<LeaseState>,
@@ -147,17 +150,18 @@ impl Lease {
 
     /// Why a lease whose deadline has passed is lost: `max_hold` if its hold is over, else
     /// `otherwise`.
-    fn overdue<'a>(&self, otherwise: &'a str) -> &'a str {
+    fn overdue(&self, otherwise: Loss) -> Loss {
         if self.state.hold_ended() {
-            "max_hold has passed: the lease is no longer renewed"
+            Loss::MaxHold
         } else {
             otherwise
         }
     }
 
-    pub(crate) fn mark_lost(&self, reason: &str) {
+    pub(crate) fn mark_lost(&self, loss: Loss) {
         if self.state.mark_lost() {
-            tracing::warn!(lock = %shown_name(&self.name), reason, "lock lost");
+            tracing::warn!(lock = %shown_name(&self.name), reason = loss.describe(), "lock lost");
+            metrics::lost(self.kind, loss);
         }
         // Local waiters may be able to take it: the first goes back to the busy-wait pace.
         if let Some(holding) = &self.holding {
@@ -290,7 +294,7 @@ impl RenewalHub {
         let mut loops = self.loops();
         if self.is_shut_down() {
             // Won by an attempt still in flight when the family was shut down.
-            lease.mark_lost("the provider was shut down");
+            lease.mark_lost(Loss::ShutDown);
             let context = ReleaseContext {
                 runtime: runtime.clone(),
                 collection: collection.clone(),
@@ -310,6 +314,7 @@ impl RenewalHub {
                 collection: collection.clone(),
                 layout: layout.clone(),
                 options: options.clone(),
+                kind: lease.kind,
                 leases: HashMap::new(),
                 next_renewal: Instant::now(),
                 releases: JoinSet::new(),
@@ -321,7 +326,7 @@ impl RenewalHub {
             commands.send(Command::Hold(lease))
         {
             // The runtime is shutting down: nobody will renew this lease.
-            lease.mark_lost("the renewal loop has ended");
+            lease.mark_lost(Loss::LoopEnded);
         }
         commands.clone()
     }
@@ -346,6 +351,8 @@ struct RenewalLoop {
     collection: Collection<Document>,
     layout: Layout,
     options: LockOptions,
+    /// The kind of lock of the lease that started the loop, for metrics.
+    kind: &'static str,
     /// By lock id.
     leases: HashMap<String, Lease>,
     next_renewal: Instant,
@@ -371,7 +378,7 @@ impl Drop for RenewalLoop {
     /// more: their guards must know at once.
     fn drop(&mut self) {
         for lease in self.leases.values() {
-            lease.mark_lost("the renewal loop has ended");
+            lease.mark_lost(Loss::LoopEnded);
         }
     }
 }
@@ -516,7 +523,7 @@ impl RenewalLoop {
             renewal.call.abort();
         }
         for (_, lease) in std::mem::take(&mut self.leases) {
-            lease.mark_lost("the provider was shut down");
+            lease.mark_lost(Loss::ShutDown);
             self.release(lease, None);
         }
         while self.releases.join_next().await.is_some() {}
@@ -573,6 +580,8 @@ impl RenewalLoop {
         renewal: &Renewal,
         result: std::result::Result<mongodb::error::Result<Renewed>, tokio::task::JoinError>,
     ) {
+        let succeeded = matches!(result, Ok(Ok(_)));
+        metrics::renewal(self.kind, renewal.sent_at.elapsed(), succeeded);
         let failure = match result {
             Ok(Ok(renewed)) => {
                 let lost_at = self.options.lost_deadline(renewal.sent_at);
@@ -585,13 +594,9 @@ impl RenewalLoop {
                         Renewed::Only(live) => live.contains(lock_id),
                     };
                     if !live {
-                        lease.mark_lost(
-                            "the lease was no longer in the database (deleted, taken over or expired)",
-                        );
+                        lease.mark_lost(Loss::Gone);
                     } else if !lease.state.extend(lost_at) {
-                        lease.mark_lost(
-                            lease.overdue("the renewal was confirmed after the lease's deadline"),
-                        );
+                        lease.mark_lost(lease.overdue(Loss::LateConfirmation));
                     }
                 }
                 return;
@@ -612,6 +617,7 @@ impl RenewalLoop {
         *in_flight = on_time;
         for renewal in late {
             renewal.call.abort();
+            metrics::renewal(self.kind, now - renewal.sent_at, false);
             let still_held = renewal.lock_ids.iter().any(|lock_id| {
                 self.leases
                     .get(lock_id)
@@ -639,9 +645,7 @@ impl RenewalLoop {
     fn expire_overdue(&mut self) {
         for lease in self.leases.values() {
             if lease.state.lost_at().is_none() {
-                lease.mark_lost(
-                    lease.overdue("no renewal was confirmed before the lease's deadline"),
-                );
+                lease.mark_lost(lease.overdue(Loss::Deadline));
             }
         }
     }
@@ -890,7 +894,7 @@ fn released<T>(lease: &Lease, started: Instant, outcome: Released<T>) -> Result<
     match outcome {
         Released::Ours(reply) => Ok(reply),
         Released::NotOurs => {
-            lease.mark_lost("the lease was no longer in the database at release");
+            lease.mark_lost(Loss::GoneAtRelease);
             Err(Error::LockLost {
                 name: lease.name.clone(),
             })

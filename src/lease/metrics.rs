@@ -1,0 +1,100 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade, with the `metrics` feature;
+//! without it every function here is a no-op. Names and labels are listed in the README.
+
+use std::time::Duration;
+
+/// Why a lease was lost, for the tracing message and the metrics label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loss {
+    /// A renewal matched nothing: deleted, taken over or expired on the server.
+    Gone,
+    /// The release matched nothing.
+    GoneAtRelease,
+    /// No renewal was confirmed before the local deadline.
+    Deadline,
+    /// A renewal was confirmed only after the local deadline.
+    LateConfirmation,
+    /// `max_hold` has passed.
+    MaxHold,
+    /// The provider was shut down.
+    ShutDown,
+    /// The renewal loop ended (its runtime shut down, or it panicked).
+    LoopEnded,
+}
+
+impl Loss {
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Loss::Gone => {
+                "the lease was no longer in the database (deleted, taken over or expired)"
+            }
+            Loss::GoneAtRelease => "the lease was no longer in the database at release",
+            Loss::Deadline => "no renewal was confirmed before the lease's deadline",
+            Loss::LateConfirmation => "the renewal was confirmed after the lease's deadline",
+            Loss::MaxHold => "max_hold has passed: the lease is no longer renewed",
+            Loss::ShutDown => "the provider was shut down",
+            Loss::LoopEnded => "the renewal loop has ended",
+        }
+    }
+
+    /// The `reason` label: `gone`, `deadline`, `max_hold`, `shutdown` or `loop_ended`.
+    fn label(self) -> &'static str {
+        match self {
+            Loss::Gone | Loss::GoneAtRelease => "gone",
+            Loss::Deadline | Loss::LateConfirmation => "deadline",
+            Loss::MaxHold => "max_hold",
+            Loss::ShutDown => "shutdown",
+            Loss::LoopEnded => "loop_ended",
+        }
+    }
+}
+
+/// One acquisition call ended: `outcome` is `acquired`, `not_acquired` or `error`.
+pub(crate) fn acquisition(kind: &'static str, outcome: &'static str, waited: Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        let labels = [("kind", kind), ("outcome", outcome)];
+        metrics::counter!("distributed_lock_acquisitions_total", &labels).increment(1);
+        metrics::histogram!("distributed_lock_wait_seconds", &labels).record(waited);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (kind, outcome, waited);
+}
+
+/// One acquisition attempt was sent.
+pub(crate) fn attempt(kind: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distributed_lock_attempts_total", "kind" => kind).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = kind;
+}
+
+/// A guard ended (released, dropped or ended by its own write) after holding for `held`.
+pub(crate) fn hold_ended(kind: &'static str, held: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("distributed_lock_hold_seconds", "kind" => kind).record(held);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (kind, held);
+}
+
+/// A lease was lost (reported once per lease).
+pub(crate) fn lost(kind: &'static str, loss: Loss) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distributed_lock_losses_total", "kind" => kind, "reason" => loss.label())
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (kind, loss.label());
+}
+
+/// A renewal command was answered (or failed) after `latency`.
+pub(crate) fn renewal(kind: &'static str, latency: Duration, succeeded: bool) {
+    #[cfg(feature = "metrics")]
+    {
+        let outcome = if succeeded { "ok" } else { "error" };
+        let labels = [("kind", kind), ("outcome", outcome)];
+        metrics::counter!("distributed_lock_renewal_commands_total", &labels).increment(1);
+        metrics::histogram!("distributed_lock_renewal_seconds", &labels).record(latency);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (kind, latency, succeeded);
+}
