@@ -12,8 +12,8 @@ use mongodb::{Client, Collection};
 
 /// The embedded server refuses to commit a transaction if anything at all was written since it
 /// began (a real server only when the same documents were): the tests of this binary run one at
-/// a time, with renewal cadences far longer than a test, so that their transactions meet exactly
-/// the conflicts they provoke.
+/// a time, with renewal cadences far longer than a test, so that their transactions rarely meet
+/// conflicts they did not provoke (those are retried; the assertions count commits, not runs).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A fresh collection of `client`: the writes of a transaction go through collections of the
@@ -44,10 +44,8 @@ async fn a_transaction_commits_its_writes_while_the_lock_is_held() {
         .await
         .1
         .unwrap();
-    let runs = AtomicUsize::new(0);
     let moved = guard
         .transaction(&client, async |session| {
-            runs.fetch_add(1, Ordering::SeqCst);
             accounts
                 .update_one(doc! { "_id": "a" }, doc! { "$inc": { "balance": -10 } })
                 .session(&mut *session)
@@ -61,8 +59,11 @@ async fn a_transaction_commits_its_writes_while_the_lock_is_held() {
         .await
         .unwrap();
     assert_eq!(moved, 10);
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(balance(&accounts, "a").await, Some(90));
+    assert_eq!(
+        balance(&accounts, "a").await,
+        Some(90),
+        "committed exactly once"
+    );
     assert_eq!(balance(&accounts, "b").await, Some(10));
     let after = common::server_now_and_expiry(&collection, lock.name())
         .await
@@ -107,12 +108,17 @@ async fn a_transaction_that_meets_a_write_conflict_runs_again() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        2,
+    // At least twice: the embedded server also refuses a commit after unrelated writes (the
+    // lock's TTL index being created in the background, say), which a real server does not.
+    assert!(
+        runs.load(Ordering::SeqCst) >= 2,
         "ran again after the conflict"
     );
-    assert_eq!(balance(&accounts, "a").await, Some(1090), "committed once");
+    assert_eq!(
+        balance(&accounts, "a").await,
+        Some(1090),
+        "committed exactly once"
+    );
     guard.release().await.unwrap();
 }
 
