@@ -10,8 +10,9 @@ never leaves a server behind.
 mongoeco 4.11.0 has two reply-format quirks that the official Rust driver rejects; the two small
 shims below fix them at the wire boundary, using mongoeco's own functions (see
 shared TEST-SERVER.md, items 1 and 2); tests/infra_test_server.rs covers both. A third gives its
-transaction write conflicts the code and label a real server uses (tests/transactions.rs
-a_transaction_that_meets_a_write_conflict_runs_again depends on it).
+transaction write conflicts the code and label a real server uses, and a fourth lets a new
+transaction abort the session's previous one, as a real server does (tests/transactions.rs
+depends on both).
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
@@ -30,6 +31,7 @@ from mongoeco.api import AsyncMongoClient
 from mongoeco.core.bson_scalars import BsonInt64, utc_bson_now
 from mongoeco.engines.memory import MemoryEngine
 from mongoeco.wire import proxy as wire_proxy
+from mongoeco.wire import sessions as wire_sessions
 
 # Shim 1: the Rust driver sends limit/skip/batchSize (and cursor ids, in getMore and killCursors)
 # as Int64; mongoeco decodes them into its BsonInt64 wrapper, which its own validation then
@@ -88,6 +90,25 @@ def _write_conflict_as_a_server_reports_it(document):
 
 wire_proxy.decode_op_msg = _decode_op_msg
 wire_proxy.encode_op_msg_response = _encode_op_msg_response
+
+
+# Shim 4: a command with startTransaction begins a new transaction (the driver gives it a higher
+# txnNumber), and a real server aborts whatever transaction the session still had open: one whose
+# commit failed, or whose commit never reached the server. mongoeco ignores startTransaction while
+# the session's old transaction is active and carries on with its snapshot and pending writes;
+# abort the old one first.
+_original_apply_transaction_metadata = wire_sessions.WireSessionStore._apply_transaction_metadata
+
+
+def _apply_transaction_metadata(session, body):
+    if body.get("startTransaction") is True and session.transaction_active:
+        session.abort_transaction()
+    return _original_apply_transaction_metadata(session, body)
+
+
+wire_sessions.WireSessionStore._apply_transaction_metadata = staticmethod(
+    _apply_transaction_metadata
+)
 
 
 # The skewed port. On a real cluster `$$NOW` is evaluated by the mongos (or primary) that runs the

@@ -5,7 +5,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::proxy::{self, Fault};
+use common::proxy::{self, Action, Fault, Rule, replies};
 use distributed_lock_mongodb::{DocumentLock, Error, MongoDistributedLock};
 use mongodb::bson::{Document, doc};
 use mongodb::{Client, Collection};
@@ -75,32 +75,27 @@ async fn a_transaction_commits_its_writes_while_the_lock_is_held() {
     guard.release().await.unwrap();
 }
 
-/// A write conflict (another client wrote a document the transaction writes, after the
-/// transaction began) is transient: the transaction runs again and commits.
+/// A write conflict is transient: the transaction runs again and commits once. The proxy answers
+/// the first `commitTransaction` with the `WriteConflict` a real server reports (labelled
+/// `TransientTransactionError`), without forwarding it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_that_meets_a_write_conflict_runs_again() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let client = common::client().await;
+    let (proxy, client) = proxy::proxied_client().await;
+    let mut conflict = replies::command_error(112, "WriteConflict");
+    conflict.insert("errorLabels", vec!["TransientTransactionError"]);
+    let injected = proxy.add_rule(Rule::new("commitTransaction", Action::Reply(conflict)));
     let accounts = accounts(&client);
     accounts
         .insert_one(doc! { "_id": "a", "balance": 100 })
         .await
         .unwrap();
-    let outside = common::client()
-        .await
-        .database(common::DATABASE)
-        .collection::<Document>(accounts.name());
     let (lock, _) = common::fresh_lock("txn-conflict", common::options(30_000, 10_000)).await;
     let guard = lock.acquire().await.unwrap();
     let runs = AtomicUsize::new(0);
     guard
         .transaction(&client, async |session| {
-            if runs.fetch_add(1, Ordering::SeqCst) == 0 {
-                outside
-                    .update_one(doc! { "_id": "a" }, doc! { "$inc": { "balance": 1000 } })
-                    .await
-                    .unwrap();
-            }
+            runs.fetch_add(1, Ordering::SeqCst);
             accounts
                 .update_one(doc! { "_id": "a" }, doc! { "$inc": { "balance": -10 } })
                 .session(&mut *session)
@@ -109,6 +104,7 @@ async fn a_transaction_that_meets_a_write_conflict_runs_again() {
         })
         .await
         .unwrap();
+    assert_eq!(proxy.hits(injected), 1, "the conflict was met");
     // At least twice: the embedded server also refuses a commit after unrelated writes (the
     // lock's TTL index being created in the background, say), which a real server does not.
     assert!(
@@ -117,7 +113,7 @@ async fn a_transaction_that_meets_a_write_conflict_runs_again() {
     );
     assert_eq!(
         balance(&accounts, "a").await,
-        Some(1090),
+        Some(90),
         "committed exactly once"
     );
     guard.release().await.unwrap();

@@ -146,6 +146,10 @@ impl HeldLease {
         let locks = client
             .database(&namespace.db)
             .collection::<Document>(&namespace.coll);
+        // One session for every try: starting a transaction with a higher transaction number on
+        // it makes the server abort the previous try's, if that is still open (its commit
+        // failed, or never arrived), so it cannot hold its writes against the next try.
+        let mut session = client.start_session().await?;
         let started = Instant::now();
         let retrying = |error: &mongodb::error::Error, label: &str| {
             error.contains_label(label) && started.elapsed() < TRANSACTION_RETRY_LIMIT
@@ -154,8 +158,6 @@ impl HeldLease {
             if self.is_lost() {
                 return Err(self.lost_error());
             }
-            // A fresh session per try: nothing of a failed try's session state carries over.
-            let mut session = client.start_session().await?;
             session
                 .start_transaction()
                 .read_concern(ReadConcern::snapshot())
