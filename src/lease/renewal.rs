@@ -492,7 +492,13 @@ impl RenewalLoop {
                 }
             }
             Command::Release { lock_id, reply } => match self.leases.remove(&lock_id) {
-                Some(lease) => self.release(lease, reply),
+                Some(lease) => {
+                    // Its deadline may have passed before this loop got to report it.
+                    if lease.is_lost() {
+                        lease.mark_lost(lease.overdue(Loss::Deadline));
+                    }
+                    self.release(lease, reply);
+                }
                 None => {
                     if let Some(reply) = reply {
                         let _ = reply.send(Err(Error::BackgroundTaskEnded {
