@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::error::{Operation, shown_name};
 use crate::lease::renewal::RenewalHub;
-use crate::lease::{Problem, admin};
+use crate::lease::{Problem, admin, held};
 use crate::{
     CompositeGuard, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION,
     DocumentLock, Error, LeaderElection, LockDetails, LockOptions, LockStatus,
@@ -192,6 +192,29 @@ impl Provider {
     /// Dropping the future may or may not leave documents deleted.
     pub async fn purge_expired(&self) -> Result<u64> {
         admin::purge_expired(&self.collection.open(&self.database)?).await
+    }
+
+    /// Acquires the exclusive locks `names` together (as [`acquire_all`](Self::acquire_all)
+    /// does), runs `work` while all of them are held ([`CompositeGuard::run_while_held`]) and
+    /// releases them: `work`'s output, or [`Error::LockLost`] if any member was lost first.
+    ///
+    /// # Errors
+    /// As [`acquire_all`](Self::acquire_all); [`Error::LockLost`] if a member was lost before
+    /// `work` completed (`work` is dropped then). A release that fails after `work` completed
+    /// is logged, not returned.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work` and the guard, which releases every
+    /// member in the background.
+    pub async fn acquire_all_and_run<T>(
+        &self,
+        names: &[&str],
+        timeout: Duration,
+        work: impl AsyncFnOnce(&CompositeGuard) -> T,
+    ) -> Result<T> {
+        let guard = self.acquire_all(names, timeout).await?;
+        let output = guard.run_while_held(work(&guard)).await;
+        held::after_release(&names.join(", "), output, guard.release().await)
     }
 
     /// Starts campaigning for leadership of `name` (an exclusive lock of this provider) in the

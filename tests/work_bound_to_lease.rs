@@ -260,6 +260,21 @@ async fn every_kind_runs_work_while_held_and_releases_after_it() {
         .expect("place released");
     place.release().await.unwrap();
 
+    let (first, second) = (common::unique("member-a"), common::unique("member-b"));
+    let tokens = provider
+        .acquire_all_and_run(&[&first, &second], Duration::from_secs(5), async |all| {
+            let member = provider.create_lock(first.as_str());
+            assert!(member.try_acquire().await.unwrap().is_none(), "held");
+            all.fencing_tokens().count()
+        })
+        .await
+        .unwrap();
+    assert_eq!(tokens, 2);
+    for name in [&first, &second] {
+        let member = provider.create_lock(name.as_str()).try_acquire().await;
+        member.unwrap().expect("released").release().await.unwrap();
+    }
+
     let jobs: Collection<Document> = database.collection(&common::unique("run-jobs"));
     jobs.insert_one(doc! { "_id": "job-1", "status": "pending" })
         .await
