@@ -12,7 +12,8 @@ shims below fix them at the wire boundary, using mongoeco's own functions (see
 shared TEST-SERVER.md, items 1 and 2); tests/infra_test_server.rs covers both. A third gives its
 transaction write conflicts the code and label a real server uses, and a fourth lets a new
 transaction abort the session's previous one, as a real server does (tests/transactions.rs
-depends on both).
+depends on both). A fifth gives an index key-pattern conflict the server's code
+(tests/round_trips.rs depends on it).
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
@@ -68,24 +69,37 @@ def _encode_op_msg_response(document, *args, **kwargs):
     cursor = document.get("cursor") if isinstance(document, dict) else None
     if isinstance(cursor, dict) and isinstance(cursor.get("id"), int):
         cursor["id"] = BsonInt64(cursor["id"])
-    _write_conflict_as_a_server_reports_it(document)
+    _error_code_as_a_server_reports_it(document)
     return _original_encode_op_msg_response(document, *args, **kwargs)
 
 
-# Shim 3: mongoeco refuses to commit a transaction when anything at all was written since the
-# transaction began, with an error that has no code, so the driver cannot read it. A real server
-# reports a write conflict as WriteConflict (112) labelled TransientTransactionError, which tells
-# the client to run the transaction again; reply that way.
-def _write_conflict_as_a_server_reports_it(document):
-    if (
-        isinstance(document, dict)
-        and document.get("ok") in (0, 0.0)
-        and "code" not in document
-        and str(document.get("errmsg", "")).startswith("Write conflict")
-    ):
-        document["code"] = 112
-        document["codeName"] = "WriteConflict"
-        document["errorLabels"] = ["TransientTransactionError"]
+# Shims 3 and 5: errors mongoeco sends without a code, which the driver cannot read, get the code
+# (and labels) a real server sends.
+# - Shim 3: mongoeco refuses to commit a transaction when anything at all was written since the
+#   transaction began. A real server reports a write conflict as WriteConflict (112) labelled
+#   TransientTransactionError, which tells the client to run the transaction again.
+# - Shim 5: creating an index on a key pattern that another index (of another name or options)
+#   already has. A real server reports IndexOptionsConflict (85).
+_CODELESS_ERRORS = [
+    # (errmsg prefix, code, codeName, errorLabels)
+    ("Write conflict", 112, "WriteConflict", ["TransientTransactionError"]),
+    ("Conflicting index definition", 85, "IndexOptionsConflict", None),
+]
+
+
+def _error_code_as_a_server_reports_it(document):
+    if not (isinstance(document, dict) and document.get("ok") in (0, 0.0)):
+        return
+    if "code" in document:
+        return
+    message = str(document.get("errmsg", ""))
+    for prefix, code, code_name, labels in _CODELESS_ERRORS:
+        if message.startswith(prefix):
+            document["code"] = code
+            document["codeName"] = code_name
+            if labels:
+                document["errorLabels"] = labels
+            return
 
 
 wire_proxy.decode_op_msg = _decode_op_msg

@@ -1,11 +1,11 @@
 //! The guard of a held lock with a fencing token: an exclusive lock, a reader-writer lock's
 //! writer, or a semaphore place.
 
-use std::sync::Arc;
+use futures::future::BoxFuture;
 
 use crate::lease::acquire::Granted;
 use crate::lease::held::HeldLease;
-use crate::lease::lost::LeaseState;
+use crate::traits::DistributedLockGuard;
 use crate::{FencingToken, LostSignal, Result};
 
 /// Proof that the lock is held; returned by the `acquire*` methods of
@@ -157,8 +157,9 @@ impl LockGuard {
         self.lease.transaction(client, work).await
     }
 
-    pub(crate) fn lease_state(&self) -> &Arc<LeaseState> {
-        self.lease.state()
+    /// The lease and token, for a guard that holds several (a composite).
+    pub(crate) fn into_parts(self) -> (HeldLease, FencingToken) {
+        (self.lease, self.fencing_token)
     }
 
     /// Stops renewing and releases the lock: one update, filtered on this acquisition's lock id,
@@ -190,6 +191,28 @@ impl LockGuard {
     /// this future is dropped.
     pub async fn release(self) -> Result<()> {
         self.lease.release().await
+    }
+}
+
+impl DistributedLockGuard for LockGuard {
+    fn name(&self) -> &str {
+        LockGuard::name(self)
+    }
+
+    fn fencing_token(&self) -> FencingToken {
+        LockGuard::fencing_token(self)
+    }
+
+    fn lost(&self) -> LostSignal {
+        LockGuard::lost(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        LockGuard::is_lost(self)
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(LockGuard::release(*self))
     }
 }
 

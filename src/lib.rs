@@ -14,6 +14,9 @@ mod fencing;
 mod lock_status;
 mod options;
 
+// The lock as an interface, implemented by the primitives below and by `memory`.
+mod traits;
+
 // The lease engine every primitive sits on.
 mod lease;
 
@@ -27,12 +30,14 @@ mod provider;
 mod rw_lock;
 mod semaphore;
 
+pub mod memory;
+
 /// How the lock works, what it guarantees under which assumptions, and how the code is laid out
 /// (the repository's `DESIGN.md`).
 #[doc = include_str!("../DESIGN.md")]
 pub mod design {}
 
-pub use composite::CompositeGuard;
+pub use composite::{CompositeGuard, CompositeMember};
 pub use details::LockDetails;
 pub use document_lock::{DEFAULT_LOCK_FIELD, DocumentGuard, DocumentLock};
 pub use error::{Error, Operation, Result};
@@ -41,11 +46,12 @@ pub use guard::LockGuard;
 pub use leader::LeaderElection;
 pub use lease::lost::LostSignal;
 pub use lock::{DEFAULT_LOCK_COLLECTION, MongoDistributedLock};
-pub use lock_status::{LockKind, LockStatus};
+pub use lock_status::{LockFilter, LockKind, LockStatus};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
 pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard};
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
+pub use traits::{BoxedGuard, DistributedLock, DistributedLockGuard, DistributedLockProvider};
 
 /// Public types are `Send + Sync` (guards also `'static`), and the futures of every async method
 /// are `Send`, so they can be spawned. Checked at compile time.
@@ -64,6 +70,7 @@ fn _assert_send_sync() {
     send_sync::<DocumentGuard<mongodb::bson::Document>>();
     send_sync::<Fence>();
     send_sync::<CompositeGuard>();
+    send_sync::<CompositeMember<'static>>();
     send_sync::<MongoDistributedSemaphore>();
     send_sync::<LockStatus>();
     send_sync::<LockDetails>();
@@ -71,9 +78,15 @@ fn _assert_send_sync() {
     send_sync::<ReadGuard>();
     send_sync::<LostSignal>();
     send_sync::<LockKind>();
+    send_sync::<LockFilter>();
     send_sync::<FenceOutcome>();
     send_sync::<Operation>();
     send_sync::<LockOptionsBuilder>();
+    send_sync::<memory::MemoryLockProvider>();
+    send_sync::<memory::MemoryLock>();
+    send_sync::<memory::MemoryGuard>();
+    send_sync::<std::sync::Arc<dyn DistributedLockProvider>>();
+    send_sync::<BoxedGuard>();
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
         send(&lock.acquire());
@@ -89,8 +102,11 @@ fn _assert_send_sync() {
         send(&semaphore.try_acquire());
         send(&semaphore.try_acquire_timeout(std::time::Duration::ZERO));
         send(&provider.acquire_all(&["a"], std::time::Duration::ZERO));
+        send(&provider.try_acquire_all(&[CompositeMember::Read("a")]));
         send(&provider.status("a"));
         send(&provider.held_locks());
+        send(&provider.held_locks_matching(&LockFilter::new()));
+        send(&provider.create_indexes());
         send(&provider.force_release("a"));
         send(&provider.purge_expired());
         send(&composite.release());
@@ -105,6 +121,8 @@ fn _assert_send_sync() {
         send(&rw.try_acquire_write_timeout(std::time::Duration::ZERO));
         send(&rw.holders());
         send(&semaphore.holders());
+        send(&semaphore.force_release_all());
+        send(&rw.force_release_all());
     }
     fn read_guard_futures(guard: ReadGuard) {
         send(&guard.lost().wait());

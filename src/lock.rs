@@ -8,11 +8,11 @@ use mongodb::bson::Document;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
+use crate::lease::Target;
 use crate::lease::acquire::{self, Acquisition, Attempt, Takeover, Wait};
 use crate::lease::held;
 use crate::lease::renewal::RenewalHub;
 use crate::lease::schema::{self, AttemptReply, Layout};
-use crate::lease::{Target, ttl_index};
 use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, Result};
 
 /// The default collection of exclusive locks, shared with DistributedLock.MongoDB.
@@ -281,7 +281,6 @@ fn won(
     let AttemptReply::Acquired(token) = schema::read_attempt_reply(document, &lock_id) else {
         return Ok(None);
     };
-    ttl_index::ensure(runtime, &target.collection);
     let Some(lease) = target.hold(
         runtime,
         "exclusive",
@@ -300,3 +299,5 @@ fn won(
         )),
     }
 }
+
+crate::traits::impl_distributed_lock!(MongoDistributedLock);

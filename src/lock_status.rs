@@ -1,4 +1,4 @@
-//! The status of a lock's holder, as read by the administration calls.
+//! The status of a lock's holder, as read by the administration calls, and filters on it.
 
 use std::time::Duration;
 
@@ -35,6 +35,11 @@ pub struct LockStatus {
     pub acquired_at: Option<DateTime>,
     /// When the lease ends (or ended), by server time.
     pub expires_at: Option<DateTime>,
+    /// When the holder last acquired or renewed its lease, by server time. Recorded by the
+    /// acquisition and renewal commands themselves (no extra command); `None` for exclusive
+    /// locks that keep DistributedLock.MongoDB's document layout, that is, unless they store
+    /// details (see [`MongoDistributedLock::with_details`](crate::MongoDistributedLock::with_details)).
+    pub renewed_at: Option<DateTime>,
     /// The fencing token of the current (or last) acquisition; `None` for readers, which have
     /// none.
     pub fencing_token: Option<FencingToken>,
@@ -64,5 +69,108 @@ impl LockStatus {
     /// The holder's process id, from its details.
     pub fn pid(&self) -> Option<u32> {
         self.details.as_ref()?.pid
+    }
+
+    /// How long the holder has held the lock, by server time, when it was read.
+    pub fn held_for(&self) -> Option<Duration> {
+        // `remaining` was computed from the server's time at the read: `expires_at - now`.
+        let now = self.expires_at?.timestamp_millis() - millis(self.remaining?);
+        let held = now - self.acquired_at?.timestamp_millis();
+        Some(Duration::from_millis(u64::try_from(held).unwrap_or(0)))
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Which holders [`Provider::held_locks_matching`](crate::Provider::held_locks_matching)
+/// returns: every condition set must hold. [`LockFilter::new`] matches every holder.
+///
+/// ```no_run
+/// # async fn demo(provider: distributed_lock_mongodb::Provider) -> distributed_lock_mongodb::Result<()> {
+/// use std::time::Duration;
+/// use distributed_lock_mongodb::{LockFilter, LockKind};
+///
+/// // Writers and exclusive holders of the billing service, holding for over an hour.
+/// let filter = LockFilter::new()
+///     .with_kind(LockKind::Exclusive)
+///     .with_kind(LockKind::Write)
+///     .with_owner("billing")
+///     .with_min_held_for(Duration::from_secs(60 * 60));
+/// for stuck in provider.held_locks_matching(&filter).await? {
+///     println!("{} held by {:?} for {:?}", stuck.name, stuck.host(), stuck.held_for());
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockFilter {
+    kinds: Vec<LockKind>,
+    name: Option<String>,
+    owner: Option<String>,
+    min_held_for: Option<Duration>,
+}
+
+impl LockFilter {
+    /// A filter that matches every holder.
+    pub fn new() -> Self {
+        LockFilter::default()
+    }
+
+    /// Only holders of this kind; called several times, of any of these kinds. Defaults to
+    /// every kind.
+    #[must_use]
+    pub fn with_kind(mut self, kind: LockKind) -> Self {
+        if !self.kinds.contains(&kind) {
+            self.kinds.push(kind);
+        }
+        self
+    }
+
+    /// Only holders of locks called `name`. Defaults to any name.
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Only holders whose stored [`LockDetails`] name this owner. Defaults to any owner (and
+    /// holders without details).
+    #[must_use]
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Only holders that acquired their lease at least this long before the read, by server
+    /// time. Defaults to any age.
+    #[must_use]
+    pub fn with_min_held_for(mut self, held_for: Duration) -> Self {
+        self.min_held_for = Some(held_for);
+        self
+    }
+
+    /// Whether holders of `kind` can match.
+    pub(crate) fn wants(&self, kind: LockKind) -> bool {
+        self.kinds.is_empty() || self.kinds.contains(&kind)
+    }
+
+    /// The lock name it requires, if any.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// Whether `status` passes every condition.
+    pub fn matches(&self, status: &LockStatus) -> bool {
+        self.wants(status.kind)
+            && self.name.as_ref().is_none_or(|name| *name == status.name)
+            && self
+                .owner
+                .as_deref()
+                .is_none_or(|owner| status.owner() == Some(owner))
+            && self
+                .min_held_for
+                .is_none_or(|least| status.held_for().is_some_and(|held| held >= least))
     }
 }

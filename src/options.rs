@@ -42,6 +42,7 @@ pub struct LockOptions {
     write_concern: WriteConcern,
     max_clock_skew: Duration,
     max_hold: Option<Duration>,
+    automatic_ttl_index: bool,
 }
 
 impl Default for LockOptions {
@@ -55,6 +56,7 @@ impl Default for LockOptions {
             write_concern: WriteConcern::majority(),
             max_clock_skew: default_clock_skew(DEFAULT_EXPIRY),
             max_hold: None,
+            automatic_ttl_index: true,
         }
     }
 }
@@ -117,6 +119,12 @@ impl LockOptions {
         self.max_hold
     }
 
+    /// Whether the first acquisition in a collection creates its TTL index (see
+    /// [`LockOptionsBuilder::automatic_ttl_index`]).
+    pub fn automatic_ttl_index(&self) -> bool {
+        self.automatic_ttl_index
+    }
+
     /// When a lease whose last acquire or renew request was sent at `confirmed_at` (client
     /// monotonic clock) is presumed lost: `confirmed_at + expiry − safety margin − max clock
     /// skew`. The only place this formula exists; every primitive's lost deadline comes from it.
@@ -147,6 +155,7 @@ pub struct LockOptionsBuilder {
     write_concern: Option<WriteConcern>,
     max_clock_skew: Option<Duration>,
     max_hold: Option<Duration>,
+    manual_ttl_index: bool,
 }
 
 impl LockOptionsBuilder {
@@ -228,6 +237,19 @@ impl LockOptionsBuilder {
         self
     }
 
+    /// Whether the first successful acquisition in a lock collection (exclusive locks,
+    /// reader-writer locks, semaphores) creates the collection's TTL index on `expiresAt` in
+    /// the background, once per process. Defaults to true. Turn it off where the application's
+    /// database user may not create indexes, or indexes are managed by deployment scripts: create
+    /// them once with [`Provider::create_indexes`](crate::Provider::create_indexes) (or by hand:
+    /// `{expiresAt: 1}`, `expireAfterSeconds: 86400`, name `expiresAt_ttl`), or call
+    /// [`Provider::purge_expired`](crate::Provider::purge_expired) periodically. Without either,
+    /// lock documents are never deleted; locks stay correct.
+    pub fn automatic_ttl_index(mut self, enabled: bool) -> Self {
+        self.manual_ttl_index = !enabled;
+        self
+    }
+
     /// Validates the options.
     ///
     /// # Errors
@@ -287,6 +309,7 @@ impl LockOptionsBuilder {
         }
 
         options.adaptive_backoff = self.adaptive_backoff;
+        options.automatic_ttl_index = !self.manual_ttl_index;
 
         if let Some(max_hold) = self.max_hold {
             if max_hold < expiry || max_hold > MAX_DURATION {

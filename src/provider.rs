@@ -3,19 +3,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mongodb::bson::Document;
+use mongodb::bson::{Document, doc};
 use mongodb::{Collection, Database};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::composite::HeldMember;
 use crate::error::{Operation, shown_name};
 use crate::lease::renewal::RenewalHub;
-use crate::lease::{Problem, admin, held};
+use crate::lease::schema::{HOLDERS, Layout, READERS};
+use crate::lease::{Problem, admin, held, ttl_index};
+use crate::traits::{DistributedLock, DistributedLockProvider};
 use crate::{
-    CompositeGuard, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION,
-    DocumentLock, Error, LeaderElection, LockDetails, LockOptions, LockStatus,
-    MongoDistributedLock, MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Result,
+    CompositeGuard, CompositeMember, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION,
+    DEFAULT_SEMAPHORE_COLLECTION, DocumentLock, Error, LeaderElection, LockDetails, LockFilter,
+    LockGuard, LockKind, LockOptions, LockStatus, MongoDistributedLock,
+    MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Result,
 };
 
 /// A factory of locks for dependency-injection style applications: configure the database,
@@ -23,9 +27,10 @@ use crate::{
 ///
 /// Clone + Send + Sync. The guards of all locks created by one provider (and its clones), of
 /// every kind, share a renewal loop per Tokio runtime and collection: holding a thousand locks
-/// costs one renewal command per cadence, not a thousand. The TTL index on the exclusive lock
-/// collection is created once per process, after the first successful acquisition (shared with
-/// locks created directly).
+/// costs one renewal command per cadence, not a thousand. The TTL index of each lock collection
+/// is created once per process, after the first successful acquisition there (shared with
+/// locks created directly), unless turned off in the options (see
+/// [`create_indexes`](Self::create_indexes)).
 ///
 /// Each kind has its own collection setting ([`with_collection`](Self::with_collection),
 /// [`with_reader_writer_collection`](Self::with_reader_writer_collection),
@@ -146,7 +151,8 @@ impl Provider {
     /// Every lock of this provider that is held right now, ordered by name and kind, one entry
     /// per holder: the exclusive locks, the readers and writers of the reader-writer locks, and
     /// the holders of the semaphores, each in the provider's collection for its kind (with
-    /// whatever details they stored).
+    /// whatever details they stored). The same as
+    /// [`held_locks_matching`](Self::held_locks_matching) with [`LockFilter::new`].
     ///
     /// # Errors
     /// As [`status`](Self::status).
@@ -154,14 +160,78 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: reads only.
     pub async fn held_locks(&self) -> Result<Vec<LockStatus>> {
-        let locks = self.collection.open(&self.database)?;
-        let rw_locks = self.reader_writer_collection.open(&self.database)?;
-        let semaphores = self.semaphore_collection.open(&self.database)?;
-        let mut held = admin::held(&locks).await?;
-        held.extend(admin::reader_writer_holders(&rw_locks, Document::new()).await?);
-        held.extend(admin::semaphore_holders(&semaphores, Document::new()).await?);
+        self.held_locks_matching(&LockFilter::new()).await
+    }
+
+    /// The holders [`held_locks`](Self::held_locks) lists that pass `filter` (kind, name, owner,
+    /// how long held): for example the holders of one service that have held a lock for over
+    /// an hour, to [`force_release_holder`](Self::force_release_holder) them. Only the
+    /// collections of the kinds asked for are read, and a name is looked up by its `_id`.
+    ///
+    /// # Errors
+    /// As [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: reads only.
+    pub async fn held_locks_matching(&self, filter: &LockFilter) -> Result<Vec<LockStatus>> {
+        let by_name = || {
+            filter
+                .name()
+                .map_or_else(Document::new, |name| doc! { "_id": name })
+        };
+        let mut held = Vec::new();
+        if filter.wants(LockKind::Exclusive) {
+            let locks = self.collection.open(&self.database)?;
+            held.extend(admin::held(&locks, by_name()).await?);
+        }
+        if filter.wants(LockKind::Read) || filter.wants(LockKind::Write) {
+            let rw_locks = self.reader_writer_collection.open(&self.database)?;
+            held.extend(admin::reader_writer_holders(&rw_locks, by_name()).await?);
+        }
+        if filter.wants(LockKind::Semaphore) {
+            let semaphores = self.semaphore_collection.open(&self.database)?;
+            held.extend(admin::semaphore_holders(&semaphores, by_name()).await?);
+        }
+        held.retain(|holder| filter.matches(holder));
         held.sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
         Ok(held)
+    }
+
+    /// **Dangerous** (see [`force_release`](Self::force_release)): ends the one lease `holder`
+    /// describes (an entry of [`held_locks`](Self::held_locks), of any kind), now, as its
+    /// holder's release would: an exclusive lock or a writer keeps its document and fencing
+    /// token, a reader or semaphore place leaves the others alone. Returns whether that lease
+    /// was still there (a holder that released or was replaced since the read is not
+    /// touched: the lock id names one acquisition). Its holder's next renewal finds the lease
+    /// gone and signals `lost`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an entry without a lock
+    /// id (a lock that was not held); otherwise as [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the lease ended.
+    pub async fn force_release_holder(&self, holder: &LockStatus) -> Result<bool> {
+        let Some(lock_id) = holder.lock_id.as_deref() else {
+            return Err(Error::InvalidArgument(format!(
+                "force_release_holder: the entry for lock {:?} has no lock id (nobody held it)",
+                shown_name(&holder.name)
+            )));
+        };
+        let (collection, layout) = match holder.kind {
+            LockKind::Exclusive => (&self.collection, Layout::LockDocument),
+            LockKind::Write => (&self.reader_writer_collection, Layout::Writer),
+            LockKind::Read => (
+                &self.reader_writer_collection,
+                Layout::Members(READERS.to_owned()),
+            ),
+            LockKind::Semaphore => (
+                &self.semaphore_collection,
+                Layout::Members(HOLDERS.to_owned()),
+            ),
+        };
+        let collection = collection.open(&self.database)?;
+        admin::force_release_lease(&collection, &layout, &holder.name, lock_id).await
     }
 
     /// **Dangerous**: ends the lease of lock `name` now, whoever holds it, so a stuck lock (for
@@ -181,9 +251,11 @@ impl Provider {
         admin::force_release(&self.collection.open(&self.database)?, name).await
     }
 
-    /// Deletes the lock documents whose lease ended strictly before now (server time) and
-    /// returns how many; never touches a held lock. For deployments where the TTL monitor is
-    /// disabled or lags. One `delete_many`.
+    /// Deletes the lock documents whose last lease ended more than a day ago (server time) in
+    /// each of the provider's collections (exclusive, reader-writer, semaphore) and returns
+    /// how many; never touches a held lock, nor a document whose fencing token may still
+    /// matter (see `RELIABILITY.md`). For deployments where the TTL index cannot be created
+    /// or its monitor lags. One `delete_many` per collection.
     ///
     /// # Errors
     /// As [`status`](Self::status).
@@ -191,12 +263,66 @@ impl Provider {
     /// # Cancel safety
     /// Dropping the future may or may not leave documents deleted.
     pub async fn purge_expired(&self) -> Result<u64> {
-        admin::purge_expired(&self.collection.open(&self.database)?).await
+        let mut deleted = 0;
+        for collection in self.lock_collections()? {
+            deleted += admin::purge_expired(&collection).await?;
+        }
+        Ok(deleted)
     }
 
-    /// Acquires the exclusive locks `names` together (as [`acquire_all`](Self::acquire_all)
-    /// does), runs `work` while all of them are held ([`CompositeGuard::run_while_held`]) and
-    /// releases them: `work`'s output, or [`Error::LockLost`] if any member was lost first.
+    /// Creates the TTL index on `expiresAt` in each of the provider's collections (exclusive,
+    /// reader-writer, semaphore) now, and waits for it. For deployments that forbid creating
+    /// indexes at run time: call it from a deployment step with a user that may, and turn the
+    /// automatic creation off with
+    /// [`LockOptionsBuilder::automatic_ttl_index`](crate::LockOptionsBuilder::automatic_ttl_index).
+    /// An equivalent index created by someone else (a TTL index on `{expiresAt: 1}` keeping
+    /// documents at least a day) counts as done. Creating an index that exists is a no-op, so
+    /// calling it at every start is fine too.
+    ///
+    /// ```no_run
+    /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
+    /// use distributed_lock_mongodb::{LockOptions, Provider};
+    ///
+    /// // In the deployment step:
+    /// Provider::new(&database).create_indexes().await?;
+    /// // In the service, whose user may not create indexes:
+    /// let options = LockOptions::builder().automatic_ttl_index(false).build()?;
+    /// let provider = Provider::new(&database).with_options(options);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Mongo`](crate::Error::Mongo) with the server's refusal when an index could not
+    /// be created and no equivalent one exists; [`Error::InvalidCollectionName`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave some of the indexes created.
+    pub async fn create_indexes(&self) -> Result<()> {
+        for collection in self.lock_collections()? {
+            ttl_index::create_now(&collection).await?;
+        }
+        Ok(())
+    }
+
+    /// The provider's lock collections (exclusive, reader-writer, semaphore), each once.
+    fn lock_collections(&self) -> Result<Vec<Collection<Document>>> {
+        let mut names = vec![
+            &self.collection,
+            &self.reader_writer_collection,
+            &self.semaphore_collection,
+        ];
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        names.dedup_by(|a, b| a.name == b.name);
+        names
+            .into_iter()
+            .map(|name| name.open(&self.database))
+            .collect()
+    }
+
+    /// Acquires `members` together (as [`acquire_all`](Self::acquire_all) does), runs `work`
+    /// while all of them are held ([`CompositeGuard::run_while_held`]) and releases them:
+    /// `work`'s output, or [`Error::LockLost`] if any member was lost first.
     ///
     /// # Errors
     /// As [`acquire_all`](Self::acquire_all); [`Error::LockLost`] if a member was lost before
@@ -206,15 +332,19 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: dropping this future drops `work` and the guard, which releases every
     /// member in the background.
-    pub async fn acquire_all_and_run<T>(
+    pub async fn acquire_all_and_run<'a, M, T>(
         &self,
-        names: &[&str],
+        members: &[M],
         timeout: Duration,
         work: impl AsyncFnOnce(&CompositeGuard) -> T,
-    ) -> Result<T> {
-        let guard = self.acquire_all(names, timeout).await?;
+    ) -> Result<T>
+    where
+        M: Clone + Into<CompositeMember<'a>>,
+    {
+        let guard = self.acquire_all(members, timeout).await?;
         let output = guard.run_while_held(work(&guard)).await;
-        held::after_release(&names.join(", "), output, guard.release().await)
+        let names = guard.names().collect::<Vec<_>>().join(", ");
+        held::after_release(&names, output, guard.release().await)
     }
 
     /// Starts campaigning for leadership of `name` (an exclusive lock of this provider) in the
@@ -256,56 +386,176 @@ impl Provider {
         self.renewals.shut_down().await;
     }
 
-    /// Acquires the exclusive locks `names` together and returns one guard for all of them.
+    /// Acquires `members` together, any mix of exclusive locks, read locks, write locks and
+    /// semaphore places (see [`CompositeMember`]; a plain name is an exclusive lock), and
+    /// returns one guard for all of them.
     ///
-    /// The locks are acquired in sorted name order, so callers with overlapping sets cannot
-    /// deadlock; it is all or nothing: on an error or when `timeout` runs out, the locks
-    /// acquired so far are released at once. The guard's `lost` fires if any member is lost.
+    /// Members are acquired in one global order, by the name of the collection of their kind
+    /// and then by name, so callers with overlapping sets cannot deadlock (with the same
+    /// collection settings). It is all or nothing: on an error, or when `timeout` runs out, the
+    /// members acquired so far are released at once. The guard's `lost` fires if any member is
+    /// lost.
+    ///
+    /// ```no_run
+    /// # async fn demo(provider: distributed_lock_mongodb::Provider) -> distributed_lock_mongodb::Result<()> {
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::CompositeMember::{Exclusive, Read, Semaphore};
+    ///
+    /// // Two accounts (plain names are exclusive locks):
+    /// let accounts = provider.acquire_all(&["acct-7", "acct-3"], Duration::from_secs(5)).await?;
+    /// accounts.release().await?;
+    /// // A mix: the price list for reading, one of 4 export slots and the order itself.
+    /// let members = [Read("prices"), Semaphore { name: "exports", max_count: 4 }, Exclusive("order-42")];
+    /// let all = provider.acquire_all(&members, Duration::from_secs(5)).await?;
+    /// all.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty set or a name
-    /// given twice; [`Error::Timeout`](crate::Error::Timeout) when `timeout` runs out; otherwise
-    /// as [`MongoDistributedLock::acquire`].
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty set or a lock
+    /// given twice (a read and a write lock of one name count as the same lock);
+    /// [`Error::Timeout`](crate::Error::Timeout) naming the member that could not be acquired
+    /// when `timeout` runs out; otherwise as the members' own `acquire` methods.
     ///
     /// # Cancel safety
     /// Cancel safe: members acquired before the future was dropped are released at once.
-    pub async fn acquire_all(&self, names: &[&str], timeout: Duration) -> Result<CompositeGuard> {
-        let mut sorted: Vec<&str> = names.to_vec();
-        sorted.sort_unstable();
-        if sorted.is_empty() {
-            return Err(Error::InvalidArgument(
-                "acquire_all needs at least one lock name".to_owned(),
-            ));
-        }
-        if let Some(pair) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
-            return Err(Error::InvalidArgument(format!(
-                "acquire_all got the lock name {:?} twice",
-                shown_name(pair[0])
-            )));
-        }
+    pub async fn acquire_all<'a, M>(
+        &self,
+        members: &[M],
+        timeout: Duration,
+    ) -> Result<CompositeGuard>
+    where
+        M: Clone + Into<CompositeMember<'a>>,
+    {
         let started = Instant::now();
-        let deadline = started.checked_add(timeout);
-        let mut members = Vec::with_capacity(sorted.len());
-        for name in sorted {
+        match self.acquire_all_within(members, timeout).await? {
+            Ok(guard) => Ok(guard),
+            Err(busy) => Err(Error::Timeout {
+                operation: Operation::Acquire,
+                name: busy.name().to_owned(),
+                waited: started.elapsed(),
+            }),
+        }
+    }
+
+    /// Acquires `members` together if every one of them is free now, as
+    /// [`acquire_all`](Self::acquire_all) does with no wait: `Ok(None)` (with nothing held) as
+    /// soon as one is busy.
+    ///
+    /// # Errors
+    /// As [`acquire_all`](Self::acquire_all), without timeouts.
+    ///
+    /// # Cancel safety
+    /// As [`acquire_all`](Self::acquire_all).
+    pub async fn try_acquire_all<'a, M>(&self, members: &[M]) -> Result<Option<CompositeGuard>>
+    where
+        M: Clone + Into<CompositeMember<'a>>,
+    {
+        Ok(self.acquire_all_within(members, Duration::ZERO).await?.ok())
+    }
+
+    /// Acquires `members` in lock order within `timeout`: the guard, or the member that was
+    /// still busy when the time ran out (the others released).
+    async fn acquire_all_within<'a, M>(
+        &self,
+        members: &[M],
+        timeout: Duration,
+    ) -> Result<std::result::Result<CompositeGuard, CompositeMember<'a>>>
+    where
+        M: Clone + Into<CompositeMember<'a>>,
+    {
+        let members = self.in_lock_order(members)?;
+        let deadline = Instant::now().checked_add(timeout);
+        let mut held = Vec::with_capacity(members.len());
+        for member in members {
             let remaining = deadline.map_or(Duration::MAX, |deadline| {
                 deadline.saturating_duration_since(Instant::now())
             });
             // On failure the members acquired so far are dropped: released at once.
-            let member = self.create_lock(name).acquire_timeout(remaining).await;
-            members.push(member.map_err(|error| match error {
-                Error::Timeout {
-                    operation: Operation::Acquire,
-                    name,
-                    waited: _,
-                } => Error::Timeout {
-                    operation: Operation::Acquire,
-                    name,
-                    waited: started.elapsed(),
-                },
-                other => other,
-            })?);
+            match self.acquire_member(member, remaining).await? {
+                Some(acquired) => held.push(acquired),
+                None => return Ok(Err(member)),
+            }
         }
-        Ok(CompositeGuard::new(members))
+        Ok(Ok(CompositeGuard::new(held)))
+    }
+
+    /// `members` sorted into the global lock order: by the collection of their kind, then by
+    /// name; refused if empty or if a lock comes twice.
+    fn in_lock_order<'a, M>(&self, members: &[M]) -> Result<Vec<CompositeMember<'a>>>
+    where
+        M: Clone + Into<CompositeMember<'a>>,
+    {
+        let mut members: Vec<CompositeMember<'a>> =
+            members.iter().cloned().map(Into::into).collect();
+        let key = |member: &CompositeMember<'a>| {
+            let collection = match member.kind() {
+                LockKind::Exclusive => &self.collection,
+                LockKind::Read | LockKind::Write => &self.reader_writer_collection,
+                LockKind::Semaphore => &self.semaphore_collection,
+            };
+            (collection.name.clone(), member.name())
+        };
+        members.sort_by_cached_key(key);
+        if members.is_empty() {
+            return Err(Error::InvalidArgument(
+                "acquire_all needs at least one lock".to_owned(),
+            ));
+        }
+        if let Some(pair) = members
+            .windows(2)
+            .find(|pair| key(&pair[0]) == key(&pair[1]))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "acquire_all got the lock name {:?} twice (as {:?} and {:?})",
+                shown_name(pair[0].name()),
+                pair[0].kind(),
+                pair[1].kind(),
+            )));
+        }
+        Ok(members)
+    }
+
+    /// Acquires one member within `wait`: `None` if it stayed busy.
+    async fn acquire_member(
+        &self,
+        member: CompositeMember<'_>,
+        wait: Duration,
+    ) -> Result<Option<HeldMember>> {
+        let kind = member.kind();
+        let with_token = |guard: Option<LockGuard>| {
+            guard.map(|guard| {
+                let (lease, token) = guard.into_parts();
+                HeldMember {
+                    lease,
+                    kind,
+                    fencing_token: Some(token),
+                }
+            })
+        };
+        Ok(match member {
+            CompositeMember::Exclusive(name) => {
+                with_token(self.create_lock(name).try_acquire_timeout(wait).await?)
+            }
+            CompositeMember::Write(name) => {
+                let rw = self.create_reader_writer_lock(name);
+                with_token(rw.try_acquire_write_timeout(wait).await?)
+            }
+            CompositeMember::Semaphore { name, max_count } => {
+                let semaphore = self.create_semaphore(name, max_count);
+                with_token(semaphore.try_acquire_timeout(wait).await?)
+            }
+            CompositeMember::Read(name) => {
+                let rw = self.create_reader_writer_lock(name);
+                let read = rw.try_acquire_read_timeout(wait).await?;
+                read.map(|guard| HeldMember {
+                    lease: guard.into_lease(),
+                    kind,
+                    fencing_token: None,
+                })
+            }
+        })
     }
 
     /// A semaphore called `name` allowing `max_count` holders, with this provider's options and
@@ -354,6 +604,12 @@ impl Provider {
         DocumentLock::new(collection)
             .with_options(self.options.clone())
             .with_renewals(&self.renewals)
+    }
+}
+
+impl DistributedLockProvider for Provider {
+    fn create_lock(&self, name: &str) -> Box<dyn DistributedLock> {
+        Box::new(Provider::create_lock(self, name))
     }
 }
 

@@ -17,8 +17,8 @@ use crate::lease::held::{self, HeldLease};
 use crate::lease::renewal::RenewalHub;
 use crate::lease::schema::new_lock_id;
 use crate::lease::schema::{
-    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, READERS,
-    WAITING_WRITER, WRITER, lease_end, literal, live_members, next_fencing_token,
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, READERS, RENEWED_AT,
+    WAITING_WRITER, WRITER, lease_end, literal, live_members, next_fencing_token, retain,
 };
 use crate::lease::{Target, admin};
 use crate::{
@@ -38,16 +38,19 @@ const WRITE_IS_FREE: &str = "_writeIsFree";
 ///
 /// ```text
 /// { _id: <name>,
-///   readers: [ { id, expiresAt, acquiredAt, details }, ... ],
-///   writer: { id, expiresAt, acquiredAt, fencingToken, details },
-///   waitingWriter: { id, expiresAt } }
+///   readers: [ { id, expiresAt, acquiredAt, renewedAt, details }, ... ],
+///   writer: { id, expiresAt, acquiredAt, renewedAt, fencingToken, details },
+///   waitingWriter: { id, expiresAt },
+///   expiresAt }
 /// ```
 ///
 /// Every acquisition attempt, read or write, is one `findAndModify` with a pipeline update
 /// (upsert): it drops expired readers and an expired waiting-writer marker, then adds us if the
 /// lock allows it, all in one atomic step on the server. A lease that has ended (by server time)
-/// is ignored, so a crashed holder blocks others for at most `expiry`. The documents stay (their
-/// writer's fencing token must keep growing); they are small.
+/// is ignored, so a crashed holder blocks others for at most `expiry`. The top-level
+/// `expiresAt`, never earlier than any lease inside, lets the TTL index (or
+/// [`Provider::purge_expired`](crate::Provider::purge_expired)) delete a document a day after
+/// its last lease ended, when its writer's fencing token no longer matters.
 ///
 /// # Writer preference
 /// A writer that has to wait leaves a *waiting-writer marker* with a short lease of its own
@@ -312,6 +315,27 @@ impl MongoDistributedReaderWriterLock {
         admin::reader_writer_holders(&target.collection, doc! { ID: &target.name }).await
     }
 
+    /// **Dangerous**: ends every lease of this lock now (the writer's, every reader's, and a
+    /// waiting writer's marker), whoever holds them, so a lock stuck by hung holders can be
+    /// taken. The holders are not asked: each learns it at its next renewal and signals `lost`,
+    /// so a forced-out holder may still believe it holds the lock for up to one extension
+    /// cadence; protect resources with fencing tokens first. The document and the writer's
+    /// fencing token stay, so tokens keep increasing. Returns whether any lease was live. To end
+    /// one holder's lease only, use
+    /// [`Provider::force_release_holder`](crate::Provider::force_release_holder) with an entry
+    /// of [`holders`](Self::holders).
+    ///
+    /// # Errors
+    /// As [`holders`](Self::holders).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the leases ended.
+    pub async fn force_release_all(&self) -> Result<bool> {
+        let target = &self.target;
+        target.check()?;
+        admin::force_release_reader_writer(&target.collection, &target.name).await
+    }
+
     /// Read attempts until one joins the readers or the wait runs out.
     async fn read_within(&self, wait: Wait) -> Result<Option<ReadGuard>> {
         let target = &self.target;
@@ -436,7 +460,7 @@ async fn attempt(
 fn layout(mode: Mode) -> Layout {
     match mode {
         Mode::Read => Layout::Members(READERS.to_owned()),
-        Mode::Write => Layout::Embedded(WRITER.to_owned()),
+        Mode::Write => Layout::Writer,
     }
 }
 
@@ -463,12 +487,14 @@ fn holds_read(document: &Document, lock_id: &str) -> bool {
     })
 }
 
-/// The lease of a new holder: `{id, expiresAt, acquiredAt, details}` (an expression).
+/// The lease of a new holder: `{id, expiresAt, acquiredAt, renewedAt, details}` (an
+/// expression).
 fn new_lease(lock: &Target, lock_id: &str) -> Document {
     let mut lease = doc! {
         EMBEDDED_ID: lock_id,
         EXPIRES_AT: lease_end(lock.options.expiry_millis()),
         ACQUIRED_AT: "$$NOW",
+        RENEWED_AT: "$$NOW",
     };
     if let Some(details) = &lock.details {
         lease.insert(DETAILS, literal(details));
@@ -508,6 +534,7 @@ fn read_update(lock: &Target, lock_id: &str) -> Vec<Document> {
     vec![
         drop_expired(),
         doc! { "$set": { READERS: { "$cond": [may_read, join, format!("${READERS}")] } } },
+        retain(lock.options.expiry_millis()),
     ]
 }
 
@@ -548,6 +575,11 @@ fn write_update(lock: &Target, lock_id: &str, marker_id: &str, waits: bool) -> V
             WAITING_WRITER: { "$cond": [&is_free, "$$REMOVE", marker_when_busy] },
         } },
         doc! { "$unset": WRITE_IS_FREE },
+        retain(
+            lock.options
+                .expiry_millis()
+                .max(marker_lease_millis(&lock.options)),
+        ),
     ]
 }
 
@@ -653,6 +685,11 @@ impl ReadGuard {
         work: impl AsyncFnMut(&mut mongodb::ClientSession) -> mongodb::error::Result<R>,
     ) -> Result<R> {
         self.lease.transaction(client, work).await
+    }
+
+    /// The lease, for a guard that holds several (a composite).
+    pub(crate) fn into_lease(self) -> HeldLease {
+        self.lease
     }
 
     /// Stops renewing and releases the read lock: one update that removes this reader, and no

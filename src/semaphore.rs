@@ -33,7 +33,8 @@ const ADMITTED: &str = "_admitted";
 ///
 /// ```text
 /// { _id: <name>, maxCount: <n>, fencingToken: <last>,
-///   holders: [ { id, expiresAt, acquiredAt, fencingToken, details }, ... ] }
+///   holders: [ { id, expiresAt, acquiredAt, renewedAt, fencingToken, details }, ... ],
+///   expiresAt }
 /// ```
 ///
 /// An attempt is one `findAndModify` (upsert) with a pipeline update that drops holders whose
@@ -124,6 +125,25 @@ impl MongoDistributedSemaphore {
         let target = &self.target;
         target.check()?;
         admin::semaphore_holders(&target.collection, doc! { ID: &target.name }).await
+    }
+
+    /// **Dangerous**: ends every holder's lease now, so a semaphore whose places are stuck
+    /// with hung holders can be used again. The holders are not asked: each learns it at its
+    /// next renewal and signals `lost`, so for up to one extension cadence more than
+    /// `max_count` may believe they hold a place. The document and its fencing token stay, so
+    /// tokens keep increasing. Returns whether any lease was live. To end one holder's lease
+    /// only, use [`Provider::force_release_holder`](crate::Provider::force_release_holder) with
+    /// an entry of [`holders`](Self::holders).
+    ///
+    /// # Errors
+    /// As [`holders`](Self::holders).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the leases ended.
+    pub async fn force_release_all(&self) -> Result<bool> {
+        let target = &self.target;
+        target.check()?;
+        admin::force_release_semaphore(&target.collection, &target.name).await
     }
 
     /// The semaphore's name.
@@ -317,6 +337,7 @@ fn join_update(lock: &Target, max_count: u32, lock_id: &str) -> Vec<Document> {
         EMBEDDED_ID: lock_id,
         EXPIRES_AT: schema::lease_end(lock.options.expiry_millis()),
         ACQUIRED_AT: "$$NOW",
+        schema::RENEWED_AT: "$$NOW",
         FENCING_TOKEN: format!("${FENCING_TOKEN}"),
     };
     if let Some(details) = &lock.details {
@@ -342,5 +363,8 @@ fn join_update(lock: &Target, max_count: u32, lock_id: &str) -> Vec<Document> {
             format!("${HOLDERS}"),
         ] } } },
         doc! { "$unset": ADMITTED },
+        schema::retain(lock.options.expiry_millis()),
     ]
 }
+
+crate::traits::impl_distributed_lock!(MongoDistributedSemaphore);

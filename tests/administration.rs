@@ -4,20 +4,39 @@ mod common;
 
 use std::time::Duration;
 
-use distributed_lock_mongodb::{LockDetails, LockKind, Provider};
-use mongodb::bson::{DateTime, Document, doc};
+use distributed_lock_mongodb::{LockDetails, LockFilter, LockKind, Provider};
+use mongodb::Collection;
+use mongodb::bson::{Bson, DateTime, Document, doc};
 
-async fn provider() -> (Provider, mongodb::Collection<Document>) {
+async fn provider() -> (Provider, Collection<Document>) {
+    let (provider, [locks, _, _]) = provider_of_every_kind().await;
+    (provider, locks)
+}
+
+/// A provider whose exclusive, reader-writer and semaphore collections (returned in that
+/// order) are its own.
+async fn provider_of_every_kind() -> (Provider, [Collection<Document>; 3]) {
     let database = common::database().await;
-    let collection = common::unique("admin");
+    let names = [
+        common::unique("admin"),
+        common::unique("admin_rw"),
+        common::unique("admin_sem"),
+    ];
+    let collections = names
+        .clone()
+        .map(|name| database.collection::<Document>(&name));
     // A placeholder index keeps the embedded server's instant TTL deletion out of the way, so
     // expired documents stay until purged (as on a real server between TTL monitor runs).
-    let documents = database.collection::<Document>(&collection);
-    common::block_ttl_index(&documents).await;
+    for collection in &collections {
+        common::block_ttl_index(collection).await;
+    }
+    let [locks, rw_locks, semaphores] = names;
     let provider = Provider::new(&database)
-        .with_collection(collection.as_str())
+        .with_collection(locks)
+        .with_reader_writer_collection(rw_locks)
+        .with_semaphore_collection(semaphores)
         .with_options(common::options(5_000, 1_000));
-    (provider, documents)
+    (provider, collections)
 }
 
 #[tokio::test]
@@ -206,4 +225,328 @@ async fn details_are_opt_in_for_exclusive_locks_and_composites() {
     assert_eq!(held[0].host(), LockDetails::new().host.as_deref());
     composite.release().await.unwrap();
     plain.release().await.unwrap();
+}
+
+/// Every lease end stored in a reader-writer lock or semaphore document: its writer's, its
+/// waiting writer's, its readers' and its holders'.
+fn lease_ends(document: &Document) -> Vec<DateTime> {
+    let mut ends = Vec::new();
+    for field in ["writer", "waitingWriter"] {
+        if let Ok(lease) = document.get_document(field) {
+            ends.extend(lease.get_datetime("expiresAt").ok().copied());
+        }
+    }
+    for field in ["readers", "holders"] {
+        let members = document.get_array(field).map(Vec::as_slice).unwrap_or(&[]);
+        ends.extend(
+            members
+                .iter()
+                .filter_map(Bson::as_document)
+                .filter_map(|member| member.get_datetime("expiresAt").ok().copied()),
+        );
+    }
+    ends
+}
+
+/// The document's top-level `expiresAt`, after checking that it is no earlier than any lease
+/// the document holds (what lets the TTL index and purge look at it alone).
+async fn retained_until(collection: &Collection<Document>, name: &str) -> DateTime {
+    let document = common::lock_document(collection, name)
+        .await
+        .expect("the lock has a document");
+    let top = *document
+        .get_datetime("expiresAt")
+        .unwrap_or_else(|_| panic!("no top-level expiresAt in {document}"));
+    let ends = lease_ends(&document);
+    assert!(!ends.is_empty(), "a lease is held in {document}");
+    assert!(
+        ends.iter().all(|end| *end <= top),
+        "a lease outlives the document's expiresAt: {document}"
+    );
+    top
+}
+
+#[tokio::test]
+async fn reader_writer_and_semaphore_documents_are_kept_as_long_as_their_leases() {
+    let (provider, [_, rw_locks, semaphores]) = provider_of_every_kind().await;
+    // Renewed every 300 ms.
+    let provider = provider.with_options(common::options(2_000, 300));
+    let rw = provider.create_reader_writer_lock("rw");
+    let first = rw.acquire_read().await.unwrap();
+    let second = rw.acquire_read().await.unwrap();
+    let after_readers = retained_until(&rw_locks, "rw").await;
+    let semaphore = provider.create_semaphore("sem", 2);
+    let place = semaphore.acquire().await.unwrap();
+    let after_place = retained_until(&semaphores, "sem").await;
+
+    // Renewals move the leases and the document's expiresAt with them.
+    let renewed = common::eventually(Duration::from_secs(10), || async {
+        retained_until(&rw_locks, "rw").await > after_readers
+            && retained_until(&semaphores, "sem").await > after_place
+    })
+    .await;
+    assert!(renewed, "renewals raise the documents' expiresAt");
+
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    let writer = rw.acquire_write().await.unwrap();
+    let after_writer = retained_until(&rw_locks, "rw").await;
+    let renewed = common::eventually(Duration::from_secs(10), || async {
+        retained_until(&rw_locks, "rw").await > after_writer
+    })
+    .await;
+    assert!(renewed, "the writer's renewals raise it too");
+    assert!(!writer.is_lost() && !place.is_lost());
+    writer.release().await.unwrap();
+    place.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn purge_removes_reader_writer_and_semaphore_documents_a_day_after_their_last_lease() {
+    let (provider, [_, rw_locks, semaphores]) = provider_of_every_kind().await;
+    let (old_rw, old_sem) = (
+        provider.create_reader_writer_lock("old-rw"),
+        provider.create_semaphore("old-sem", 2),
+    );
+    let writer_token = old_rw.acquire_write().await.unwrap().fencing_token();
+    let place_token = old_sem.acquire().await.unwrap().fencing_token();
+    // Dropped: released in the background. Wait until both documents hold no lease.
+    let released = common::eventually(Duration::from_secs(10), || async {
+        provider.held_locks().await.unwrap().is_empty()
+    })
+    .await;
+    assert!(released, "dropped guards are released");
+    let live_reader = provider
+        .create_reader_writer_lock("live-rw")
+        .acquire_read()
+        .await
+        .unwrap();
+    let recent = provider.create_semaphore("recent-sem", 1);
+    recent.acquire().await.unwrap().release().await.unwrap();
+
+    // A day passes for the old documents (their last leases ended 25 hours ago) but not for
+    // the recent one (23 hours).
+    let hours_ago =
+        |hours: i64| DateTime::from_millis(DateTime::now().timestamp_millis() - hours * 3_600_000);
+    let age = |collection: &Collection<Document>, name: &str, hours: i64| {
+        let (collection, name) = (collection.clone(), name.to_owned());
+        async move {
+            let update = doc! { "$set": { "expiresAt": hours_ago(hours) } };
+            let result = collection.update_one(doc! { "_id": name }, update).await;
+            assert_eq!(result.unwrap().matched_count, 1);
+        }
+    };
+    age(&rw_locks, "old-rw", 25).await;
+    age(&semaphores, "old-sem", 25).await;
+    age(&semaphores, "recent-sem", 23).await;
+
+    assert_eq!(provider.purge_expired().await.unwrap(), 2);
+    let ids = |collection: &Collection<Document>| {
+        let collection = collection.clone();
+        async move {
+            let mut ids: Vec<Bson> = collection.distinct("_id", doc! {}).await.unwrap();
+            ids.sort_by_key(ToString::to_string);
+            ids
+        }
+    };
+    assert_eq!(ids(&rw_locks).await, [Bson::from("live-rw")]);
+    assert_eq!(ids(&semaphores).await, [Bson::from("recent-sem")]);
+    assert!(!live_reader.is_lost());
+
+    // The next holders' fencing tokens still increase: a day later, `$$NOW × 1000` is above
+    // any token of the deleted documents.
+    let writer = old_rw.acquire_write().await.unwrap();
+    assert!(writer.fencing_token() > writer_token);
+    let place = old_sem.acquire().await.unwrap();
+    assert!(place.fencing_token() > place_token);
+    live_reader.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn holders_of_every_kind_are_listed_with_their_renewals_and_filtered() {
+    let (provider, _) = provider_of_every_kind().await;
+    // Renewed every 300 ms.
+    let provider = provider.with_options(common::options(3_000, 300));
+    let ours = provider
+        .clone()
+        .with_details(LockDetails::new().with_owner("svc-a"))
+        .with_details_in_exclusive_locks(true);
+    let theirs = provider
+        .clone()
+        .with_details(LockDetails::new().with_owner("svc-b"));
+    let exclusive = ours.create_lock("x").acquire().await.unwrap();
+    let plain = theirs.create_lock("plain").acquire().await.unwrap();
+    let (rw, rw2) = (
+        ours.create_reader_writer_lock("rw"),
+        theirs.create_reader_writer_lock("rw2"),
+    );
+    let reader = rw.acquire_read().await.unwrap();
+    let writer = rw2.acquire_write().await.unwrap();
+    let place_a = ours.create_semaphore("sem", 2).acquire().await.unwrap();
+    let place_b = theirs.create_semaphore("sem", 2).acquire().await.unwrap();
+
+    let kinds_and_names = |held: Vec<distributed_lock_mongodb::LockStatus>| {
+        held.into_iter()
+            .map(|holder| (holder.kind, holder.name))
+            .collect::<Vec<_>>()
+    };
+    let all = provider.held_locks().await.unwrap();
+    assert_eq!(
+        kinds_and_names(all.clone()),
+        [
+            (LockKind::Exclusive, "plain".to_owned()),
+            (LockKind::Read, "rw".to_owned()),
+            (LockKind::Write, "rw2".to_owned()),
+            (LockKind::Semaphore, "sem".to_owned()),
+            (LockKind::Semaphore, "sem".to_owned()),
+            (LockKind::Exclusive, "x".to_owned()),
+        ]
+    );
+    for holder in &all {
+        match holder.name.as_str() {
+            // .NET's layout: no renewal time.
+            "plain" => assert_eq!(holder.renewed_at, None),
+            _ => assert!(holder.renewed_at >= holder.acquired_at, "{holder:?}"),
+        }
+    }
+
+    // Renewals record their time, in every kind that has a place for it.
+    let renewed = common::eventually(Duration::from_secs(10), || async {
+        let held = provider.held_locks().await.unwrap();
+        held.iter()
+            .filter(|holder| holder.name != "plain")
+            .all(|holder| holder.renewed_at > holder.acquired_at)
+    })
+    .await;
+    assert!(renewed, "every renewal is recorded");
+    let plain_status = provider.status("plain").await.unwrap().unwrap();
+    assert_eq!(
+        plain_status.renewed_at, None,
+        "renewals keep .NET's layout of exclusive locks without details"
+    );
+
+    let matching = |filter: LockFilter| {
+        let provider = provider.clone();
+        async move { kinds_and_names(provider.held_locks_matching(&filter).await.unwrap()) }
+    };
+    assert_eq!(
+        matching(LockFilter::new().with_kind(LockKind::Semaphore)).await,
+        vec![(LockKind::Semaphore, "sem".to_owned()); 2]
+    );
+    assert_eq!(
+        matching(
+            LockFilter::new()
+                .with_kind(LockKind::Read)
+                .with_kind(LockKind::Write)
+        )
+        .await,
+        [
+            (LockKind::Read, "rw".to_owned()),
+            (LockKind::Write, "rw2".to_owned())
+        ]
+    );
+    assert_eq!(
+        matching(LockFilter::new().with_owner("svc-b")).await,
+        [
+            (LockKind::Write, "rw2".to_owned()),
+            (LockKind::Semaphore, "sem".to_owned())
+        ]
+    );
+    assert_eq!(
+        matching(LockFilter::new().with_name("x")).await,
+        [(LockKind::Exclusive, "x".to_owned())]
+    );
+    // Every holder has held for at least one renewal (300 ms); none for an hour.
+    let held_a_while = LockFilter::new().with_min_held_for(Duration::from_millis(250));
+    assert_eq!(matching(held_a_while).await.len(), 6);
+    let held_an_hour = LockFilter::new().with_min_held_for(Duration::from_secs(3_600));
+    assert!(matching(held_an_hour).await.is_empty());
+
+    for guard in [exclusive, plain, writer, place_a, place_b] {
+        guard.release().await.unwrap();
+    }
+    reader.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_holder_or_all_holders_of_every_kind_can_be_forced_out() {
+    let (provider, _) = provider_of_every_kind().await;
+    let provider = provider.with_options(common::options(3_000, 300));
+    let holder = |kind: LockKind, name: &str| {
+        let (provider, name) = (provider.clone(), name.to_owned());
+        async move {
+            let filter = LockFilter::new().with_kind(kind).with_name(name);
+            provider.held_locks_matching(&filter).await.unwrap()
+        }
+    };
+    let forced_out = |lost: distributed_lock_mongodb::LostSignal| async move {
+        tokio::time::timeout(Duration::from_secs(5), lost.wait())
+            .await
+            .expect("the holder learns it at its next renewal");
+    };
+
+    // One reader of two.
+    let rw = provider.create_reader_writer_lock("rw");
+    let first = rw.acquire_read().await.unwrap();
+    let first_entry = holder(LockKind::Read, "rw").await.remove(0);
+    let kept = rw.acquire_read().await.unwrap();
+    assert!(provider.force_release_holder(&first_entry).await.unwrap());
+    assert!(!provider.force_release_holder(&first_entry).await.unwrap());
+    let left = holder(LockKind::Read, "rw").await;
+    assert_eq!(left.len(), 1);
+    assert_ne!(left[0].lock_id, first_entry.lock_id);
+    forced_out(first.lost()).await;
+    assert!(!kept.is_lost());
+    assert!(first.release().await.unwrap_err().is_lock_lost());
+
+    // Then every holder, the writer's marker included.
+    let other = rw.acquire_read().await.unwrap();
+    assert!(rw.force_release_all().await.unwrap());
+    assert!(!rw.force_release_all().await.unwrap(), "nothing left");
+    forced_out(kept.lost()).await;
+    forced_out(other.lost()).await;
+
+    // The writer: its fencing token survives.
+    let writer = rw.acquire_write().await.unwrap();
+    let token = writer.fencing_token();
+    let entry = holder(LockKind::Write, "rw").await.remove(0);
+    assert_eq!(entry.fencing_token, Some(token));
+    assert!(provider.force_release_holder(&entry).await.unwrap());
+    forced_out(writer.lost()).await;
+    let next = rw.try_acquire_write().await.unwrap().expect("free now");
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+
+    // Semaphore places: one, then all; tokens keep increasing.
+    let semaphore = provider.create_semaphore("sem", 2);
+    let place_a = semaphore.acquire().await.unwrap();
+    let place_b = semaphore.acquire().await.unwrap();
+    let entry_a = holder(LockKind::Semaphore, "sem")
+        .await
+        .into_iter()
+        .find(|entry| entry.fencing_token == Some(place_a.fencing_token()))
+        .unwrap();
+    assert!(provider.force_release_holder(&entry_a).await.unwrap());
+    forced_out(place_a.lost()).await;
+    assert!(!place_b.is_lost());
+    assert!(semaphore.force_release_all().await.unwrap());
+    assert!(!semaphore.force_release_all().await.unwrap());
+    forced_out(place_b.lost()).await;
+    let next = semaphore.try_acquire().await.unwrap().expect("free now");
+    assert!(next.fencing_token() > place_b.fencing_token());
+    next.release().await.unwrap();
+
+    // An exclusive lock, through its entry.
+    let lock = provider.create_lock("x").acquire().await.unwrap();
+    let entry = holder(LockKind::Exclusive, "x").await.remove(0);
+    assert!(provider.force_release_holder(&entry).await.unwrap());
+    forced_out(lock.lost()).await;
+
+    // An entry of a free lock names no lease.
+    let free = provider.status("x").await.unwrap().unwrap();
+    let error = provider.force_release_holder(&free).await.unwrap_err();
+    assert!(
+        matches!(&error, distributed_lock_mongodb::Error::InvalidArgument(message) if message.contains("no lock id")),
+        "{error}"
+    );
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use common::proxy::{self, Action, Rule};
 use common::server;
 use distributed_lock_mongodb::{
-    MongoDistributedLock, MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Provider,
+    LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock, MongoDistributedSemaphore,
+    Provider,
 };
 use futures::TryStreamExt;
 use mongodb::IndexModel;
@@ -93,12 +94,22 @@ async fn index_creation_is_attempted_once_per_collection() {
     assert_eq!(creations, 1);
 }
 
+/// Options whose acquisitions send nothing but their own commands (no TTL index creation).
+fn without_index_creation() -> LockOptions {
+    LockOptions::builder()
+        .expiry(Duration::from_secs(5))
+        .extension_cadence(Duration::from_secs(1))
+        .automatic_ttl_index(false)
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn every_reader_writer_attempt_is_one_find_and_modify() {
     let (database, commands) = common::counting_database().await;
     let lock = MongoDistributedReaderWriterLock::new(common::unique("rw"), &database)
         .with_collection(common::unique("rw"))
-        .with_options(common::options(5_000, 1_000));
+        .with_options(without_index_creation());
     let read = lock.try_acquire_read().await.unwrap().unwrap();
     assert!(lock.try_acquire_write().await.unwrap().is_none());
     assert_eq!(
@@ -133,7 +144,8 @@ async fn every_reader_writer_attempt_is_one_find_and_modify() {
 async fn every_semaphore_attempt_is_one_find_and_modify_from_the_first_use() {
     let (database, commands) = common::counting_database().await;
     let semaphore = MongoDistributedSemaphore::new(common::unique("s"), 1, &database)
-        .with_collection(common::unique("semaphores"));
+        .with_collection(common::unique("semaphores"))
+        .with_options(without_index_creation());
     let held = semaphore.acquire().await.unwrap(); // the first use creates the document
     assert!(semaphore.try_acquire().await.unwrap().is_none());
     held.release().await.unwrap();
@@ -154,6 +166,133 @@ async fn every_semaphore_attempt_is_one_find_and_modify_from_the_first_use() {
             "findAndModify",
             "update"
         ]
+    );
+}
+
+/// Whether `collection` has our TTL index, keeping documents a day.
+async fn has_ttl_index(collection: &mongodb::Collection<Document>) -> bool {
+    indexes_of(collection).await.iter().any(|index| {
+        let options = index.options.as_ref();
+        options.and_then(|o| o.name.as_deref()) == Some("expiresAt_ttl")
+            && index.keys == doc! { "expiresAt": 1 }
+            && options.and_then(|o| o.expire_after) == Some(Duration::from_secs(24 * 60 * 60))
+    })
+}
+
+#[tokio::test]
+async fn reader_writer_and_semaphore_collections_get_the_ttl_index_too() {
+    let database = common::database().await;
+    let (rw_locks, semaphores) = (common::unique("rw"), common::unique("semaphores"));
+    let provider = Provider::new(&database)
+        .with_reader_writer_collection(rw_locks.as_str())
+        .with_semaphore_collection(semaphores.as_str());
+    let rw = provider.create_reader_writer_lock("a");
+    rw.acquire_read().await.unwrap().release().await.unwrap();
+    let semaphore = provider.create_semaphore("b", 2);
+    semaphore.acquire().await.unwrap().release().await.unwrap();
+    for collection in [rw_locks, semaphores] {
+        let collection = database.collection::<Document>(&collection);
+        let created = common::eventually(Duration::from_secs(10), || async {
+            has_ttl_index(&collection).await
+        })
+        .await;
+        assert!(created, "the TTL index appears on {}", collection.name());
+    }
+}
+
+#[tokio::test]
+async fn with_automatic_creation_off_only_create_indexes_creates_them() {
+    let (database, commands) = common::counting_database().await;
+    let names = [
+        common::unique("locks"),
+        common::unique("rw"),
+        common::unique("semaphores"),
+    ];
+    let collections = names
+        .clone()
+        .map(|name| database.collection::<Document>(&name));
+    let provider = Provider::new(&database)
+        .with_collection(names[0].as_str())
+        .with_reader_writer_collection(names[1].as_str())
+        .with_semaphore_collection(names[2].as_str())
+        .with_options(without_index_creation());
+    provider
+        .create_lock("a")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let rw = provider.create_reader_writer_lock("b");
+    rw.acquire_read().await.unwrap().release().await.unwrap();
+    rw.acquire_write().await.unwrap().release().await.unwrap();
+    let semaphore = provider.create_semaphore("c", 2);
+    semaphore.acquire().await.unwrap().release().await.unwrap();
+
+    // A lock with automatic creation on, acquired after them: once its index is there, any
+    // creation the earlier acquisitions had started would have been sent (tasks are spawned in
+    // order on this single-threaded runtime).
+    let sentinel = common::unique("sentinel");
+    let lock = MongoDistributedLock::new("d", &database).with_collection(sentinel.as_str());
+    lock.acquire().await.unwrap().release().await.unwrap();
+    let sentinel = database.collection::<Document>(&sentinel);
+    let created = common::eventually(Duration::from_secs(10), || async {
+        has_ttl_index(&sentinel).await
+    })
+    .await;
+    assert!(created, "the sentinel's index appears");
+    assert_eq!(commands.count("createIndexes"), 1, "only the sentinel's");
+    for collection in &collections {
+        assert!(!has_ttl_index(collection).await);
+    }
+
+    provider.create_indexes().await.unwrap();
+    for collection in &collections {
+        assert!(has_ttl_index(collection).await, "{}", collection.name());
+    }
+    assert_eq!(commands.count("createIndexes"), 4);
+    // Again: the indexes exist, nothing fails.
+    provider.create_indexes().await.unwrap();
+}
+
+#[tokio::test]
+async fn create_indexes_accepts_an_equivalent_index_and_reports_a_short_one() {
+    let database = common::database().await;
+    let ttl_index = |name: &str, expire_after: Duration| {
+        IndexModel::builder()
+            .keys(doc! { "expiresAt": 1 })
+            .options(
+                IndexOptions::builder()
+                    .name(name.to_owned())
+                    .expire_after(expire_after)
+                    .build(),
+            )
+            .build()
+    };
+    let (long, short) = (common::unique("long"), common::unique("short"));
+    let day = Duration::from_secs(24 * 60 * 60);
+    database
+        .collection::<Document>(&long)
+        .create_index(ttl_index("theirs", day * 2))
+        .await
+        .unwrap();
+    database
+        .collection::<Document>(&short)
+        .create_index(ttl_index("theirs", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let same = |collection: &str| {
+        Provider::new(&database)
+            .with_collection(collection)
+            .with_reader_writer_collection(collection)
+            .with_semaphore_collection(collection)
+    };
+    same(&long).create_indexes().await.unwrap();
+    let error = same(&short).create_indexes().await.unwrap_err();
+    assert!(
+        matches!(error, distributed_lock_mongodb::Error::Mongo(_)),
+        "{error}"
     );
 }
 

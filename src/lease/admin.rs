@@ -1,5 +1,6 @@
 //! Inspection and administration: who holds what (every kind of lock, with the holders'
-//! details), forced release of stuck exclusive locks, and purging of expired lock documents.
+//! details), forced release of stuck leases of every kind, and purging of expired lock
+//! documents.
 //! Reads go to the primary with read concern `local`, whatever the client's defaults, so they
 //! never show a lease the primary has already ended.
 
@@ -12,7 +13,7 @@ use mongodb::options::ReadConcern;
 
 use super::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, LOCK_ID, Layout,
-    READERS, RETENTION, WRITER, end_lease, live_members, primary,
+    READERS, RENEWED_AT, RETENTION, WAITING_WRITER, WRITER, end_lease, live_members, primary,
 };
 use crate::fencing::read_i64;
 use crate::{FencingToken, LockDetails, LockKind, LockStatus, Result};
@@ -44,6 +45,7 @@ fn of_holder(
         lock_id: holder_id,
         acquired_at: date(ACQUIRED_AT),
         expires_at,
+        renewed_at: date(RENEWED_AT),
         fencing_token: holder
             .get(FENCING_TOKEN)
             .and_then(read_i64)
@@ -80,12 +82,16 @@ pub(crate) async fn status(
     Ok(rows.first().map(exclusive))
 }
 
-/// The live holders of the exclusive locks of `collection`.
-pub(crate) async fn held(collection: &Collection<Document>) -> Result<Vec<LockStatus>> {
-    let live = doc! {
+/// The live holders of the exclusive locks of `collection` that match `filter`.
+pub(crate) async fn held(
+    collection: &Collection<Document>,
+    filter: Document,
+) -> Result<Vec<LockStatus>> {
+    let mut live = doc! {
         LOCK_ID: { "$exists": true },
         "$expr": Layout::LockDocument.live(),
     };
+    live.extend(filter);
     let rows = read(collection, live).await?;
     Ok(rows.iter().map(exclusive).collect())
 }
@@ -95,10 +101,7 @@ pub(crate) async fn reader_writer_holders(
     collection: &Collection<Document>,
     filter: Document,
 ) -> Result<Vec<LockStatus>> {
-    let mut held = doc! { "$expr": { "$or": [
-        Layout::Embedded(WRITER.to_owned()).live(),
-        { "$gt": [{ "$size": live_members(READERS, None) }, 0] },
-    ] } };
+    let mut held = doc! { "$expr": reader_writer_held() };
     held.extend(filter);
     let mut holders = Vec::new();
     for row in read(collection, held).await? {
@@ -117,7 +120,7 @@ pub(crate) async fn semaphore_holders(
     collection: &Collection<Document>,
     filter: Document,
 ) -> Result<Vec<LockStatus>> {
-    let mut held = doc! { "$expr": { "$gt": [{ "$size": live_members(HOLDERS, None) }, 0] } };
+    let mut held = doc! { "$expr": semaphore_held() };
     held.extend(filter);
     let rows = read(collection, held).await?;
     Ok(rows
@@ -155,12 +158,66 @@ async fn read(collection: &Collection<Document>, filter: Document) -> Result<Vec
     Ok(rows)
 }
 
+/// `$expr`: a reader-writer lock document has a live writer or reader.
+fn reader_writer_held() -> Document {
+    doc! { "$or": [
+        Layout::Writer.live(),
+        { "$gt": [{ "$size": live_members(READERS, None) }, 0] },
+    ] }
+}
+
+/// `$expr`: a semaphore document has a live holder.
+fn semaphore_held() -> Document {
+    doc! { "$gt": [{ "$size": live_members(HOLDERS, None) }, 0] }
+}
+
 /// Ends whatever lease `name` has, now. The document (and its fencing counter) stays.
 pub(crate) async fn force_release(collection: &Collection<Document>, name: &str) -> Result<bool> {
     let result = collection
         .update_one(doc! { ID: name, LOCK_ID: { "$exists": true } }, end_lease())
         .await?;
     Ok(result.modified_count > 0)
+}
+
+/// Ends the lease `lock_id` of `name`, stored as `layout` says, as its holder's release would:
+/// whether it was there.
+pub(crate) async fn force_release_lease(
+    collection: &Collection<Document>,
+    layout: &Layout,
+    name: &str,
+    lock_id: &str,
+) -> Result<bool> {
+    let filter = layout.release_filter(&name.into(), lock_id);
+    let result = collection
+        .update_one(filter, layout.release_update(lock_id))
+        .await?;
+    Ok(result.modified_count > 0)
+}
+
+/// Ends every lease of reader-writer lock `name` (its writer's, its readers', a waiting
+/// writer's marker), keeping the writer's fencing token: whether any was live.
+pub(crate) async fn force_release_reader_writer(
+    collection: &Collection<Document>,
+    name: &str,
+) -> Result<bool> {
+    let filter = doc! { ID: name, "$expr": reader_writer_held() };
+    let token_only = doc! { FENCING_TOKEN: format!("${WRITER}.{FENCING_TOKEN}") };
+    let update = vec![doc! { "$set": {
+        READERS: [],
+        WRITER: token_only,
+        WAITING_WRITER: "$$REMOVE",
+    } }];
+    Ok(collection.update_one(filter, update).await?.modified_count > 0)
+}
+
+/// Ends every lease of semaphore `name`, keeping its fencing token: whether any was live.
+pub(crate) async fn force_release_semaphore(
+    collection: &Collection<Document>,
+    name: &str,
+) -> Result<bool> {
+    let filter = doc! { ID: name, "$expr": semaphore_held() };
+    let update = doc! { "$set": { HOLDERS: [] } };
+    Ok(collection.update_one(filter, update).await?.modified_count > 0)
 }
 
 /// Deletes lock documents whose lease ended more than [`RETENTION`] before now (server time).

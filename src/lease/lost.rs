@@ -13,6 +13,7 @@
 //! [`LockOptions::lost_deadline`]: crate::LockOptions
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::future::select_all;
 use tokio::sync::watch;
@@ -51,6 +52,14 @@ impl LeaseState {
             options.lost_deadline(sent_at),
             options.max_hold().map(|max_hold| sent_at + max_hold),
         )
+    }
+
+    /// The state of a lease with no deadline of its own, lost only when marked so (the
+    /// in-memory locks of [`crate::memory`]).
+    pub(crate) fn without_deadline() -> Arc<LeaseState> {
+        // Far enough never to be reached by a test, near enough never to overflow.
+        const NEVER: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
+        LeaseState::new(Instant::now() + NEVER, None)
     }
 
     fn new(lost_at: Instant, hold_until: Option<Instant>) -> Arc<LeaseState> {

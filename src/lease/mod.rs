@@ -195,7 +195,8 @@ impl Target {
     }
 
     /// Holds the lease `lock_id` of a lock of `kind` won by an attempt sent at `sent_at` in
-    /// this lock's document (stored as `layout` says): see [`HeldLease::hold`].
+    /// this lock's document (stored as `layout` says): see [`HeldLease::hold`]. The first won
+    /// lease in the collection starts creating its TTL index, unless the options turn that off.
     pub(crate) fn hold(
         &self,
         runtime: &Handle,
@@ -215,6 +216,9 @@ impl Target {
             holding: (!matches!(layout, Layout::Members(_)))
                 .then(|| handoff::Holding::new(&self.waiters)),
         };
+        if self.options.automatic_ttl_index() {
+            ttl_index::ensure(runtime, &self.collection);
+        }
         let place = renewal::Place {
             collection: &self.collection,
             layout,

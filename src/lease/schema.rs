@@ -6,7 +6,9 @@
 //! `{ _id: <name>, lockId: <string>, expiresAt: <date>, acquiredAt: <date>, fencingToken: <long> }`
 //! and no other field (unless details are stored). Reader-writer locks, semaphores and
 //! document locks keep their leases as embedded documents `{id, expiresAt, ...}` (see
-//! [`Layout`]).
+//! [`Layout`]); a reader-writer lock or semaphore document also keeps a top-level `expiresAt`,
+//! never earlier than the end of any lease it holds (see [`retain`]), so the same TTL index and
+//! purge remove it a [`RETENTION`] after its last lease ended.
 
 use std::time::Duration;
 
@@ -19,6 +21,9 @@ pub(crate) const ID: &str = "_id";
 pub(crate) const LOCK_ID: &str = "lockId";
 pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
+/// When the holder last acquired or renewed its lease (not in .NET's layout: an exclusive lock
+/// document has it only when it stores details).
+pub(crate) const RENEWED_AT: &str = "renewedAt";
 pub(crate) const FENCING_TOKEN: &str = "fencingToken";
 /// A holder's [`LockDetails`](crate::LockDetails), where stored.
 pub(crate) const DETAILS: &str = "details";
@@ -44,10 +49,11 @@ pub(crate) fn new_lock_id() -> String {
 /// Name of the TTL index on `expiresAt`.
 pub(crate) const TTL_INDEX_NAME: &str = "expiresAt_ttl";
 
-/// How long an exclusive lock document is kept after its lease ended before the TTL index (or
-/// `purge_expired`) deletes it.
+/// How long a lock document (of any kind but document locks) is kept after its last lease
+/// ended before the TTL index (or `purge_expired`) deletes it.
 ///
-/// Fencing tokens are `max(previous + 1, $$NOW in ms × 1000)`. While the document exists the
+/// Fencing tokens (of exclusive locks, writers and semaphore places) are
+/// `max(previous + 1, $$NOW in ms × 1000)`. While the document exists the
 /// first term makes them increase whatever any clock says; once it is gone only the second
 /// term is left, evaluated by whichever router or primary runs the next acquisition. Keeping
 /// documents a day means a token could go backwards only if that server's clock were behind
@@ -70,7 +76,7 @@ pub(crate) fn primary() -> SelectionCriteria {
 /// previous value that is not a number counts as 0.
 ///
 /// With `details` (an opt-in that .NET clients cannot read), the holder's details are written
-/// to a sixth field, `details`, along with the lease.
+/// to a sixth field, `details`, along with the lease, and a seventh, `renewedAt`, is kept.
 ///
 /// With `replacing`, the lease with that lock id counts as free too: a release handing the lock
 /// over to a waiter in the same command (run on `{_id: name, lockId: {$in: [replacing,
@@ -98,6 +104,7 @@ pub(crate) fn acquire_update(
     };
     if let Some(details) = details {
         set.insert(DETAILS, keep_or(DETAILS, literal(details)));
+        set.insert(RENEWED_AT, keep_or(RENEWED_AT, "$$NOW".into()));
     }
     vec![doc! { "$set": set }]
 }
@@ -128,6 +135,16 @@ pub(crate) fn lease_end(expiry_millis: i64) -> Bson {
     Bson::Document(doc! { "$add": ["$$NOW", expiry_millis] })
 }
 
+/// The last stage of every command that gives a reader-writer lock or semaphore document a
+/// lease ending at most `lease_millis` from now: raises the document's top-level `expiresAt` to
+/// that end. It is then never earlier than any lease the document holds (releases only remove
+/// leases), so the TTL index and `purge_expired`, which look at it alone, cannot delete a
+/// document with a live lease, and delete the others [`RETENTION`] after their last lease ended.
+pub(crate) fn retain(lease_millis: i64) -> Document {
+    let top: Bson = format!("${EXPIRES_AT}").into();
+    doc! { "$set": { EXPIRES_AT: { "$max": [top, lease_end(lease_millis)] } } }
+}
+
 /// Where a lease lives in its document.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Layout {
@@ -136,23 +153,36 @@ pub(crate) enum Layout {
     /// Embedded in a business document under this field:
     /// `{<field>: {id, expiresAt, fencingToken}}`.
     Embedded(String),
-    /// One of several leases in an array under this field: `{<field>: [{id, expiresAt, ...}]}`
-    /// (the readers of a reader-writer lock).
+    /// The writer of a reader-writer lock: embedded under [`WRITER`] in a lock document that
+    /// keeps a top-level `expiresAt` for its retention (see [`retain`]).
+    Writer,
+    /// One of several leases in an array under this field, in a lock document that keeps a
+    /// top-level `expiresAt` for its retention: `{<field>: [{id, expiresAt, ...}]}` (the
+    /// readers of a reader-writer lock, the holders of a semaphore).
     Members(String),
 }
 
 impl Layout {
-    pub(crate) fn lock_id_path(&self) -> String {
+    /// The field the lease is embedded under, if it is.
+    fn field(&self) -> Option<&str> {
         match self {
-            Layout::LockDocument => LOCK_ID.to_owned(),
-            Layout::Embedded(field) | Layout::Members(field) => format!("{field}.{EMBEDDED_ID}"),
+            Layout::LockDocument => None,
+            Layout::Writer => Some(WRITER),
+            Layout::Embedded(field) | Layout::Members(field) => Some(field),
+        }
+    }
+
+    pub(crate) fn lock_id_path(&self) -> String {
+        match self.field() {
+            None => LOCK_ID.to_owned(),
+            Some(field) => format!("{field}.{EMBEDDED_ID}"),
         }
     }
 
     pub(crate) fn expires_at_path(&self) -> String {
-        match self {
-            Layout::LockDocument => EXPIRES_AT.to_owned(),
-            Layout::Embedded(field) | Layout::Members(field) => format!("{field}.{EXPIRES_AT}"),
+        match self.field() {
+            None => EXPIRES_AT.to_owned(),
+            Some(field) => format!("{field}.{EXPIRES_AT}"),
         }
     }
 
@@ -179,25 +209,47 @@ impl Layout {
         }
     }
 
-    /// Extends the listed leases to `$$NOW + expiry`; an array member only if it is still live.
+    /// Extends the listed leases to `$$NOW + expiry`, an array member only if it is still live,
+    /// and records when (`renewedAt`; in an exclusive lock document only if it stores details,
+    /// which .NET clients cannot read anyway).
     pub(crate) fn renew_update(&self, expiry_millis: i64, lock_ids: &[String]) -> Vec<Document> {
         match self {
             Layout::Members(field) => {
+                let lease = doc! { EXPIRES_AT: lease_end(expiry_millis), RENEWED_AT: "$$NOW" };
                 let renewed = doc! {
                     "$cond": [
                         { "$and": [
                             { "$in": [format!("$$m.{EMBEDDED_ID}"), lock_ids] },
                             { "$gt": [format!("$$m.{EXPIRES_AT}"), "$$NOW"] },
                         ] },
-                        { "$mergeObjects": ["$$m", { EXPIRES_AT: lease_end(expiry_millis) }] },
+                        { "$mergeObjects": ["$$m", lease] },
                         "$$m",
                     ]
                 };
-                vec![doc! { "$set": { field.as_str(): {
-                    "$map": { "input": format!("${field}"), "as": "m", "in": renewed }
-                } } }]
+                vec![
+                    doc! { "$set": { field.as_str(): {
+                        "$map": { "input": format!("${field}"), "as": "m", "in": renewed }
+                    } } },
+                    retain(expiry_millis),
+                ]
             }
-            _ => vec![doc! { "$set": { self.expires_at_path(): lease_end(expiry_millis) } }],
+            Layout::Writer => vec![
+                doc! { "$set": {
+                    self.expires_at_path(): lease_end(expiry_millis),
+                    format!("{WRITER}.{RENEWED_AT}"): "$$NOW",
+                } },
+                retain(expiry_millis),
+            ],
+            Layout::LockDocument => {
+                let has_details = doc! { "$eq": [{ "$type": format!("${DETAILS}") }, "object"] };
+                vec![doc! { "$set": {
+                    EXPIRES_AT: lease_end(expiry_millis),
+                    RENEWED_AT: { "$cond": [has_details, "$$NOW", "$$REMOVE"] },
+                } }]
+            }
+            Layout::Embedded(_) => {
+                vec![doc! { "$set": { self.expires_at_path(): lease_end(expiry_millis) } }]
+            }
         }
     }
 
@@ -237,7 +289,7 @@ impl Layout {
     pub(crate) fn release_update(&self, lock_id: &str) -> Vec<Document> {
         match self {
             Layout::LockDocument => end_lease(),
-            Layout::Embedded(_) => {
+            Layout::Embedded(_) | Layout::Writer => {
                 vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
             }
             Layout::Members(field) => vec![doc! { "$set": { field.as_str(): { "$filter": {

@@ -1,8 +1,10 @@
-//! The TTL index that removes exclusive lock documents a day after their lease ended
-//! ([`RETENTION`]: long enough that fencing tokens never depend on two servers' clocks).
+//! The TTL index that removes lock documents (exclusive, reader-writer, semaphore) a day after
+//! their last lease ended ([`RETENTION`]: long enough that fencing tokens never depend on two
+//! servers' clocks).
 //!
 //! Created in the background after the first successful acquisition per collection in the
-//! process, so it never delays or fails an acquisition. The registry is keyed by database and
+//! process (unless the options turn that off), so it never delays or fails an acquisition; or
+//! explicitly, by [`create_now`]. The registry is keyed by database and
 //! collection name, because a `mongodb::Client` has no public identity: a process that talks to
 //! two clusters with identically named databases and collections creates the index on the first
 //! one only (create it yourself on the other, or use distinct names).
@@ -76,6 +78,34 @@ impl Drop for PendingEntry {
 }
 
 async fn create(collection: &Collection<Document>) -> IndexState {
+    match create_or_check(collection).await {
+        Ok(()) => IndexState::Ready,
+        // Reported already; trying again would not change it.
+        Err(error) if classify(error_code(&error)) != Failure::Other => IndexState::Ready,
+        Err(error) => {
+            tracing::warn!(
+                collection = %collection.name(),
+                %error,
+                "could not create the TTL index on expiresAt; trying again after a later acquisition"
+            );
+            IndexState::RetryAfter(Instant::now() + RETRY_AFTER)
+        }
+    }
+}
+
+/// Creates the TTL index on `collection` now, for
+/// [`Provider::create_indexes`](crate::Provider::create_indexes): done once a suitable index is
+/// there (ours, or an equivalent one someone else created).
+pub(crate) async fn create_now(collection: &Collection<Document>) -> crate::Result<()> {
+    create_or_check(collection).await?;
+    registry().insert(collection.namespace(), IndexState::Ready);
+    Ok(())
+}
+
+/// Creates our index; if that is refused because an index is in the way or for lack of
+/// privileges, checks (and if it is ours, repairs) what is there. The creation's error if no
+/// suitable index results.
+async fn create_or_check(collection: &Collection<Document>) -> mongodb::error::Result<()> {
     let index = IndexModel::builder()
         .keys(doc! { EXPIRES_AT: 1 })
         .options(
@@ -86,22 +116,12 @@ async fn create(collection: &Collection<Document>) -> IndexState {
         )
         .build();
     let Err(error) = collection.create_index(index).await else {
-        return IndexState::Ready;
+        return Ok(());
     };
-    match classify(error_code(&error)) {
-        Failure::Exists | Failure::Unauthorized => {
-            report_unsuitable_index(collection).await;
-            IndexState::Ready
-        }
-        Failure::Other => {
-            tracing::warn!(
-                collection = %collection.name(),
-                %error,
-                "could not create the TTL index on expiresAt; trying again after a later acquisition"
-            );
-            IndexState::RetryAfter(Instant::now() + RETRY_AFTER)
-        }
+    if classify(error_code(&error)) != Failure::Other && check_existing_index(collection).await {
+        return Ok(());
     }
+    Err(error)
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -126,8 +146,9 @@ fn classify(code: Option<i32>) -> Failure {
 /// exists), checks that an equivalent one is there: a TTL index on `expiresAt` that keeps
 /// documents at least [`RETENTION`] after their lease ended. Our own index left by a release
 /// that deleted documents as soon as their lease ended (`expireAfterSeconds: 0`) is raised with
-/// `collMod`; anything else that falls short gets a warning.
-async fn report_unsuitable_index(collection: &Collection<Document>) {
+/// `collMod`; anything else that falls short gets a warning. Whether a suitable index is there
+/// now.
+async fn check_existing_index(collection: &Collection<Document>) -> bool {
     let ttl_on_expiry: Vec<TtlIndex> = match collection.list_indexes().await {
         Ok(cursor) => cursor
             .try_collect::<Vec<_>>()
@@ -146,23 +167,35 @@ async fn report_unsuitable_index(collection: &Collection<Document>) {
         Err(_) => Vec::new(),
     };
     match verdict(&ttl_on_expiry) {
-        Verdict::Suitable => {}
-        Verdict::Missing => tracing::warn!(
+        Verdict::Suitable => true,
+        Verdict::Missing => {
+            tracing::warn!(
             collection = %collection.name(),
             "could not create the TTL index on expiresAt and none exists: released lock \
              documents will not be deleted automatically (create {{expiresAt: 1}} with \
              expireAfterSeconds: 86400, or call Provider::purge_expired periodically)"
-        ),
+            );
+            false
+        }
         Verdict::RaiseOurs(after) => match raise_retention(collection).await {
-            Ok(()) => tracing::info!(
-                collection = %collection.name(),
-                from = ?after,
-                to = ?RETENTION,
-                "raised the expireAfterSeconds of the TTL index on expiresAt"
-            ),
-            Err(error) => warn_too_short(collection, after, Some(&error)),
+            Ok(()) => {
+                tracing::info!(
+                    collection = %collection.name(),
+                    from = ?after,
+                    to = ?RETENTION,
+                    "raised the expireAfterSeconds of the TTL index on expiresAt"
+                );
+                true
+            }
+            Err(error) => {
+                warn_too_short(collection, after, Some(&error));
+                false
+            }
         },
-        Verdict::TooShort(after) => warn_too_short(collection, after, None),
+        Verdict::TooShort(after) => {
+            warn_too_short(collection, after, None);
+            false
+        }
     }
 }
 

@@ -1,0 +1,378 @@
+//! In-memory locks with the crate's semantics, for unit-testing application code without
+//! MongoDB: program against [`DistributedLockProvider`] / [`DistributedLock`], give the code a
+//! [`MemoryLockProvider`] in tests.
+//!
+//! What it keeps of the real thing: one holder per name among everyone using the same provider
+//! (and its clones); fencing tokens that strictly increase per name; a guard's lease that stays
+//! held while the guard lives; `lost` that fires before anyone else can take the lock; release
+//! by [`release`](DistributedLockGuard::release) or on drop, which wakes the next waiter at once;
+//! waits that end with [`Error::Timeout`] as the MongoDB locks' do. What it adds: test controls
+//! that play the failures a real deployment has. [`MemoryLockProvider::expire`] ends the
+//! current lease as a lost renewal would (the holder's `lost` fires, then the lock is free);
+//! [`MemoryLockProvider::mark_lost`] makes the holder presume its lease lost while it still
+//! blocks others (a renewal whose reply never came), until it releases or the lease is
+//! expired. Nothing is shared between processes, and there is no renewal traffic to observe.
+//!
+//! ```
+//! use distributed_lock_mongodb::memory::MemoryLockProvider;
+//! use distributed_lock_mongodb::DistributedLockProvider;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> distributed_lock_mongodb::Result<()> {
+//! let locks = MemoryLockProvider::new();
+//! let guard = locks.create_lock("order-42").acquire().await?;
+//! assert!(locks.expire("order-42")); // as if the lease had run out under the holder
+//! assert!(guard.is_lost());
+//! let next = locks.create_lock("order-42").try_acquire().await?.expect("free again");
+//! assert!(next.fencing_token() > guard.fencing_token());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::Operation;
+use crate::lease::lost::LeaseState;
+use crate::traits::{DistributedLock, DistributedLockGuard, DistributedLockProvider};
+use crate::{Error, FencingToken, LostSignal, Result};
+
+/// Creates in-memory locks that exclude each other by name; clones share the locks. See the
+/// [module docs](self).
+#[derive(Clone, Debug, Default)]
+pub struct MemoryLockProvider {
+    locks: Arc<Locks>,
+}
+
+#[derive(Debug, Default)]
+struct Locks {
+    names: Mutex<HashMap<String, Name>>,
+    /// Woken whenever a lock becomes free.
+    freed: Notify,
+}
+
+/// The state of one name: its last fencing token, and its holder.
+#[derive(Debug, Default)]
+struct Name {
+    last_token: i64,
+    holder: Option<Holder>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    /// Tells this acquisition from later ones of the same name.
+    acquisition: u64,
+    state: Arc<LeaseState>,
+}
+
+impl Locks {
+    fn names(&self) -> MutexGuard<'_, HashMap<String, Name>> {
+        // The map stays consistent even if a holder panicked.
+        self.names
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes `name` if it is free: the new guard's acquisition number and token, and its state.
+    fn try_take(&self, name: &str) -> Option<(u64, FencingToken, Arc<LeaseState>)> {
+        let mut names = self.names();
+        let entry = names.entry(name.to_owned()).or_default();
+        if entry.holder.is_some() {
+            return None;
+        }
+        entry.last_token += 1;
+        let state = LeaseState::without_deadline();
+        let acquisition = u64::try_from(entry.last_token).unwrap_or(u64::MAX);
+        entry.holder = Some(Holder {
+            acquisition,
+            state: Arc::clone(&state),
+        });
+        Some((acquisition, FencingToken::new(entry.last_token), state))
+    }
+
+    /// Frees `name` if acquisition `acquisition` still holds it.
+    fn free(&self, name: &str, acquisition: u64) -> bool {
+        let freed = {
+            let mut names = self.names();
+            let entry = names.get_mut(name);
+            match entry {
+                Some(entry)
+                    if entry.holder.as_ref().map(|h| h.acquisition) == Some(acquisition) =>
+                {
+                    entry.holder = None;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if freed {
+            self.freed.notify_waiters();
+        }
+        freed
+    }
+
+    /// The current holder's lease state of `name`.
+    fn holder_state(&self, name: &str) -> Option<(u64, Arc<LeaseState>)> {
+        let names = self.names();
+        let holder = names.get(name)?.holder.as_ref()?;
+        Some((holder.acquisition, Arc::clone(&holder.state)))
+    }
+}
+
+impl MemoryLockProvider {
+    /// A provider with no lock held.
+    pub fn new() -> Self {
+        MemoryLockProvider::default()
+    }
+
+    /// The in-memory lock called `name`.
+    pub fn create_lock(&self, name: impl Into<String>) -> MemoryLock {
+        MemoryLock {
+            name: name.into(),
+            locks: Arc::clone(&self.locks),
+        }
+    }
+
+    /// Test control: ends the current lease of `name` as if it had run out under its holder
+    /// (a renewal that failed for longer than the expiry): the holder's `lost` fires, then the
+    /// lock is free for the next caller, whose fencing token is larger. Returns whether the
+    /// lock was held.
+    pub fn expire(&self, name: &str) -> bool {
+        let Some((acquisition, state)) = self.locks.holder_state(name) else {
+            return false;
+        };
+        // Lost strictly before anyone else can take the lock.
+        state.mark_lost();
+        self.locks.free(name, acquisition)
+    }
+
+    /// Test control: makes the holder of `name` presume its lease lost (its `lost` fires, its
+    /// `release` returns [`Error::LockLost`]), while the lock stays taken until the guard is
+    /// released or dropped or [`expire`](Self::expire) is called, as a lease whose renewal got
+    /// no reply stays on the server until it expires. Returns whether the lock was held.
+    pub fn mark_lost(&self, name: &str) -> bool {
+        match self.locks.holder_state(name) {
+            Some((_, state)) => {
+                state.mark_lost();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether someone holds `name`.
+    pub fn is_held(&self, name: &str) -> bool {
+        self.locks.holder_state(name).is_some()
+    }
+
+    /// The fencing token of the last acquisition of `name`, if it was ever acquired.
+    pub fn last_fencing_token(&self, name: &str) -> Option<FencingToken> {
+        let names = self.locks.names();
+        let entry = names.get(name)?;
+        (entry.last_token > 0).then(|| FencingToken::new(entry.last_token))
+    }
+}
+
+impl DistributedLockProvider for MemoryLockProvider {
+    fn create_lock(&self, name: &str) -> Box<dyn DistributedLock> {
+        Box::new(MemoryLockProvider::create_lock(self, name))
+    }
+}
+
+/// An in-memory exclusive lock; see the [module docs](self).
+#[derive(Clone)]
+pub struct MemoryLock {
+    name: String,
+    locks: Arc<Locks>,
+}
+
+impl fmt::Debug for MemoryLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryLock")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryLock {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits until the lock is acquired.
+    ///
+    /// # Errors
+    /// None in practice; `Result` for the same signature as the MongoDB locks.
+    pub async fn acquire(&self) -> Result<MemoryGuard> {
+        loop {
+            // Without a deadline the wait only ends with the lock.
+            if let Some(guard) = self.wait_for(None).await {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// Waits up to `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when `timeout` runs out.
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MemoryGuard> {
+        let started = Instant::now();
+        self.wait_for(Some(timeout))
+            .await
+            .ok_or_else(|| Error::Timeout {
+                operation: Operation::Acquire,
+                name: self.name.clone(),
+                waited: started.elapsed(),
+            })
+    }
+
+    /// One attempt: `Ok(None)` if the lock is held.
+    ///
+    /// # Errors
+    /// None in practice; `Result` for the same signature as the MongoDB locks.
+    pub async fn try_acquire(&self) -> Result<Option<MemoryGuard>> {
+        Ok(self.take())
+    }
+
+    /// Attempts for up to `timeout`: `Ok(None)` if the lock stayed held.
+    ///
+    /// # Errors
+    /// None in practice; `Result` for the same signature as the MongoDB locks.
+    pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<MemoryGuard>> {
+        Ok(self.wait_for(Some(timeout)).await)
+    }
+
+    fn take(&self) -> Option<MemoryGuard> {
+        let (acquisition, fencing_token, state) = self.locks.try_take(&self.name)?;
+        Some(MemoryGuard {
+            name: self.name.clone(),
+            locks: Arc::clone(&self.locks),
+            acquisition,
+            fencing_token,
+            state,
+        })
+    }
+
+    /// Takes the lock as soon as it is free, within `timeout` if given.
+    async fn wait_for(&self, timeout: Option<Duration>) -> Option<MemoryGuard> {
+        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        loop {
+            // Registered before the attempt, so a release in between is not missed.
+            let freed = self.locks.freed.notified();
+            if let Some(guard) = self.take() {
+                return Some(guard);
+            }
+            match deadline {
+                None => freed.await,
+                Some(deadline) => {
+                    if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                        return self.take();
+                    }
+                }
+            }
+        }
+    }
+}
+
+crate::traits::impl_distributed_lock!(MemoryLock);
+
+/// Proof that a [`MemoryLock`] is held; behaves as [`LockGuard`](crate::LockGuard) does.
+#[must_use = "dropping the guard releases the lock at once"]
+#[clippy::has_significant_drop]
+pub struct MemoryGuard {
+    name: String,
+    locks: Arc<Locks>,
+    acquisition: u64,
+    fencing_token: FencingToken,
+    state: Arc<LeaseState>,
+}
+
+impl fmt::Debug for MemoryGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryGuard")
+            .field("name", &self.name)
+            .field("fencing_token", &self.fencing_token)
+            .field("lost", &self.state.is_lost())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This acquisition's fencing token: larger than every earlier one of the same name.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing_token
+    }
+
+    /// A signal that turns true when the lock is lost (only through the provider's test
+    /// controls).
+    pub fn lost(&self) -> LostSignal {
+        LostSignal::new(vec![Arc::clone(&self.state)])
+    }
+
+    /// Whether the lock is lost.
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// Releases the lock and wakes its waiters.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] if the lock was lost before (it is freed all the same, if still
+    /// taken).
+    pub async fn release(self) -> Result<()> {
+        self.end()
+    }
+
+    /// Ends the hold: `LockLost` if it had been lost.
+    fn end(&self) -> Result<()> {
+        self.state.mark_released();
+        self.locks.free(&self.name, self.acquisition);
+        if self.state.is_lost() {
+            return Err(Error::LockLost {
+                name: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MemoryGuard {
+    fn drop(&mut self) {
+        let _ = self.end();
+    }
+}
+
+impl DistributedLockGuard for MemoryGuard {
+    fn name(&self) -> &str {
+        MemoryGuard::name(self)
+    }
+
+    fn fencing_token(&self) -> FencingToken {
+        MemoryGuard::fencing_token(self)
+    }
+
+    fn lost(&self) -> LostSignal {
+        MemoryGuard::lost(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        MemoryGuard::is_lost(self)
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(MemoryGuard::release(*self))
+    }
+}

@@ -1,0 +1,171 @@
+//! The lock as an interface: program against these traits, and run the same code on MongoDB
+//! ([`Provider`](crate::Provider), [`MongoDistributedLock`](crate::MongoDistributedLock),
+//! [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore)) or, in unit tests, on the
+//! in-memory locks of [`memory`](crate::memory).
+//!
+//! # Why boxed futures
+//! `async fn` in a trait cannot be called through `dyn` in today's Rust, and its futures carry
+//! no `Send` bound a caller can rely on; applications want both (`Arc<dyn DistributedLockProvider>`
+//! in their state, and guards held across `.await` in spawned tasks). So the methods return
+//! [`BoxFuture`]s (`Send`) and [`BoxedGuard`]s. The cost is one allocation per call, next to
+//! the network round trip of every acquisition. The same traits serve generics
+//! (`fn run<L: DistributedLock>(lock: &L)`) and trait objects; the concrete types keep their
+//! inherent methods, which return their own guard types without boxing.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use distributed_lock_mongodb::memory::MemoryLockProvider;
+//! use distributed_lock_mongodb::{DistributedLockProvider, Result};
+//!
+//! /// Application code: knows nothing of MongoDB.
+//! async fn nightly_job(locks: Arc<dyn DistributedLockProvider>) -> Result<bool> {
+//!     let Some(guard) = locks.create_lock("nightly-job").try_acquire().await? else {
+//!         return Ok(false); // another instance runs it
+//!     };
+//!     // ... the job, checking guard.is_lost() or guard.lost() ...
+//!     guard.release().await?;
+//!     Ok(true)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<()> {
+//! // In a unit test: the in-memory double (in production: `Arc::new(Provider::new(&database))`).
+//! let locks = MemoryLockProvider::new();
+//! let other_instance = locks.create_lock("nightly-job").acquire().await?;
+//! assert!(!nightly_job(Arc::new(locks.clone())).await?);
+//! other_instance.release().await?;
+//! assert!(nightly_job(Arc::new(locks)).await?);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::{FencingToken, LostSignal, Result};
+
+/// A held lock of any implementation, boxed: what the [`DistributedLock`] methods return.
+pub type BoxedGuard = Box<dyn DistributedLockGuard>;
+
+/// Proof that a lock is held; see [`LockGuard`](crate::LockGuard), whose contract every
+/// implementation follows: the lease stays held (renewed) while the guard lives, `lost` turns
+/// true before anyone else can take the lock, `release` ends the lease, and dropping the guard
+/// releases it in the background.
+pub trait DistributedLockGuard: Send + Sync + Debug {
+    /// The lock's name.
+    fn name(&self) -> &str;
+
+    /// This acquisition's fencing token: larger than that of every earlier acquisition of the
+    /// same name.
+    fn fencing_token(&self) -> FencingToken;
+
+    /// A signal that turns true when the lock is known or presumed lost.
+    fn lost(&self) -> LostSignal;
+
+    /// Whether the lock is known or presumed lost.
+    fn is_lost(&self) -> bool;
+
+    /// Releases the lock.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if it had been lost before; otherwise as
+    /// the implementation's release.
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
+}
+
+/// A named lock of any implementation: the four ways to acquire it, as on
+/// [`MongoDistributedLock`](crate::MongoDistributedLock).
+pub trait DistributedLock: Send + Sync + Debug {
+    /// The lock's name.
+    fn name(&self) -> &str;
+
+    /// Waits until the lock is acquired.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
+    fn acquire(&self) -> BoxFuture<'_, Result<BoxedGuard>>;
+
+    /// Waits up to `timeout`; [`Error::Timeout`](crate::Error::Timeout) if it runs out.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::acquire_timeout`](crate::MongoDistributedLock::acquire_timeout).
+    fn acquire_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<BoxedGuard>>;
+
+    /// One attempt: `Ok(None)` if the lock is held by someone else.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::try_acquire`](crate::MongoDistributedLock::try_acquire).
+    fn try_acquire(&self) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
+
+    /// Attempts for up to `timeout`: `Ok(None)` if the lock stayed held by someone else.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::try_acquire_timeout`](crate::MongoDistributedLock::try_acquire_timeout).
+    fn try_acquire_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
+}
+
+/// Creates locks by name: what application code holds (as
+/// `Arc<dyn DistributedLockProvider>` or a generic) instead of a concrete provider.
+pub trait DistributedLockProvider: Send + Sync + Debug {
+    /// The exclusive lock called `name`.
+    fn create_lock(&self, name: &str) -> Box<dyn DistributedLock>;
+}
+
+/// Boxes a concrete guard.
+pub(crate) fn boxed<G: DistributedLockGuard + 'static>(guard: G) -> BoxedGuard {
+    Box::new(guard)
+}
+
+/// Implements [`DistributedLock`] for a type whose inherent `acquire*` methods return
+/// `Result<$guard>` / `Result<Option<$guard>>` and whose `name()` returns `&str`.
+macro_rules! impl_distributed_lock {
+    ($lock:ty) => {
+        impl $crate::traits::DistributedLock for $lock {
+            fn name(&self) -> &str {
+                <$lock>::name(self)
+            }
+
+            fn acquire(
+                &self,
+            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedGuard>> {
+                Box::pin(async move { <$lock>::acquire(self).await.map($crate::traits::boxed) })
+            }
+
+            fn acquire_timeout(
+                &self,
+                timeout: std::time::Duration,
+            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedGuard>> {
+                Box::pin(async move {
+                    <$lock>::acquire_timeout(self, timeout)
+                        .await
+                        .map($crate::traits::boxed)
+                })
+            }
+
+            fn try_acquire(
+                &self,
+            ) -> futures::future::BoxFuture<'_, $crate::Result<Option<$crate::traits::BoxedGuard>>>
+            {
+                Box::pin(async move {
+                    let guard = <$lock>::try_acquire(self).await?;
+                    Ok(guard.map($crate::traits::boxed))
+                })
+            }
+
+            fn try_acquire_timeout(
+                &self,
+                timeout: std::time::Duration,
+            ) -> futures::future::BoxFuture<'_, $crate::Result<Option<$crate::traits::BoxedGuard>>>
+            {
+                Box::pin(async move {
+                    let guard = <$lock>::try_acquire_timeout(self, timeout).await?;
+                    Ok(guard.map($crate::traits::boxed))
+                })
+            }
+        }
+    };
+}
+pub(crate) use impl_distributed_lock;

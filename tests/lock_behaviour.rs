@@ -1,0 +1,224 @@
+//! The exclusive lock's behaviour, written once against the traits and run against both
+//! implementations: MongoDB (`Provider`) and the in-memory double (`memory::MemoryLockProvider`).
+//! Then the double's own test controls.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distributed_lock_mongodb::memory::MemoryLockProvider;
+use distributed_lock_mongodb::{DistributedLockProvider, Error, Provider};
+
+type Locks = Arc<dyn DistributedLockProvider>;
+
+async fn mongodb_locks() -> Locks {
+    let provider = Provider::new(&common::database().await)
+        .with_collection(common::unique("behaviour").as_str())
+        .with_options(common::options(5_000, 1_000));
+    Arc::new(provider)
+}
+
+fn memory_locks() -> Locks {
+    Arc::new(MemoryLockProvider::new())
+}
+
+/// One test per behaviour and implementation.
+macro_rules! behaviours {
+    ($($behaviour:ident),* $(,)?) => {
+        mod on_mongodb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::mongodb_locks().await).await;
+                }
+            )*
+        }
+        mod in_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::memory_locks()).await;
+                }
+            )*
+        }
+    };
+}
+
+behaviours!(
+    a_held_lock_excludes_every_other_acquisition,
+    release_frees_the_lock_and_tokens_increase,
+    dropping_the_guard_frees_the_lock,
+    a_waiter_gets_the_lock_when_the_holder_releases,
+    a_held_lock_is_not_lost_and_a_released_one_never_fires,
+    names_are_independent,
+    contenders_hold_the_lock_one_at_a_time,
+);
+
+async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
+    let lock = locks.create_lock("a");
+    let guard = lock.acquire().await.unwrap();
+    assert_eq!(guard.name(), "a");
+    let other = locks.create_lock("a");
+    assert!(other.try_acquire().await.unwrap().is_none());
+    let waited = other.try_acquire_timeout(Duration::from_millis(100)).await;
+    assert!(waited.unwrap().is_none());
+    let error = other
+        .acquire_timeout(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Timeout { name, .. } if name == "a"),
+        "{error}"
+    );
+    guard.release().await.unwrap();
+}
+
+async fn release_frees_the_lock_and_tokens_increase(locks: Locks) {
+    let lock = locks.create_lock("a");
+    let mut last = None;
+    for _ in 0..5 {
+        let guard = lock.try_acquire().await.unwrap().expect("free");
+        let token = guard.fencing_token();
+        assert!(
+            last.is_none_or(|last| token > last),
+            "{token:?} after {last:?}"
+        );
+        last = Some(token);
+        guard.release().await.unwrap();
+    }
+}
+
+async fn dropping_the_guard_frees_the_lock(locks: Locks) {
+    let lock = locks.create_lock("a");
+    drop(lock.acquire().await.unwrap());
+    // Released at once (in the background, for MongoDB): long before any lease expiry.
+    let next = lock.acquire_timeout(Duration::from_secs(3)).await.unwrap();
+    next.release().await.unwrap();
+}
+
+async fn a_waiter_gets_the_lock_when_the_holder_releases(locks: Locks) {
+    let holder = locks.create_lock("a").acquire().await.unwrap();
+    let token = holder.fencing_token();
+    let waiter = {
+        let lock = locks.create_lock("a");
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter waits while the lock is held"
+    );
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+}
+
+async fn a_held_lock_is_not_lost_and_a_released_one_never_fires(locks: Locks) {
+    let guard = locks.create_lock("a").acquire().await.unwrap();
+    let lost = guard.lost();
+    assert!(!guard.is_lost() && !lost.is_lost());
+    let fired = tokio::time::timeout(Duration::from_millis(100), lost.wait()).await;
+    assert!(fired.is_err(), "not lost while held");
+    guard.release().await.unwrap();
+    assert!(!lost.is_lost());
+    let fired = tokio::time::timeout(Duration::from_millis(100), lost.wait()).await;
+    assert!(fired.is_err(), "a released lock is not lost");
+}
+
+async fn names_are_independent(locks: Locks) {
+    let a = locks.create_lock("a").acquire().await.unwrap();
+    let b = locks.create_lock("b").try_acquire().await.unwrap();
+    let b = b.expect("another name is free");
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+}
+
+async fn contenders_hold_the_lock_one_at_a_time(locks: Locks) {
+    let occupancy = common::Occupancy::default();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (locks, occupancy) = (Arc::clone(&locks), occupancy.clone());
+            tokio::spawn(async move {
+                let lock = locks.create_lock("contended");
+                let mut tokens = Vec::new();
+                for _ in 0..5 {
+                    let guard = lock.acquire().await.unwrap();
+                    let inside = occupancy.enter();
+                    tokens.push(guard.fencing_token());
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    drop(inside);
+                    guard.release().await.unwrap();
+                }
+                tokens
+            })
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    for task in tasks {
+        tokens.extend(task.await.unwrap());
+    }
+    assert_eq!(occupancy.most(), 1, "one holder at a time");
+    let count = tokens.len();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), count, "every acquisition has its own token");
+}
+
+// The in-memory double's test controls.
+
+#[tokio::test]
+async fn expire_fires_lost_then_frees_the_lock_for_a_larger_token() {
+    let locks = MemoryLockProvider::new();
+    let guard = locks.create_lock("a").acquire().await.unwrap();
+    let waiter = {
+        let lock = locks.create_lock("a");
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    let lost = guard.lost();
+    assert!(locks.expire("a"));
+    assert!(lost.is_lost(), "lost before anyone else can take the lock");
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter is woken")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert_eq!(locks.last_fencing_token("a"), Some(next.fencing_token()));
+    // The expired guard's release neither succeeds nor frees the new holder's lock.
+    assert!(guard.release().await.unwrap_err().is_lock_lost());
+    assert!(locks.is_held("a"));
+    next.release().await.unwrap();
+    assert!(!locks.is_held("a"));
+    assert!(!locks.expire("a"), "nothing held");
+}
+
+#[tokio::test]
+async fn mark_lost_fires_lost_but_keeps_others_out_until_the_release() {
+    let locks = MemoryLockProvider::new();
+    let guard = locks.create_lock("a").acquire().await.unwrap();
+    assert!(locks.mark_lost("a"));
+    tokio::time::timeout(Duration::from_secs(1), guard.lost().wait())
+        .await
+        .expect("lost fires");
+    assert!(guard.is_lost());
+    let lock = locks.create_lock("a");
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "the lease is still there until it ends"
+    );
+    assert!(guard.release().await.unwrap_err().is_lock_lost());
+    lock.try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the release")
+        .release()
+        .await
+        .unwrap();
+    assert!(!locks.mark_lost("a"), "nothing held");
+}
