@@ -205,6 +205,22 @@ impl Provider {
     /// touched: the lock id names one acquisition). Its holder's next renewal finds the lease
     /// gone and signals `lost`.
     ///
+    /// ```no_run
+    /// # async fn demo(provider: distributed_lock_mongodb::Provider) -> distributed_lock_mongodb::Result<()> {
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::LockFilter;
+    ///
+    /// // Free what a hung (but still renewing) batch host has held for over six hours.
+    /// let stuck = LockFilter::new().with_min_held_for(Duration::from_secs(6 * 60 * 60));
+    /// for holder in provider.held_locks_matching(&stuck).await? {
+    ///     if holder.host() == Some("batch-7") {
+    ///         provider.force_release_holder(&holder).await?;
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an entry without a lock
     /// id (a lock that was not held); otherwise as [`status`](Self::status).
