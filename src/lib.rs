@@ -27,6 +27,10 @@ mod provider;
 mod rw_lock;
 mod semaphore;
 
+// The blocking façade over the provider and the primitives.
+#[cfg(feature = "blocking")]
+pub mod blocking;
+
 /// How the lock works, what it guarantees under which assumptions, and how the code is laid out
 /// (the repository's `DESIGN.md`).
 #[doc = include_str!("../DESIGN.md")]
@@ -74,6 +78,16 @@ fn _assert_send_sync() {
     send_sync::<FenceOutcome>();
     send_sync::<Operation>();
     send_sync::<LockOptionsBuilder>();
+    #[cfg(feature = "blocking")]
+    {
+        send_sync::<blocking::Provider>();
+        send_sync::<blocking::MongoDistributedLock>();
+        send_sync::<blocking::MongoDistributedReaderWriterLock>();
+        send_sync::<blocking::MongoDistributedSemaphore>();
+        send_sync::<blocking::LockGuard>();
+        send_sync::<blocking::ReadGuard>();
+        send_sync::<blocking::CompositeGuard>();
+    }
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
         send(&lock.acquire());
