@@ -12,48 +12,51 @@ use distributed_lock_mongodb::{Error, LockKind, LockOptions};
 /// Bounds that only catch hangs.
 const HANG: Duration = Duration::from_secs(30);
 
-/// A provider (its own runtime and client) over a collection of each kind no other test uses.
-fn provider(options: LockOptions) -> Provider {
-    Provider::connect(&common::server::uri(), common::DATABASE)
-        .expect("connect")
-        .with_collection(common::unique("blocking-locks"))
-        .with_reader_writer_collection(common::unique("blocking-rw"))
-        .with_semaphore_collection(common::unique("blocking-semaphores"))
-        .with_options(options)
-}
-
-/// Another provider on the same collections: another process, as far as the locks can tell
-/// (its own runtime, client and renewal loops, no in-process handoff).
-fn other_process(provider: &Provider, collections: &Collections) -> Provider {
-    Provider::connect(&common::server::uri(), common::DATABASE)
-        .expect("connect")
-        .with_collection(collections.locks.as_str())
-        .with_reader_writer_collection(collections.rw.as_str())
-        .with_semaphore_collection(collections.semaphores.as_str())
-        .with_options(provider.options().clone())
-}
-
+/// Fresh collections of each kind, which no other test uses.
 struct Collections {
     locks: String,
     rw: String,
     semaphores: String,
 }
 
-/// Two providers on the same fresh collections.
+impl Collections {
+    fn fresh() -> Collections {
+        Collections {
+            locks: common::unique("blocking-locks"),
+            rw: common::unique("blocking-rw"),
+            semaphores: common::unique("blocking-semaphores"),
+        }
+    }
+
+    /// A provider (its own runtime, client and renewal loops) on these collections.
+    fn provider(&self, options: LockOptions) -> Provider {
+        let provider =
+            Provider::connect(&common::server::uri(), common::DATABASE).expect("connect");
+        self.configure(provider, options)
+    }
+
+    fn configure(&self, provider: Provider, options: LockOptions) -> Provider {
+        provider
+            .with_collection(self.locks.as_str())
+            .with_reader_writer_collection(self.rw.as_str())
+            .with_semaphore_collection(self.semaphores.as_str())
+            .with_options(options)
+    }
+}
+
+/// A provider on fresh collections.
+fn provider(options: LockOptions) -> Provider {
+    Collections::fresh().provider(options)
+}
+
+/// Two providers on the same fresh collections: two processes, as far as the locks can tell
+/// (each has its own runtime, client and renewal loops; no in-process handoff between them).
 fn two_processes(options: LockOptions) -> (Provider, Provider) {
-    let collections = Collections {
-        locks: common::unique("blocking-locks"),
-        rw: common::unique("blocking-rw"),
-        semaphores: common::unique("blocking-semaphores"),
-    };
-    let first = Provider::connect(&common::server::uri(), common::DATABASE)
-        .expect("connect")
-        .with_collection(collections.locks.as_str())
-        .with_reader_writer_collection(collections.rw.as_str())
-        .with_semaphore_collection(collections.semaphores.as_str())
-        .with_options(options);
-    let second = other_process(&first, &collections);
-    (first, second)
+    let collections = Collections::fresh();
+    (
+        collections.provider(options.clone()),
+        collections.provider(options),
+    )
 }
 
 #[test]
@@ -147,6 +150,47 @@ fn dropping_the_last_handle_finishes_pending_releases() {
     drop(holder);
     let status = observer.status(&name).unwrap().expect("the document stays");
     assert!(!status.is_held(), "{status:?}");
+}
+
+#[test]
+fn dropping_the_last_handle_waits_for_a_slow_release() {
+    use common::proxy::{Action, FaultProxy, Rule};
+    // The proxy runs on a runtime of the test's own, entered only to start it: the blocking
+    // calls below must not run in a runtime context.
+    let proxy_runtime = tokio::runtime::Runtime::new().unwrap();
+    let proxy = proxy_runtime
+        .block_on(async { FaultProxy::start(common::proxy::upstream_address().await).await });
+    let mut options = proxy_runtime
+        .block_on(async { mongodb::options::ClientOptions::parse(common::server::uri()).await })
+        .unwrap();
+    options.hosts = vec![mongodb::options::ServerAddress::Tcp {
+        host: proxy.address().ip().to_string(),
+        port: Some(proxy.address().port()),
+    }];
+    options.direct_connection = Some(true);
+    options.repl_set_name = None;
+
+    let collections = Collections::fresh();
+    let lock_options = common::options(60_000, 20_000);
+    let holder = collections.configure(
+        Provider::connect_with_options(options, common::DATABASE).unwrap(),
+        lock_options.clone(),
+    );
+    let observer = collections.provider(lock_options);
+    let name = common::unique("slow-release");
+    let guard = holder.create_lock(name.as_str()).acquire().unwrap();
+    let slow = Duration::from_millis(1_500);
+    let delayed = proxy.add_rule(Rule::new("update", Action::Delay(slow)).on(&collections.locks));
+    let started = Instant::now();
+    drop(guard);
+    drop(holder);
+    assert_eq!(proxy.hits(delayed), 1, "the release went through the proxy");
+    assert!(started.elapsed() >= slow, "{:?}", started.elapsed());
+    let status = observer.status(&name).unwrap().expect("the document stays");
+    assert!(
+        !status.is_held(),
+        "released before the drop returned: {status:?}"
+    );
 }
 
 #[test]
