@@ -95,14 +95,14 @@ impl Drop for Background {
         let runtime = OwnedRuntime(self.runtime.0.take());
         let (provider, client) = (self.provider.clone(), self.client.clone());
         let wind_down = move || runtime.wind_down(provider, client);
-        if refuse_inside_runtime().is_ok() {
-            wind_down();
-        } else {
-            // If the thread cannot start, the closure is dropped here, and with it the runtime,
-            // which `OwnedRuntime` then stops without blocking.
+        if inside_runtime() {
+            // Blocking is not allowed here. If the thread cannot start, the closure is dropped,
+            // and with it the runtime, which `OwnedRuntime` then stops without blocking.
             let _ = std::thread::Builder::new()
                 .name("dlock-wind-down".to_owned())
                 .spawn(wind_down);
+        } else {
+            wind_down();
         }
     }
 }
@@ -140,10 +140,17 @@ impl Drop for OwnedRuntime {
 
 /// [`Error::BlockingInAsyncContext`] on a thread with a Tokio runtime context.
 fn refuse_inside_runtime() -> Result<()> {
-    match Handle::try_current() {
-        Ok(_) => Err(Error::BlockingInAsyncContext),
-        Err(_) => Ok(()),
+    if inside_runtime() {
+        Err(Error::BlockingInAsyncContext)
+    } else {
+        Ok(())
     }
+}
+
+/// Whether this thread has a Tokio runtime context (a runtime's thread, `block_on`,
+/// `spawn_blocking`, or an entered handle), where blocking may be forbidden.
+fn inside_runtime() -> bool {
+    Handle::try_current().is_ok()
 }
 
 /// A factory of blocking locks: the blocking counterpart of [`crate::Provider`], with its own
