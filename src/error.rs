@@ -93,6 +93,22 @@ pub enum Error {
     #[error("the provider of this lock was shut down: it acquires no more locks")]
     ShutDown,
 
+    /// A method of the blocking API (cargo feature `blocking`) was called on a thread that
+    /// runs inside a Tokio runtime, where blocking would stall the runtime's other tasks (and
+    /// Tokio forbids starting a runtime within a runtime). Nothing was done. Use the async API
+    /// ([`Provider`](crate::Provider) and its locks) there instead.
+    #[error(
+        "a blocking method of distributed_lock_mongodb::blocking was called from within a Tokio \
+         runtime, where it would block the runtime's thread; use the async API \
+         (distributed_lock_mongodb::Provider and its locks) there"
+    )]
+    BlockingInAsyncContext,
+
+    /// The blocking API (cargo feature `blocking`) could not start its Tokio runtime (the
+    /// operating system refused a thread or an I/O driver).
+    #[error("could not start the Tokio runtime of the blocking API: {0}")]
+    RuntimeStart(#[source] std::io::Error),
+
     /// A background task of this lock ended before it could report back, typically because its
     /// Tokio runtime is shutting down.
     #[error("the background task of {operation} ended early (is the runtime shutting down?)")]

@@ -30,7 +30,12 @@ mod provider;
 mod rw_lock;
 mod semaphore;
 
+// The in-memory double of the exclusive lock, for unit tests without MongoDB.
 pub mod memory;
+
+// The blocking façade over the provider and the primitives.
+#[cfg(feature = "blocking")]
+pub mod blocking;
 
 /// How the lock works, what it guarantees under which assumptions, and how the code is laid out
 /// (the repository's `DESIGN.md`).
@@ -87,6 +92,16 @@ fn _assert_send_sync() {
     send_sync::<memory::MemoryGuard>();
     send_sync::<std::sync::Arc<dyn DistributedLockProvider>>();
     send_sync::<BoxedGuard>();
+    #[cfg(feature = "blocking")]
+    {
+        send_sync::<blocking::Provider>();
+        send_sync::<blocking::MongoDistributedLock>();
+        send_sync::<blocking::MongoDistributedReaderWriterLock>();
+        send_sync::<blocking::MongoDistributedSemaphore>();
+        send_sync::<blocking::LockGuard>();
+        send_sync::<blocking::ReadGuard>();
+        send_sync::<blocking::CompositeGuard>();
+    }
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {
         send(&lock.acquire());
