@@ -16,26 +16,13 @@ async fn provider() -> (Provider, Collection<Document>) {
 /// A provider whose exclusive, reader-writer and semaphore collections (returned in that
 /// order) are its own.
 async fn provider_of_every_kind() -> (Provider, [Collection<Document>; 3]) {
-    let database = common::database().await;
-    let names = [
-        common::unique("admin"),
-        common::unique("admin_rw"),
-        common::unique("admin_sem"),
-    ];
-    let collections = names
-        .clone()
-        .map(|name| database.collection::<Document>(&name));
+    let (provider, collections) = common::provider_with_own_collections(&common::database().await);
     // A placeholder index keeps the embedded server's instant TTL deletion out of the way, so
     // expired documents stay until purged (as on a real server between TTL monitor runs).
     for collection in &collections {
         common::block_ttl_index(collection).await;
     }
-    let [locks, rw_locks, semaphores] = names;
-    let provider = Provider::new(&database)
-        .with_collection(locks)
-        .with_reader_writer_collection(rw_locks)
-        .with_semaphore_collection(semaphores)
-        .with_options(common::options(5_000, 1_000));
+    let provider = provider.with_options(common::options(5_000, 1_000));
     (provider, collections)
 }
 

@@ -10,11 +10,8 @@ use mongodb::bson::doc;
 
 /// A provider whose collections of every kind are its own.
 async fn provider(options: LockOptions) -> Provider {
-    Provider::new(&common::database().await)
-        .with_collection(common::unique("composite").as_str())
-        .with_reader_writer_collection(common::unique("composite_rw"))
-        .with_semaphore_collection(common::unique("composite_sem"))
-        .with_options(options)
+    let (provider, _) = common::provider_with_own_collections(&common::database().await);
+    provider.with_options(options)
 }
 
 #[tokio::test]

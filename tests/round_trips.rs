@@ -203,19 +203,8 @@ async fn reader_writer_and_semaphore_collections_get_the_ttl_index_too() {
 #[tokio::test]
 async fn with_automatic_creation_off_only_create_indexes_creates_them() {
     let (database, commands) = common::counting_database().await;
-    let names = [
-        common::unique("locks"),
-        common::unique("rw"),
-        common::unique("semaphores"),
-    ];
-    let collections = names
-        .clone()
-        .map(|name| database.collection::<Document>(&name));
-    let provider = Provider::new(&database)
-        .with_collection(names[0].as_str())
-        .with_reader_writer_collection(names[1].as_str())
-        .with_semaphore_collection(names[2].as_str())
-        .with_options(without_index_creation());
+    let (provider, collections) = common::provider_with_own_collections(&database);
+    let provider = provider.with_options(without_index_creation());
     provider
         .create_lock("a")
         .acquire()

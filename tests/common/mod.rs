@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distributed_lock_mongodb::{LockOptions, MongoDistributedLock};
+use distributed_lock_mongodb::{LockOptions, MongoDistributedLock, Provider};
 use mongodb::bson::{Document, doc};
 use mongodb::event::EventHandler;
 use mongodb::event::command::CommandEvent;
@@ -221,6 +221,21 @@ pub async fn block_ttl_index(collection: &Collection<Document>) {
         .create_index(placeholder)
         .await
         .expect("create placeholder index");
+}
+
+/// A provider on `database` whose exclusive, reader-writer and semaphore collections (returned
+/// in that order) are fresh ones of its own.
+pub fn provider_with_own_collections(database: &Database) -> (Provider, [Collection<Document>; 3]) {
+    let names = [unique("locks"), unique("rw"), unique("semaphores")];
+    let collections = names
+        .clone()
+        .map(|name| database.collection::<Document>(&name));
+    let [locks, rw_locks, semaphores] = names;
+    let provider = Provider::new(database)
+        .with_collection(locks)
+        .with_reader_writer_collection(rw_locks)
+        .with_semaphore_collection(semaphores);
+    (provider, collections)
 }
 
 /// The stored lock document.
