@@ -1,23 +1,30 @@
 """Embedded MongoDB-compatible test server (mongoeco) for this crate's tests and examples.
 
 Usage: python mongoeco_server.py [--port N] [--skewed-port-offset-ms N]
+                                 [--transaction-lifetime-limit-seconds S]
 
 Prints the connection string on the first line of stdout once the server accepts connections,
 then serves until its standard input reaches end-of-file (the parent process exited or closed
 the pipe) or it receives SIGTERM/SIGINT. Tying its life to stdin means a crashed test binary
 never leaves a server behind.
 
-mongoeco 4.11.0 has two reply-format quirks that the official Rust driver rejects; the two small
-shims below fix them at the wire boundary, using mongoeco's own functions (see
-shared TEST-SERVER.md, items 1 and 2); tests/infra_test_server.rs covers both. A third gives its
-transaction write conflicts the code and label a real server uses, and a fourth lets a new
-transaction abort the session's previous one, as a real server does (tests/transactions.rs
-depends on both). A fifth gives an index key-pattern conflict the server's code
-(tests/round_trips.rs depends on it).
+mongoeco 4.11.0 differs from a real server in ways the crate's code depends on; each shim below
+makes it behave like MongoDB at the wire boundary or in its engine, using mongoeco's own
+functions (see shared TEST-SERVER.md), and each has a test of its own in
+tests/infra_test_server.rs that cites the MongoDB manual page it imitates:
+
+1. Int64 limit/skip/batchSize arguments decoded into plain integers.
+2. Cursor ids encoded as Int64.
+3. A transaction write conflict reported as WriteConflict (112), TransientTransactionError.
+4. A new transaction on a session aborts the session's previous one.
+5. An index key-pattern conflict reported as IndexOptionsConflict (85).
+6. A write outside a transaction to a document an open transaction has written waits until the
+   transaction ends or the write's maxTimeMS runs out; transactions end at their lifetime limit.
+7. The server clock can be stepped forward and back at run time (command mongoecoStepClock).
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
-second line of stdout. See start_skewed_port below; tests/fault_proxy.rs covers it.
+second line of stdout. See start_skewed_port below; tests/fault_clock_skew.rs uses it.
 """
 
 import argparse
@@ -27,12 +34,15 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from mongoeco.api import AsyncMongoClient
 from mongoeco.core.bson_scalars import BsonInt64, utc_bson_now
 from mongoeco.engines.memory import MemoryEngine
+from mongoeco.errors import OperationFailure
 from mongoeco.wire import proxy as wire_proxy
 from mongoeco.wire import sessions as wire_sessions
+from mongoeco.wire.executor import WireCommandExecutor
 
 # Shim 1: the Rust driver sends limit/skip/batchSize (and cursor ids, in getMore and killCursors)
 # as Int64; mongoeco decodes them into its BsonInt64 wrapper, which its own validation then
@@ -84,6 +94,7 @@ _CODELESS_ERRORS = [
     # (errmsg prefix, code, codeName, errorLabels)
     ("Write conflict", 112, "WriteConflict", ["TransientTransactionError"]),
     ("Conflicting index definition", 85, "IndexOptionsConflict", None),
+    ("Transaction has been aborted", 251, "NoSuchTransaction", ["TransientTransactionError"]),
 ]
 
 
@@ -125,33 +136,206 @@ wire_sessions.WireSessionStore._apply_transaction_metadata = staticmethod(
 )
 
 
+# Shim 6: a write outside a transaction to a document that an open transaction has written waits
+# until that transaction ends (commit or abort), or fails with MaxTimeMSExpired (50) once its
+# maxTimeMS runs out, as on MongoDB ("In-progress Transactions and Write Conflicts" in the
+# manual's "Production Considerations" for transactions). mongoeco would instead apply the write
+# at once and refuse the transaction's commit. The waiting write keeps the `$$NOW` it was given
+# when it arrived, as on MongoDB (the variable is fixed for the whole command). A transaction
+# open longer than transactionLifetimeLimitSeconds (60 s by default) is aborted, as the server's
+# periodic job does, so a write cannot wait forever behind a forgotten transaction.
+TRANSACTION_LIFETIME_LIMIT_SECONDS = 60.0  # --transaction-lifetime-limit-seconds
+_open_transactions = {}  # session_id -> (session, monotonic start)
+_aborted_by_the_server = set()  # session ids whose transaction the lifetime limit ended
+_original_start_session_transaction = MemoryEngine._start_session_transaction
+
+
+def _start_session_transaction(self, session):
+    _original_start_session_transaction(self, session)
+    _aborted_by_the_server.discard(session.session_id)
+    _open_transactions[session.session_id] = (session, time.monotonic())
+
+
+MemoryEngine._start_session_transaction = _start_session_transaction
+
+
+def _end_transactions_past_their_lifetime():
+    now = time.monotonic()
+    for session_id, (session, started) in list(_open_transactions.items()):
+        if not session.transaction_active:
+            _open_transactions.pop(session_id, None)
+        elif now - started > TRANSACTION_LIFETIME_LIMIT_SECONDS:
+            session.abort_transaction()
+            _open_transactions.pop(session_id, None)
+            _aborted_by_the_server.add(session_id)
+
+
+# Committing a transaction the server aborted fails with NoSuchTransaction (251, labelled
+# TransientTransactionError), as on MongoDB; mongoeco would answer ok.
+_original_commit_transaction = wire_sessions.WireSessionStore.commit_transaction
+
+
+def _commit_transaction(self, body):
+    session = self._require_session(body)
+    if session.session_id in _aborted_by_the_server:
+        _aborted_by_the_server.discard(session.session_id)
+        raise OperationFailure("Transaction has been aborted by the server: it outlived its lifetime limit")
+    return _original_commit_transaction(self, body)
+
+
+wire_sessions.WireSessionStore.commit_transaction = _commit_transaction
+
+
+def _written_by_open_transactions(engine, db_name, coll_name, own_session):
+    """The _ids of the documents of one collection that open transactions have written."""
+    own = getattr(own_session, "session_id", None)
+    written = []
+    for session_id, state in list(engine._mvcc_states.items()):
+        if session_id == own:
+            continue
+        for change in state.pending_changes:
+            if (
+                isinstance(change, dict)
+                and change.get("db_name") == db_name
+                and change.get("coll_name") == coll_name
+            ):
+                written.append(change.get("document_key", {}).get("_id"))
+    return written
+
+
+def _write_filters(context):
+    """The filters of a write command's statements, or None for a command that is not a write."""
+    body = context.command_document
+    name = context.command_name.lower()
+    if name == "update":
+        return [statement.get("q") or {} for statement in body.get("updates") or []]
+    if name == "delete":
+        return [statement.get("q") or {} for statement in body.get("deletes") or []]
+    if name == "findandmodify":
+        return [body.get("query") or {}]
+    if name == "insert":
+        return [{"_id": document.get("_id")} for document in body.get("documents") or []]
+    return None
+
+
+async def _blocked_by_open_transaction(client, context, filters):
+    collection = client[context.db_name][context.command_document[context.command_name]]
+    written = _written_by_open_transactions(
+        client._engine, context.db_name, collection.name, context.session
+    )
+    if not written:
+        return False
+    for statement_filter in filters:
+        matched = collection.find(
+            {"$and": [statement_filter, {"_id": {"$in": written}}]}, {"_id": 1}
+        )
+        if await matched.to_list(None):
+            return True
+    return False
+
+
+_original_execute_prepared = WireCommandExecutor.execute_prepared
+
+
+async def _execute_prepared(self, context):
+    filters = _write_filters(context)
+    in_transaction = context.session is not None and context.session.in_transaction
+    if filters and not in_transaction:
+        max_time_ms = context.raw_body.get("maxTimeMS")
+        give_up = None if not max_time_ms else time.monotonic() + max_time_ms / 1000
+        while True:
+            _end_transactions_past_their_lifetime()
+            if not await _blocked_by_open_transaction(self._client, context, filters):
+                break
+            if give_up is not None and time.monotonic() >= give_up:
+                return {
+                    "ok": 0.0,
+                    "errmsg": "operation exceeded time limit",
+                    "code": 50,
+                    "codeName": "MaxTimeMSExpired",
+                }
+            await asyncio.sleep(0.005)
+    return await _original_execute_prepared(self, context)
+
+
+WireCommandExecutor.execute_prepared = _execute_prepared
+
+
+# Shim 7: the server's clock can be stepped at run time, as an NTP step or a resumed virtual
+# machine steps a real server's system clock: `{mongoecoStepClock: <ms>}` (negative: back) moves
+# every clock this server reads (`$$NOW` on every port, `$currentDate`, the TTL deletion) by that
+# much from then on, and answers `{ok: 1, offsetMs: <total step>}`. On MongoDB `$$NOW` and the
+# TTL monitor both read the server's system clock ("$$NOW" in the manual's "Variables in
+# Aggregation Expressions"; "TTL Indexes"), so a step moves both.
+CLOCK_STEP_COMMAND = "mongoecoStepClock"
+_clock_step = datetime.timedelta(0)
+
+
+def stepped_now():
+    """The server's clock: the real one plus every step so far."""
+    return utc_bson_now() + _clock_step
+
+
+def _step_clock(body):
+    global _clock_step
+    step = body.get(CLOCK_STEP_COMMAND)
+    step = step.value if isinstance(step, BsonInt64) else step
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        return {
+            "ok": 0.0,
+            "errmsg": f"{CLOCK_STEP_COMMAND} takes a number of milliseconds",
+            "code": 14,
+            "codeName": "TypeMismatch",
+        }
+    _clock_step += datetime.timedelta(milliseconds=step)
+    return {"ok": 1.0, "offsetMs": int(_clock_step / datetime.timedelta(milliseconds=1))}
+
+
+_original_dispatch_wire_request = wire_proxy.AsyncMongoEcoProxyServer._dispatch_wire_request
+
+
+async def _dispatch_wire_request(self, header, payload, *, connection):
+    # A cheap byte check first: only the control command pays for a second decoding.
+    if header.op_code == wire_proxy.OP_MSG and CLOCK_STEP_COMMAND.encode() in payload:
+        body = wire_proxy.decode_op_msg(header, payload).body
+        if isinstance(body, dict) and next(iter(body), None) == CLOCK_STEP_COMMAND:
+            return wire_proxy.encode_op_msg_response(
+                _step_clock(body),
+                request_id=next(self._request_ids),
+                response_to=header.request_id,
+            )
+    return await _original_dispatch_wire_request(self, header, payload, connection=connection)
+
+
+wire_proxy.AsyncMongoEcoProxyServer._dispatch_wire_request = _dispatch_wire_request
+
+# TTL deletion follows the data-bearing server's clock: the stepped one (mongoeco would judge it
+# by the accessing operation's clock on some paths and by the unstepped real clock on others).
+# A skewed port's shift is a router's, and does not move it either (see below).
+_original_purge = MemoryEngine._purge_expired_documents_locked
+
+
+def _purge_by_the_servers_clock(self, *args, now, **kwargs):
+    del now
+    return _original_purge(self, *args, now=stepped_now().replace(tzinfo=datetime.UTC), **kwargs)
+
+
+MemoryEngine._purge_expired_documents_locked = _purge_by_the_servers_clock
+
+
 # The skewed port. On a real cluster `$$NOW` is evaluated by the mongos (or primary) that runs the
 # command, so clients behind different routers can see different clocks. mongoeco takes an
 # operation's clock (`$$NOW`, `$currentDate`, ...) from its client's `now_factory`, and a wire
 # server serves one client; so the second port is a second wire server whose own client shares the
 # first one's engine (the data) and has a shifted `now_factory`. Cursors and sessions are per
-# port, as they are per router.
-#
-# TTL deletion: mongoeco deletes expired documents when they are accessed, judging expiry by the
-# accessing operation's clock on some paths and by the real clock on others. A real cluster's TTL
-# monitor runs on the data-bearing nodes with their own clock, whichever router a client uses; so
-# with a skewed port, every TTL judgement uses the unshifted clock (the "shards'" clock, the same
-# as the normal port's).
-async def start_skewed_port(engine, host: str, offset_ms: int):
-    offset = datetime.timedelta(milliseconds=offset_ms)
-    client = AsyncMongoClient(engine, now_factory=lambda: utc_bson_now() + offset)
+# port, as they are per router. TTL deletion keeps the data-bearing server's clock (shim 7's
+# purge), whichever port a client uses, as a real cluster's TTL monitor runs on the shards.
+async def serve(engine, host: str, port: int, shift: datetime.timedelta):
+    """A wire server on `engine` whose clock is the server's (stepped) clock plus `shift`."""
+    client = AsyncMongoClient(engine, now_factory=lambda: stepped_now() + shift)
     await client.__aenter__()  # connects the shared engine (it counts its users)
-    server = wire_proxy.AsyncMongoEcoProxyServer(client=client, host=host, port=0)
+    server = wire_proxy.AsyncMongoEcoProxyServer(client=client, host=host, port=port)
     await server.start()
-
-    original_purge = MemoryEngine._purge_expired_documents_locked
-
-    def purge_by_unshifted_clock(self, *args, now, **kwargs):
-        del now  # the operation's clock, shifted on the skewed port
-        unshifted = utc_bson_now().replace(tzinfo=datetime.UTC)
-        return original_purge(self, *args, now=unshifted, **kwargs)
-
-    MemoryEngine._purge_expired_documents_locked = purge_by_unshifted_clock
     return client, server
 
 
@@ -166,22 +350,24 @@ async def main() -> None:
         metavar="N",
         help="also serve the same data on a second (free) port whose clock is off by N ms",
     )
+    parser.add_argument(
+        "--transaction-lifetime-limit-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="abort transactions open longer than this (MongoDB's default: 60)",
+    )
     args = parser.parse_args()
+    global TRANSACTION_LIFETIME_LIMIT_SECONDS
+    TRANSACTION_LIFETIME_LIMIT_SECONDS = args.transaction_lifetime_limit_seconds
 
-    skewed = None
-    if args.skewed_port_offset_ms is None:
-        server = wire_proxy.AsyncMongoEcoProxyServer(host=args.host, port=args.port)
-        address = await server.start()
-    else:
-        engine = MemoryEngine()
-        server = wire_proxy.AsyncMongoEcoProxyServer(
-            engine=engine, host=args.host, port=args.port
-        )
-        address = await server.start()
-        skewed = await start_skewed_port(engine, args.host, args.skewed_port_offset_ms)
-    print(address.uri, flush=True)
-    if skewed is not None:
-        print(skewed[1].address.uri, flush=True)
+    engine = MemoryEngine()
+    ports = [await serve(engine, args.host, args.port, datetime.timedelta(0))]
+    if args.skewed_port_offset_ms is not None:
+        skew = datetime.timedelta(milliseconds=args.skewed_port_offset_ms)
+        ports.append(await serve(engine, args.host, 0, skew))
+    for _client, server in ports:
+        print(server.address.uri, flush=True)
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -199,11 +385,9 @@ async def main() -> None:
     try:
         await stop.wait()
     finally:
-        if skewed is not None:
-            skewed_client, skewed_server = skewed
-            await skewed_server.close()
-            await skewed_client.close()
-        await server.close()
+        for client, server in reversed(ports):
+            await server.close()
+            await client.close()
 
 
 if __name__ == "__main__":

@@ -15,16 +15,19 @@ use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 use tokio::time::{Instant, timeout_at};
 
+use crate::clock;
 use crate::error::{Operation, is_duplicate_id};
 use crate::fencing::{check_operators, read_i64};
 use crate::lease::Problem;
-use crate::lease::acquire::{self, Acquisition, Attempt, Cleanup, Granted, Wait};
+use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
 use crate::lease::held::{self, HeldLease};
+use crate::lease::hub::RenewalHub;
 use crate::lease::lost::LeaseState;
-use crate::lease::renewal::{Lease, Place, RenewalHub};
+use crate::lease::record::{Lease, Place};
 use crate::lease::schema::{
     EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, lease_end, next_fencing_token, primary,
 };
+use crate::lease::undo::Undo;
 use crate::{Error, FencingToken, LockOptions, LostSignal, Result};
 
 /// The default field that holds the embedded lock.
@@ -312,7 +315,8 @@ where
             checked: Problem::check(target.problem.as_ref()),
             waiters: None,
             shared: false,
-            shut_down: target.renewals.shut_down_signal(),
+            renews_while_waiting: false,
+            family: &target.renewals,
         };
         acquire::acquire(
             what,
@@ -335,14 +339,18 @@ where
 
 impl Documents {
     /// What unlocks whichever document the attempt with `lock_id` may have locked, should its
-    /// outcome be unknown. The filter has no `_id` (the attempt's filter may match many
-    /// documents): on a sharded collection that needs MongoDB 7.0 or later.
-    fn cleanup(&self, lock_id: &str) -> Cleanup {
-        Cleanup {
+    /// outcome be unknown. The filter has no `_id` and no shard key (the attempt's filter may
+    /// match many documents, and which one it locked is unknown), so it is sent as a
+    /// multi-document update, which a sharded collection accepts without the shard key on every
+    /// MongoDB version; the lock id is in one document at most.
+    fn cleanup(&self, lock_id: &str) -> Undo {
+        Undo {
             collection: self.documents.clone(),
             filter: doc! { self.layout.lock_id_path(): lock_id },
             update: self.layout.release_update(lock_id),
-            options: self.options.clone(),
+            write_concern: self.options.write_concern().clone(),
+            patience: self.options.expiry(),
+            many: true,
             name: self.documents.name().to_owned(),
         }
     }
@@ -420,7 +428,7 @@ where
         EXPIRES_AT: lease_end(target.options.expiry_millis()),
         FENCING_TOKEN: next_fencing_token(&format!("{field}.{FENCING_TOKEN}")),
     } } }];
-    let sent_at = Instant::now();
+    let sent_at = clock::now();
     let locked = target
         .documents
         .find_one_and_update(doc! { "$and": [filter.clone(), unlocked] }, update)
@@ -435,8 +443,7 @@ where
         .get_document(field)
         .ok()
         .and_then(|lock| lock.get(FENCING_TOKEN))
-        .and_then(read_i64)
-        .unwrap_or_default();
+        .and_then(read_i64);
     let lease = Lease {
         id: id.clone(),
         name: format!("{}/{id}", target.documents.name()),
@@ -447,11 +454,18 @@ where
         holding: None,
     };
     let place = Place {
-        collection: &target.documents,
-        layout: &target.layout,
-        options: &target.options,
+        collection: target.documents.clone(),
+        layout: target.layout.clone(),
+        options: target.options.clone(),
     };
-    let lease = HeldLease::hold(runtime, &target.renewals, place, lease);
+    let lease = HeldLease::hold(runtime, &target.renewals, &place, lease);
+    // Cannot happen on a conforming server (the update wrote the token); dropping the lease
+    // unlocks at once, as for the other kinds.
+    let Some(token) = token else {
+        return Err(Error::UnexpectedReply(format!(
+            "the locked document has no numeric fencing token in {field}.{FENCING_TOKEN}"
+        )));
+    };
     let document = match mongodb::bson::from_document::<T>(document) {
         Ok(document) => document,
         // Dropping the lease unlocks at once: we cannot hand out what we cannot read.
@@ -613,22 +627,12 @@ impl<T> DocumentGuard<T> {
             .lock_id()
             .filter(|_| !self.is_lost())
             .ok_or_else(lost)?;
-        let options = &self.target.options;
-        let started = Instant::now();
-        let written = self
-            .target
-            .documents
-            .update_one(self.live_filter(lock_id), update)
-            .write_concern(options.write_concern().clone());
-        match timeout_at(started + options.expiry(), written).await {
-            Ok(Ok(written)) if written.matched_count == 1 => Ok(()),
-            Ok(Ok(_)) => Err(lost()),
-            Ok(Err(error)) => Err(error.into()),
-            Err(_elapsed) => Err(Error::Timeout {
-                operation: Operation::Commit,
-                name: self.lease.name().to_owned(),
-                waited: started.elapsed(),
-            }),
+        match self
+            .write_while_held(lock_id, Ending::Update(update))
+            .await?
+        {
+            written if written.matched_count == 1 => Ok(()),
+            _ => Err(lost()),
         }
     }
 
@@ -701,49 +705,9 @@ impl<T> DocumentGuard<T> {
                 operation: Operation::Commit,
             });
         };
-        let Ok(runtime) = Handle::try_current() else {
-            return Err(self.unlock_after(Error::NoRuntime));
-        };
-        let target = Arc::clone(&self.target);
-        let filter = self.live_filter(&lock_id);
-        let started = Instant::now();
-        let call = {
-            let target = Arc::clone(&target);
-            let write_concern = target.options.write_concern().clone();
-            runtime.spawn(async move {
-                let documents = &target.documents;
-                let written: mongodb::error::Result<UpdateResult> = match ending {
-                    Ending::Update(update) => {
-                        documents
-                            .update_one(filter, update)
-                            .write_concern(write_concern)
-                            .await
-                    }
-                    Ending::Replace(replacement) => {
-                        documents
-                            .replace_one(filter, replacement)
-                            .write_concern(write_concern)
-                            .await
-                    }
-                };
-                written
-            })
-        };
-        let result = match timeout_at(started + target.options.expiry(), call).await {
-            Ok(Ok(Ok(result))) => result,
-            Ok(Ok(Err(error))) => return Err(self.unlock_after(error.into())),
-            Ok(Err(_join_error)) => {
-                return Err(self.unlock_after(Error::BackgroundTaskEnded {
-                    operation: Operation::Commit,
-                }));
-            }
-            Err(_elapsed) => {
-                return Err(self.unlock_after(Error::Timeout {
-                    operation: Operation::Commit,
-                    name,
-                    waited: started.elapsed(),
-                }));
-            }
+        let result = match self.write_while_held(&lock_id, ending).await {
+            Ok(result) => result,
+            Err(error) => return Err(self.unlock_after(error)),
         };
         if result.matched_count == 0 {
             return Err(self.unlock_after(Error::LockLost { name }));
@@ -751,6 +715,47 @@ impl<T> DocumentGuard<T> {
         // The write ended the lease itself: the renewal loop only has to forget it.
         self.lease.ended_by_write();
         Ok(())
+    }
+
+    /// Sends `write`, filtered on this holder's live lease `lock_id`, in a task of its own that
+    /// runs it to completion (the driver's futures must not be dropped midway), and waits at
+    /// most `expiry` for its outcome.
+    async fn write_while_held(&self, lock_id: &str, write: Ending) -> Result<UpdateResult> {
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let target = Arc::clone(&self.target);
+        let filter = self.live_filter(lock_id);
+        let started = Instant::now();
+        let patience = target.options.expiry();
+        let call = runtime.spawn(async move {
+            let documents = &target.documents;
+            let write_concern = target.options.write_concern().clone();
+            match write {
+                Ending::Update(update) => {
+                    documents
+                        .update_one(filter, update)
+                        .write_concern(write_concern)
+                        .await
+                }
+                Ending::Replace(replacement) => {
+                    documents
+                        .replace_one(filter, replacement)
+                        .write_concern(write_concern)
+                        .await
+                }
+            }
+        });
+        match timeout_at(started + patience, call).await {
+            Ok(Ok(Ok(result))) => Ok(result),
+            Ok(Ok(Err(error))) => Err(error.into()),
+            Ok(Err(_join_error)) => Err(Error::BackgroundTaskEnded {
+                operation: Operation::Commit,
+            }),
+            Err(_elapsed) => Err(Error::Timeout {
+                operation: Operation::Commit,
+                name: self.lease.name().to_owned(),
+                waited: started.elapsed(),
+            }),
+        }
     }
 }
 

@@ -74,6 +74,23 @@ pub enum Error {
         name: String,
     },
 
+    /// A lease-checked transaction's commit got no definite answer (its reply was lost, or it
+    /// kept failing with `UnknownTransactionCommitResult` until the lock was lost or 120 s
+    /// passed): **its writes may or may not have been committed**. Nothing else was written by
+    /// the crate. Read back what the transaction wrote (or make its writes idempotent) before
+    /// running it again; if they are there, they were committed while the lock was held.
+    #[error(
+        "the commit of a transaction under lock {:?} has an unknown outcome: its writes may or may \
+         not have been committed ({reason})",
+        shown_name(name)
+    )]
+    CommitOutcomeUnknown {
+        /// The lock's name.
+        name: String,
+        /// What made the outcome unknown.
+        reason: String,
+    },
+
     /// The MongoDB driver reported an error (network, server selection, authorization, write
     /// concern, ...). Inspect it for details; transient errors can be retried.
     #[error("MongoDB error: {0}")]

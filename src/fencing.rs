@@ -85,6 +85,18 @@ pub(crate) fn check_operators(update: &Document, protected: &str) -> Result<()> 
                 "the update must not touch {protected:?} (found {path:?} under {operator})"
             )));
         }
+        // `$rename` writes the field named by each value: `{$rename: {a: "lock"}}` would
+        // overwrite the protected field with `a`.
+        if operator == "$rename"
+            && let Some(target) = fields
+                .values()
+                .filter_map(Bson::as_str)
+                .find(|target| touches(target))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the update must not touch {protected:?} (found a $rename to {target:?})"
+            )));
+        }
     }
     Ok(())
 }
@@ -261,9 +273,17 @@ mod tests {
             doc! { "$set": 5 },
             doc! { "$set": { "lock": {} } },
             doc! { "$unset": { "lock.id": "" } },
+            doc! { "$rename": { "lock": "old" } },
+            doc! { "$rename": { "draft": "lock" } },
+            doc! { "$rename": { "draft": "lock.expiresAt" } },
+            doc! { "$setOnInsert": { "lock": 1 }, "$set": { "a": 1 } },
+            doc! { "$currentDate": { "lock.expiresAt": true } },
+            doc! { "$max": { "lock": 5 } },
         ] {
             let error = check_operators(&bad, "lock").unwrap_err();
             assert!(matches!(error, Error::InvalidArgument(_)), "{bad}: {error}");
         }
+        check_operators(&doc! { "$rename": { "draft": "final" } }, "lock").unwrap();
+        check_operators(&doc! { "$rename": { "locker": "lockers" } }, "lock").unwrap();
     }
 }

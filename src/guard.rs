@@ -77,8 +77,13 @@ impl LockGuard {
     /// Runs `work` while the lock is held: until it completes (its output is returned and the
     /// guard stays held) or the lock is lost, whichever comes first. On loss, `work` is dropped
     /// at its current `.await` and the result is [`Error::LockLost`](crate::Error::LockLost); a
-    /// loss noticed together with the completion counts as a loss. Work that must not be cut
-    /// short between two awaits should check a [fencing token](Self::fencing_token) instead.
+    /// loss noticed together with the completion counts as a loss.
+    ///
+    /// Dropping `work` cannot recall what it already sent: a write on its way to the database
+    /// when the lock is lost may still be applied, after another holder has taken over. Make the
+    /// writes that matter fenced ([`Fence`](crate::Fence) with
+    /// [`fencing_token`](Self::fencing_token)) or make them in
+    /// [`transaction`](Self::transaction), which commits only while the lock is held.
     ///
     /// ```no_run
     /// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock) -> distributed_lock_mongodb::Result<()> {
@@ -103,19 +108,28 @@ impl LockGuard {
     /// live by server time: if that matches nothing, the transaction is aborted and the result is
     /// [`Error::LockLost`](crate::Error::LockLost) — `work` does not run. Because the transaction
     /// has written the lock's document, another client's acquisition, which must write the same
-    /// document, conflicts with it: it cannot take the lock over before the transaction ends, so
-    /// the writes of `work` (all made through `session`) commit only if nobody else held the lock
-    /// up to the commit. The commit is also skipped if [`lost`](Self::lost) fires meanwhile.
-    /// Transient transaction errors (write conflicts, elections) and unknown commit results are
-    /// retried as the driver recommends, for up to 120 s and while the lock is held; `work` may
-    /// therefore run more than once and must only write through `session`.
+    /// document, waits for (or conflicts with) the transaction: it cannot take the lock over
+    /// before the transaction ends, so the writes of `work` (all made through `session`) commit
+    /// only if nobody else held the lock up to the commit.
+    ///
+    /// **Time limit.** While the transaction is open, its write holds the lock's document, so the
+    /// lease is renewed by the transaction alone (its renewal counts once committed) and keeps the
+    /// deadline it had when the transaction began: at least `expiry − margin − skew − cadence`
+    /// after the start (18.7 s with the default options). If `work` is still running then, it is
+    /// dropped, the transaction aborted, and the result is `LockLost` (nothing is committed).
+    /// The lock's other leases keep being renewed meanwhile. For a read lock or a semaphore place,
+    /// the document is shared with the other holders of the name: their renewals, in every
+    /// process, wait until the transaction ends, so keep such transactions short.
+    ///
+    /// Transient transaction errors (write conflicts, elections) rerun the whole transaction, so
+    /// `work` may run more than once and must only write through `session`. An unknown commit
+    /// result is retried while the lock is held (and for at most the driver's 120 s).
     ///
     /// `client` must be connected to the cluster the lock lives in, and `work` must write
     /// through collections of `client` (a session belongs to the client that started it).
-    /// Transactions need a replica
-    /// set or a sharded cluster: on a standalone server the first command fails and its
-    /// [`Error::Mongo`](crate::Error::Mongo) is returned (nothing is written). Read and write
-    /// concerns are `snapshot` and the lock's write concern.
+    /// Transactions need a replica set or a sharded cluster: on a standalone server the first
+    /// command fails and its [`Error::Mongo`](crate::Error::Mongo) is returned (nothing is
+    /// written). Read and write concerns are `snapshot` and the lock's write concern.
     ///
     /// ```no_run
     /// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock, client: mongodb::Client) -> distributed_lock_mongodb::Result<()> {
@@ -142,9 +156,14 @@ impl LockGuard {
     /// ```
     ///
     /// # Errors
-    /// [`Error::LockLost`](crate::Error::LockLost) if the lock was lost before the commit
-    /// (nothing committed); [`Error::Mongo`](crate::Error::Mongo) for `work`'s own errors and
-    /// other failures (the transaction is aborted).
+    /// - [`Error::LockLost`](crate::Error::LockLost) if the lock was lost, or its deadline
+    ///   passed, before the commit: nothing was committed.
+    /// - [`Error::CommitOutcomeUnknown`](crate::Error::CommitOutcomeUnknown) if the commit got no
+    ///   definite answer before the lock was lost (or 120 s passed): the writes **may have been
+    ///   committed**. Read them back (or make them idempotent) before running the transaction
+    ///   again.
+    /// - [`Error::Mongo`](crate::Error::Mongo) for `work`'s own errors and other failures (the
+    ///   transaction was aborted: nothing was committed).
     ///
     /// # Cancel safety
     /// Not cancel safe in the sense that dropping the future during the commit may or may not

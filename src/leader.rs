@@ -116,8 +116,10 @@ impl LeaderElection {
     /// instance can be elected at once.
     ///
     /// # Errors
-    /// The release's error (see [`LockGuard::release`]); for example
-    /// [`Error::LockLost`] if the term had ended already.
+    /// While leading, the release's error (see [`LockGuard::release`]). Between terms,
+    /// [`Error::LockLost`] if the last term ended by a loss (its lease lapsed or was taken,
+    /// rather than resigned) and no new term has started since; `Ok(())` if this instance was
+    /// never elected.
     ///
     /// # Cancel safety
     /// Cancel safe: the campaign stops and the release goes on in the background.
@@ -154,17 +156,22 @@ fn lock_term(term: &Mutex<Option<Term>>) -> MutexGuard<'_, Option<Term>> {
 }
 
 /// Campaigns until resigned or the lock's provider is shut down; returns the outcome of the
-/// release on resigning.
+/// release on resigning: while leading, the release's; between terms, `LockLost` if the last
+/// term ended by a loss (its holder learns that its leadership lapsed), `Ok` otherwise.
 async fn campaign(
     lock: MongoDistributedLock,
     term: Arc<Mutex<Option<Term>>>,
     leading: watch::Sender<bool>,
     mut resigned: oneshot::Receiver<()>,
 ) -> Result<()> {
+    let lapsed = || Error::LockLost {
+        name: lock.name().to_owned(),
+    };
+    let mut last_term_lost = false;
     loop {
         let guard = tokio::select! {
             biased;
-            _ = &mut resigned => return Ok(()),
+            _ = &mut resigned => return if last_term_lost { Err(lapsed()) } else { Ok(()) },
             acquired = lock.acquire() => acquired,
         };
         let guard = match guard {
@@ -175,13 +182,14 @@ async fn campaign(
                 tracing::warn!(lock = %shown_name(lock.name()), %error, "leader campaign failed; retrying");
                 tokio::select! {
                     biased;
-                    _ = &mut resigned => return Ok(()),
+                    _ = &mut resigned => return if last_term_lost { Err(lapsed()) } else { Ok(()) },
                     () = tokio::time::sleep(RETRY_AFTER_ERROR) => continue,
                 }
             }
         };
-        if let Some(outcome) = lead(&lock, guard, &term, &leading, &mut resigned).await {
-            return outcome;
+        match lead(&lock, guard, &term, &leading, &mut resigned).await {
+            Some(outcome) => return outcome,
+            None => last_term_lost = true,
         }
     }
 }

@@ -8,6 +8,7 @@
 )]
 
 // Foundations.
+mod clock;
 mod details;
 mod error;
 mod fencing;

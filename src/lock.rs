@@ -3,16 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::{self, Instant};
 use mongodb::Database;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
-use tokio::time::Instant;
 
-use crate::lease::Target;
 use crate::lease::acquire::{self, Acquisition, Attempt, Takeover, Wait};
 use crate::lease::held;
-use crate::lease::renewal::RenewalHub;
+use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{self, AttemptReply, Layout};
+use crate::lease::{Problem, Target};
 use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, Result};
 
 /// The default collection of exclusive locks, shared with DistributedLock.MongoDB.
@@ -89,9 +89,10 @@ impl MongoDistributedLock {
         mut self,
         renewals: &Arc<RenewalHub>,
         details: Option<Document>,
+        refusal: Option<Problem>,
     ) -> Self {
         let target = Arc::make_mut(&mut self.target);
-        target.share_renewals(renewals);
+        target.share_renewals(renewals, refusal);
         target.details = details;
         self
     }
@@ -125,8 +126,9 @@ impl MongoDistributedLock {
     /// - [`Error::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
-    /// Cancel safe: every attempt runs to completion in a spawned task, and if it won the lock
-    /// after this future was dropped, it releases the lock at once.
+    /// Cancel safe: every attempt runs to completion in a spawned task, which owns its reply
+    /// limit and cleanup: an attempt still unanswered when this future is dropped is cleaned up
+    /// at once by its own lock id, and if it wins the lock afterwards, it releases it at once.
     pub async fn acquire(&self) -> Result<LockGuard> {
         let wait = Wait::forever();
         wait.required(self.acquire_within(wait).await, self.name())
@@ -217,7 +219,8 @@ impl MongoDistributedLock {
             checked: target.check(),
             waiters: Some(&target.waiters),
             shared: false,
-            shut_down: target.renewals.shut_down_signal(),
+            renews_while_waiting: false,
+            family: &target.renewals,
         };
         let takeovers = |runtime: &Handle, lock_id: String| {
             takeover(Arc::clone(target), runtime.clone(), lock_id)
@@ -241,7 +244,7 @@ async fn attempt(
     runtime: Handle,
     lock_id: String,
 ) -> Result<Option<LockGuard>> {
-    let sent_at = Instant::now();
+    let sent_at = clock::now();
     let update = schema::acquire_update(
         &lock_id,
         target.options.expiry_millis(),
@@ -260,12 +263,17 @@ fn takeover(target: Arc<Target>, runtime: Handle, lock_id: String) -> Takeover<L
         target.options.expiry_millis(),
         target.details.clone(),
     );
+    let place = target.place(&Layout::LockDocument);
+    let (name, ours) = (target.name.clone(), lock_id.clone());
     Takeover {
         update: Box::new(move |replacing| {
             schema::acquire_update(&id, expiry, details.as_ref(), Some(replacing))
         }),
         finish: Box::new(move |document, sent_at| {
             won(&target, &runtime, &document, lock_id, sent_at)
+        }),
+        undo: Box::new(move |releasing| {
+            place.end_exclusive_leases_undo(&name.as_str().into(), &[releasing, &ours], &name)
         }),
     }
 }

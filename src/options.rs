@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use crate::clock::Instant;
 use mongodb::options::{Acknowledgment, WriteConcern};
-use tokio::time::Instant;
 
 use crate::{Error, Result};
 
@@ -106,9 +106,12 @@ impl LockOptions {
 
     /// The largest disagreement assumed between the clocks of any two servers that evaluate
     /// `$$NOW` for this lock: every `mongos` router clients use and every member that may become
-    /// primary. Lease ends are computed by whichever router or primary runs the command, and
-    /// another client's router may see the lease end this much earlier, so a holder presumes its
-    /// lease lost this much sooner.
+    /// primary, and the largest forward step any of those clocks may take (an NTP step, a
+    /// resumed virtual machine). Lease ends are computed by whichever router or primary runs the
+    /// command, and another client's router may see the lease end this much earlier, so a holder
+    /// presumes its lease lost this much sooner. A forward step beyond it is detected at the next
+    /// renewal and reported as a loss, but another client may hold the lock before then: see the
+    /// crate docs on clocks.
     pub fn max_clock_skew(&self) -> Duration {
         self.max_clock_skew
     }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::composite::HeldMember;
 use crate::error::{Operation, shown_name};
-use crate::lease::renewal::RenewalHub;
+use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{HOLDERS, Layout, READERS};
 use crate::lease::{Problem, admin, held, ttl_index};
 use crate::traits::{DistributedLock, DistributedLockProvider};
@@ -145,7 +145,7 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: a read only.
     pub async fn status(&self, name: &str) -> Result<Option<LockStatus>> {
-        admin::status(&self.collection.open(&self.database)?, name).await
+        admin::status(&self.open(&self.collection)?, name).await
     }
 
     /// Every lock of this provider that is held right now, ordered by name and kind, one entry
@@ -181,15 +181,15 @@ impl Provider {
         };
         let mut held = Vec::new();
         if filter.wants(LockKind::Exclusive) {
-            let locks = self.collection.open(&self.database)?;
+            let locks = self.open(&self.collection)?;
             held.extend(admin::held(&locks, by_name()).await?);
         }
         if filter.wants(LockKind::Read) || filter.wants(LockKind::Write) {
-            let rw_locks = self.reader_writer_collection.open(&self.database)?;
+            let rw_locks = self.open(&self.reader_writer_collection)?;
             held.extend(admin::reader_writer_holders(&rw_locks, by_name()).await?);
         }
         if filter.wants(LockKind::Semaphore) {
-            let semaphores = self.semaphore_collection.open(&self.database)?;
+            let semaphores = self.open(&self.semaphore_collection)?;
             held.extend(admin::semaphore_holders(&semaphores, by_name()).await?);
         }
         held.retain(|holder| filter.matches(holder));
@@ -246,7 +246,7 @@ impl Provider {
                 Layout::Members(HOLDERS.to_owned()),
             ),
         };
-        let collection = collection.open(&self.database)?;
+        let collection = self.open(collection)?;
         admin::force_release_lease(&collection, &layout, &holder.name, lock_id).await
     }
 
@@ -264,7 +264,7 @@ impl Provider {
     /// # Cancel safety
     /// Dropping the future may or may not leave the lease ended.
     pub async fn force_release(&self, name: &str) -> Result<bool> {
-        admin::force_release(&self.collection.open(&self.database)?, name).await
+        admin::force_release(&self.open(&self.collection)?, name).await
     }
 
     /// Deletes the lock documents whose last lease ended more than a day ago (server time) in
@@ -321,6 +321,42 @@ impl Provider {
         Ok(())
     }
 
+    /// Why the provider's locks cannot be used: two kinds of lock configured in one collection,
+    /// where a lock of each kind with the same name would share (and corrupt) one document.
+    fn shared_collection(&self) -> Option<Problem> {
+        let settings = [
+            ("exclusive locks (with_collection)", &self.collection),
+            (
+                "reader-writer locks (with_reader_writer_collection)",
+                &self.reader_writer_collection,
+            ),
+            (
+                "semaphores (with_semaphore_collection)",
+                &self.semaphore_collection,
+            ),
+        ];
+        settings
+            .iter()
+            .enumerate()
+            .find_map(|(index, (kind, name))| {
+                let (other, _) = settings[index + 1..]
+                    .iter()
+                    .find(|(_, other)| other.name == name.name)?;
+                Some(Problem::Argument(format!(
+                    "the provider keeps {kind} and {other} in the same collection {:?}: a lock of \
+                 each kind with the same name would share one document; give each kind a \
+                 collection of its own",
+                    name.name
+                )))
+            })
+    }
+
+    /// The collection `name` of this provider, or the error that its settings call for.
+    fn open(&self, name: &CollectionName) -> Result<Collection<Document>> {
+        Problem::check(self.shared_collection().as_ref())?;
+        name.open(&self.database)
+    }
+
     /// The provider's lock collections (exclusive, reader-writer, semaphore), each once.
     fn lock_collections(&self) -> Result<Vec<Collection<Document>>> {
         let mut names = vec![
@@ -330,10 +366,7 @@ impl Provider {
         ];
         names.sort_by(|a, b| a.name.cmp(&b.name));
         names.dedup_by(|a, b| a.name == b.name);
-        names
-            .into_iter()
-            .map(|name| name.open(&self.database))
-            .collect()
+        names.into_iter().map(|name| self.open(name)).collect()
     }
 
     /// Acquires `members` together (as [`acquire_all`](Self::acquire_all) does), runs `work`
@@ -373,20 +406,27 @@ impl Provider {
         LeaderElection::start(self.create_lock(name))
     }
 
-    /// Releases every lease held through this provider and its clones, and stops acquiring.
+    /// Releases every lease held through this provider and its clones, finishes or undoes
+    /// everything under way, and stops acquiring.
     ///
     /// Every held lease of the locks it created (locks, semaphore places, readers, writers,
     /// document locks, composite members) is marked lost (their `lost` signals fire first) and
-    /// released with one update each; releases already under way, such as those of guards
-    /// dropped earlier, are waited for too. Acquisitions waiting at that moment end with
-    /// [`Error::ShutDown`], and so does every later one (a lease an attempt in flight wins
-    /// meanwhile is released at once). Guards of this provider report
+    /// released with one update each. Work under way that could leave a lease behind is finished
+    /// or undone before this returns: releases and transfers already on their way (such as those
+    /// of guards dropped earlier) and cleanups are sent again (harmlessly, by lock id), and
+    /// acquisition attempts still in flight are waited for, at most until 5 s after they were
+    /// sent, and then cleaned up by their own lock id (a lease one of them wins meanwhile is
+    /// released at once). Acquisitions waiting at that moment end with [`Error::ShutDown`], and so
+    /// does every later one. Guards of this provider report
     /// [`Error::LockLost`](crate::Error::LockLost) from `release` afterwards. Call it when a
-    /// service stops, so that other instances need not wait for the leases to expire.
+    /// service stops, so that other instances need not wait for the leases to expire; the
+    /// runtime may be dropped as soon as it returns.
     ///
-    /// A failed release is logged; its lease ends by itself at its expiry. Locks of this
-    /// provider used on a runtime that has already shut down are not waited for (their leases
-    /// expire by themselves).
+    /// Everything is sent from the task that awaits this, not by the renewal loops, so it returns
+    /// in bounded time (each update waits at most `expiry` for its reply) even when a lock of the
+    /// provider was used on a runtime that is no longer driven. A failed update is logged; its
+    /// lease ends by itself at its expiry. Only a command delayed in the network for longer than
+    /// its attempt was waited for can still be applied afterwards (its lease then expires).
     ///
     /// ```no_run
     /// # async fn demo(provider: distributed_lock_mongodb::Provider) {
@@ -396,8 +436,8 @@ impl Provider {
     /// ```
     ///
     /// # Cancel safety
-    /// The provider is shut down from the first poll on; dropping the future only stops the
-    /// waiting for the releases, which go on in the background.
+    /// The provider is shut down from the first poll on; dropping the future stops the releases
+    /// and undos this task sends (releases already under way elsewhere go on).
     pub async fn shutdown(&self) {
         self.renewals.shut_down().await;
     }
@@ -585,7 +625,7 @@ impl Provider {
             .with_collection(self.semaphore_collection.name.as_str())
             .with_options(self.options.clone())
             .with_details(self.details.clone())
-            .with_renewals(&self.renewals)
+            .with_renewals(&self.renewals, self.shared_collection())
     }
 
     /// A reader-writer lock called `name`, with this provider's options and details, in its
@@ -598,7 +638,7 @@ impl Provider {
             .with_collection(self.reader_writer_collection.name.as_str())
             .with_options(self.options.clone())
             .with_details(self.details.clone())
-            .with_renewals(&self.renewals)
+            .with_renewals(&self.renewals, self.shared_collection())
     }
 
     /// A lock called `name` with this provider's collection and options (and details, with
@@ -608,7 +648,7 @@ impl Provider {
         MongoDistributedLock::new(name, &self.database)
             .with_collection(self.collection.name.as_str())
             .with_options(self.options.clone())
-            .with_provider_settings(&self.renewals, details)
+            .with_provider_settings(&self.renewals, details, self.shared_collection())
     }
 
     /// Locks in the documents of `collection` (see [`DocumentLock`]), with this provider's

@@ -4,23 +4,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::clock;
 use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use crate::error::shown_name;
 use crate::fencing::read_i64;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
 use crate::lease::held::{self, HeldLease};
-use crate::lease::renewal::RenewalHub;
+use crate::lease::hub::RenewalHub;
 use crate::lease::schema::new_lock_id;
 use crate::lease::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, READERS, RENEWED_AT,
     WAITING_WRITER, WRITER, lease_end, literal, live_members, next_fencing_token, retain,
 };
-use crate::lease::{Target, admin};
+use crate::lease::{Problem, Target, admin};
 use crate::{
     Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LostSignal, Result,
 };
@@ -146,8 +146,12 @@ impl MongoDistributedReaderWriterLock {
     }
 
     /// Shares `renewals` (a provider's).
-    pub(crate) fn with_renewals(mut self, renewals: &Arc<RenewalHub>) -> Self {
-        Arc::make_mut(&mut self.target).share_renewals(renewals);
+    pub(crate) fn with_renewals(
+        mut self,
+        renewals: &Arc<RenewalHub>,
+        refusal: Option<Problem>,
+    ) -> Self {
+        Arc::make_mut(&mut self.target).share_renewals(renewals, refusal);
         self
     }
 
@@ -423,7 +427,9 @@ impl MongoDistributedReaderWriterLock {
             // row, and while a writer holds the lock here the queue polls slowly.
             waiters: Some(&target.waiters),
             shared: mode == Mode::Read,
-            shut_down: target.renewals.shut_down_signal(),
+            // A waiting writer's attempts renew its marker: every waiting writer polls.
+            renews_while_waiting: mode == Mode::Write,
+            family: &target.renewals,
         }
     }
 }
@@ -438,7 +444,7 @@ async fn attempt(
     lock_id: String,
     update: Vec<Document>,
 ) -> Result<Option<(HeldLease, FencingToken)>> {
-    let sent_at = Instant::now();
+    let sent_at = clock::now();
     let document = target.upsert(update).await?;
     let Some(token) = won(&document, mode, &lock_id) else {
         return Ok(None);

@@ -3,21 +3,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock;
 use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
-use tokio::time::Instant;
 
 use crate::error::shown_name;
 use crate::fencing::read_i64;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
 use crate::lease::held;
-use crate::lease::renewal::RenewalHub;
+use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
     MAX_COUNT,
 };
-use crate::lease::{Target, admin};
+use crate::lease::{Problem, Target, admin};
 use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, Result};
 
 /// The default collection of semaphores.
@@ -108,8 +108,12 @@ impl MongoDistributedSemaphore {
     }
 
     /// Shares `renewals` (a provider's).
-    pub(crate) fn with_renewals(mut self, renewals: &Arc<RenewalHub>) -> Self {
-        Arc::make_mut(&mut self.target).share_renewals(renewals);
+    pub(crate) fn with_renewals(
+        mut self,
+        renewals: &Arc<RenewalHub>,
+        refusal: Option<Problem>,
+    ) -> Self {
+        Arc::make_mut(&mut self.target).share_renewals(renewals, refusal);
         self
     }
 
@@ -245,7 +249,8 @@ impl MongoDistributedSemaphore {
             checked,
             waiters: Some(&target.waiters),
             shared: false,
-            shut_down: target.renewals.shut_down_signal(),
+            renews_while_waiting: false,
+            family: &target.renewals,
         };
         let layout = Layout::Members(HOLDERS.to_owned());
         let joined = acquire::acquire(
@@ -288,7 +293,7 @@ async fn attempt(
     runtime: Handle,
     lock_id: String,
 ) -> Result<Option<Joined>> {
-    let sent_at = Instant::now();
+    let sent_at = clock::now();
     let update = join_update(&target, max_count, &lock_id);
     let document = target.upsert(update).await?;
     let stored_count = document.get(MAX_COUNT).and_then(read_i64);

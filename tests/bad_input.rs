@@ -347,3 +347,125 @@ async fn foreign_fencing_tokens_of_other_types_are_rebased() {
     }
     assert_eq!(panics.load(Ordering::SeqCst), 0);
 }
+
+/// A provider configured with one collection for two kinds of lock would let an exclusive lock
+/// and a reader-writer lock (or a semaphore) of the same name share one document, each kind's
+/// updates corrupting the other's. Every call that would use such a collection refuses it,
+/// naming both settings, and nothing is written.
+#[tokio::test]
+async fn a_provider_refuses_one_collection_for_two_kinds_of_lock() {
+    let panics = panics();
+    let database = common::database().await;
+    let shared = common::unique("shared");
+    let refused = |result: Result<(), Error>| match result {
+        Err(Error::InvalidArgument(message)) => {
+            assert!(message.contains(&shared), "{message}");
+            assert!(message.contains("with_collection"), "{message}");
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    for provider in [
+        distributed_lock_mongodb::Provider::new(&database)
+            .with_collection(shared.as_str())
+            .with_reader_writer_collection(shared.as_str()),
+        distributed_lock_mongodb::Provider::new(&database)
+            .with_collection(shared.as_str())
+            .with_semaphore_collection(shared.as_str()),
+    ] {
+        refused(provider.create_lock("n").try_acquire().await.map(|_| ()));
+        refused(
+            provider
+                .create_reader_writer_lock("n")
+                .try_acquire_read()
+                .await
+                .map(|_| ()),
+        );
+        refused(
+            provider
+                .create_semaphore("n", 2)
+                .try_acquire()
+                .await
+                .map(|_| ()),
+        );
+        refused(provider.status("n").await.map(|_| ()));
+        refused(provider.held_locks().await.map(|_| ()));
+        refused(provider.purge_expired().await.map(|_| ()));
+        refused(
+            provider
+                .acquire_all(&["a"], Duration::from_secs(1))
+                .await
+                .map(|_| ()),
+        );
+    }
+    let written = database
+        .collection::<Document>(&shared)
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(written, 0, "nothing was written");
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+}
+
+/// `$rename` writes the field its value names: an update renaming another field onto the lock
+/// field (or the fence field) would overwrite it. Document-lock commits and checkpoints and
+/// fenced writes refuse it, and write nothing.
+#[tokio::test]
+async fn renaming_a_field_onto_the_lock_or_fence_field_is_refused() {
+    let database = common::database().await;
+    let documents = database.collection::<Document>(&common::unique("renames"));
+    documents
+        .insert_one(doc! { "_id": "x", "draft": { "id": "forged" }, "status": "pending" })
+        .await
+        .unwrap();
+    let locks = distributed_lock_mongodb::DocumentLock::new(&documents);
+    let guard = locks.lock(doc! { "_id": "x" }).await.unwrap();
+    let checkpoint = guard
+        .checkpoint(doc! { "$rename": { "draft": "lock" } })
+        .await;
+    assert!(
+        matches!(checkpoint, Err(Error::InvalidArgument(_))),
+        "{checkpoint:?}"
+    );
+    let commit = guard
+        .commit(doc! { "$rename": { "draft": "lock.id" } })
+        .await;
+    assert!(
+        matches!(commit, Err(Error::InvalidArgument(_))),
+        "{commit:?}"
+    );
+    let stored = documents
+        .find_one(doc! { "_id": "x" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        stored.get_document("draft").is_ok(),
+        "nothing was renamed: {stored}"
+    );
+
+    let (lock, _) = common::fresh_lock("fenced", common::options(5_000, 1_000)).await;
+    let holder = lock.acquire().await.unwrap();
+    documents
+        .insert_one(doc! { "_id": "resource", "older": 1 })
+        .await
+        .unwrap();
+    let fenced = distributed_lock_mongodb::Fence::new()
+        .update_one(
+            &documents,
+            doc! { "_id": "resource" },
+            doc! { "$rename": { "older": "fencingToken" } },
+            holder.fencing_token(),
+        )
+        .await;
+    assert!(
+        matches!(fenced, Err(Error::InvalidArgument(_))),
+        "{fenced:?}"
+    );
+    let stored = documents
+        .find_one(doc! { "_id": "resource" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.get_i32("older").unwrap(), 1, "nothing was renamed");
+    holder.release().await.unwrap();
+}

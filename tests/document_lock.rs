@@ -449,3 +449,84 @@ async fn lock_or_insert_reports_a_duplicate_on_another_unique_index_instead_of_w
     assert_eq!(guard.document().id, "first");
     guard.release().await.unwrap();
 }
+
+/// A locked document whose reply carries no numeric fencing token (impossible on a conforming
+/// server: the lock's own update writes it) is an `UnexpectedReply`, as for every other kind,
+/// never a guard with token 0. The proxy answers the locking `findAndModify` in the server's
+/// place with such a document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_document_without_a_fencing_token_is_an_unexpected_reply() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let jobs = client
+        .database(common::DATABASE)
+        .collection::<Job>(&common::unique("jobs"));
+    jobs.insert_one(job("x")).await.unwrap();
+    let tokenless = doc! {
+        "ok": 1.0,
+        "lastErrorObject": { "n": 1, "updatedExisting": true },
+        "value": {
+            "_id": "x", "status": "pending", "attempts": 0,
+            "lock": { "id": "whoever", "expiresAt": mongodb::bson::DateTime::now() },
+        },
+    };
+    proxy.add_rule(common::proxy::Rule::new(
+        "findAndModify",
+        common::proxy::Action::Reply(tokenless),
+    ));
+    let outcome = DocumentLock::new(&jobs).try_lock(doc! { "_id": "x" }).await;
+    assert!(
+        matches!(outcome, Err(Error::UnexpectedReply(_))),
+        "{outcome:?}"
+    );
+}
+
+/// The cleanup of a document-lock attempt whose outcome is unknown filters by the attempt's
+/// lock id alone (which document it locked is unknown), so it must be a multi-document update:
+/// a sharded collection accepts those without the shard key on every MongoDB version, where a
+/// single-document update without the shard key needs 7.0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cleanup_after_an_unknown_outcome_is_a_multi_document_update() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let (database, commands) = common::counting_database_on(
+        &format!("mongodb://{}/?directConnection=true", proxy.address()),
+        |_| {},
+    )
+    .await;
+    drop(client);
+    let name = common::unique("jobs");
+    let jobs = database.collection::<Job>(&name);
+    jobs.insert_one(job("x")).await.unwrap();
+    proxy.add_rule(
+        common::proxy::Rule::new("findAndModify", common::proxy::Action::DropReplyAndClose)
+            .on(&name),
+    );
+    let outcome = DocumentLock::new(&jobs).try_lock(doc! { "_id": "x" }).await;
+    assert!(outcome.is_err(), "the reply was lost: {outcome:?}");
+    let unlocked = common::eventually(Duration::from_secs(10), || async {
+        raw(&jobs)
+            .find_one(doc! { "_id": "x" })
+            .await
+            .unwrap()
+            .is_some_and(|stored| {
+                stored
+                    .get_document("lock")
+                    .is_ok_and(|lock| !lock.contains_key("id"))
+            })
+    })
+    .await;
+    assert!(unlocked, "the cleanup unlocked the document");
+    let cleanups = commands.updates();
+    let cleanup = cleanups
+        .iter()
+        .find(|update| update.get_str("update") == Ok(name.as_str()))
+        .expect("a cleanup update was sent");
+    let statement = cleanup.get_array("updates").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
+    assert_eq!(statement.get_bool("multi"), Ok(true), "{statement}");
+    assert!(
+        !statement.get_document("q").unwrap().contains_key("_id"),
+        "{statement}"
+    );
+}

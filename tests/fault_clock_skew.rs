@@ -176,3 +176,79 @@ async fn a_writer_whose_lease_ended_for_one_router_is_not_revived_by_another() {
     reader.release().await.unwrap();
     assert!(writer.release().await.unwrap_err().is_lock_lost());
 }
+
+/// Steps the embedded server's clock by `millis` (launcher shim 7).
+async fn step_clock(database: &Database, millis: i64) {
+    database
+        .run_command(doc! { "mongoecoStepClock": millis })
+        .await
+        .expect("the embedded server steps its clock");
+}
+
+/// A forward step of the server's clock (an NTP step, a resumed virtual machine) larger than
+/// `max_clock_skew` makes a lease written before it end early in real time: another client could
+/// take the lock while its holder's local deadline has not passed yet. The holder notices at its
+/// next renewal (the server's clock advanced by more than the local time between two replies
+/// plus the skew) and reports the lease lost, although that renewal matched. A step within the
+/// skew is not a loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_step_of_the_servers_clock_beyond_the_skew_is_reported_as_a_loss() {
+    let dedicated = server::start_dedicated(None);
+    let database = database(&dedicated.uri).await;
+    let collection = common::unique("locks");
+    let name = common::unique("stepped");
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(10))
+        .extension_cadence(Duration::from_millis(500))
+        .max_clock_skew(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let lock = MongoDistributedLock::new(name.as_str(), &database)
+        .with_collection(collection.as_str())
+        .with_options(options);
+    let guard = lock.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await; // renewals have read the clock
+
+    step_clock(&database, 200).await; // within the skew
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!guard.is_lost(), "a step within max_clock_skew is no loss");
+
+    step_clock(&database, 3_000).await;
+    tokio::time::timeout(Duration::from_secs(5), guard.lost().wait())
+        .await
+        .expect("the jump is noticed at the next renewal");
+    // The renewal matched: the lease is still ours on the server, so only the clock check can
+    // have reported it lost.
+    let (now, expires_at) = now_and_expiry(&dedicated.uri, &collection, &name).await;
+    assert!(expires_at > now, "the lease is live on the server");
+    let stored = database
+        .collection::<Document>(&collection)
+        .find_one(doc! { "_id": &name })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(stored.get_str("lockId").is_ok(), "and still held");
+    assert!(guard.release().await.unwrap_err().is_lock_lost());
+}
+
+/// A backward step of the server's clock only makes leases last longer in real time, so it is
+/// not reported; fencing tokens keep increasing across it (the document keeps the last token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backward_step_of_the_servers_clock_keeps_the_lease_and_the_token_order() {
+    let dedicated = server::start_dedicated(None);
+    let database = database(&dedicated.uri).await;
+    let collection = common::unique("locks");
+    let lock = MongoDistributedLock::new(common::unique("stepped-back"), &database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(5_000, 500));
+    let first = lock.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    step_clock(&database, -60_000).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!first.is_lost(), "a backward step is no loss");
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    let second = lock.acquire().await.unwrap();
+    assert!(second.fencing_token() > token, "tokens keep increasing");
+    second.release().await.unwrap();
+}

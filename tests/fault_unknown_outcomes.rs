@@ -217,24 +217,32 @@ async fn a_hung_renewal_does_not_stall_the_other_leases_of_the_provider() {
     let provider = Provider::new(&client.database(common::DATABASE))
         .with_collection(collection.as_str())
         .with_options(common::options(3_000, 500));
-    let a = provider.create_lock("a").acquire().await.unwrap();
-    let b = provider.create_lock("b").acquire().await.unwrap();
-    // The next renewal (one command for both leases) is applied, then its connection goes
-    // half-open: the driver would wait for its reply for ever.
-    let hung = proxy.add_rule(Rule::new("update", Action::ApplyThenHang).on(&collection));
+    let names = ["a", "b", "c"];
+    let mut guards = Vec::new();
+    for name in names {
+        guards.push(provider.create_lock(name).acquire().await.unwrap());
+    }
+    // A round renews one lease with a findAndModify (it reads the server's clock) and the
+    // others with one update. The next of each is applied, then its connection goes half-open:
+    // the driver would wait for its reply for ever.
+    let hung_batch = proxy.add_rule(Rule::new("update", Action::ApplyThenHang).on(&collection));
+    let hung_single =
+        proxy.add_rule(Rule::new("findAndModify", Action::ApplyThenHang).on(&collection));
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(proxy.hits(hung), 1, "a renewal hung");
+    assert_eq!(proxy.hits(hung_batch), 1, "a renewal of two leases hung");
+    assert_eq!(proxy.hits(hung_single), 1, "a renewal of one lease hung");
     assert!(
-        !a.is_lost() && !b.is_lost(),
+        guards.iter().all(|guard| !guard.is_lost()),
         "later renewals went out on other connections"
     );
     let control = common::database().await.collection::<Document>(&collection);
-    for name in ["a", "b"] {
+    for name in names {
         let (now, expires_at) = common::server_now_and_expiry(&control, name).await;
         assert!(expires_at.expect("held") > now, "{name}'s lease is live");
     }
-    a.release().await.unwrap();
-    b.release().await.unwrap();
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,4 +378,64 @@ async fn a_release_that_meets_an_election_or_a_hung_connection_is_sent_again() {
     println!("hung release: released after {:?}", started.elapsed());
     let next = direct.try_acquire().await.unwrap().expect("released");
     next.release().await.unwrap();
+}
+
+/// A caller that stops waiting while its attempt is applied but unanswered (a half-open
+/// connection) must not leave the lease behind until it expires: the attempt's time limit and
+/// cleanup belong to the crate, not to the caller's future. Three ways to stop waiting: a
+/// timeout around `acquire()`, an aborted task, and a leader election that resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_stops_waiting_leaves_no_lease_behind_when_its_attempt_hangs() {
+    for way in ["timeout", "abort", "resign"] {
+        let (proxy, client) = proxy::proxied_client().await;
+        let collection = common::unique("locks");
+        let name = common::unique("cancelled");
+        let lock = MongoDistributedLock::new(name.as_str(), &client.database(common::DATABASE))
+            .with_collection(collection.as_str())
+            .with_options(long_lease());
+        let hung =
+            proxy.add_rule(Rule::new("findAndModify", Action::ApplyThenHang).on(&collection));
+        match way {
+            "timeout" => {
+                let outcome =
+                    tokio::time::timeout(Duration::from_millis(300), lock.acquire()).await;
+                assert!(outcome.is_err(), "the caller gave up");
+            }
+            "abort" => {
+                let waiting = tokio::spawn({
+                    let lock = lock.clone();
+                    async move { lock.acquire().await }
+                });
+                assert!(
+                    common::eventually(Duration::from_secs(5), || async { proxy.hits(hung) == 1 })
+                        .await
+                );
+                waiting.abort();
+            }
+            _ => {
+                let election =
+                    distributed_lock_mongodb::LeaderElection::start(lock.clone()).unwrap();
+                assert!(
+                    common::eventually(Duration::from_secs(5), || async { proxy.hits(hung) == 1 })
+                        .await
+                );
+                election.resign().await.unwrap();
+            }
+        }
+        assert_eq!(
+            proxy.hits(hung),
+            1,
+            "{way}: the attempt was applied and hung"
+        );
+        let direct = MongoDistributedLock::new(name.as_str(), &common::database().await)
+            .with_collection(collection.as_str());
+        let took = free_within_five_seconds(|| async {
+            match direct.try_acquire().await.unwrap() {
+                Some(guard) => guard.release().await.is_ok(),
+                None => false,
+            }
+        })
+        .await;
+        println!("cancelled caller ({way}): the name was free {took:?} later");
+    }
 }

@@ -407,3 +407,102 @@ async fn locks_built_apart_never_hand_over_to_each_other() {
     );
     next.release().await.unwrap();
 }
+
+/// A waiter whose deadline passes while a release is handing it the lock (the proxy delays the
+/// transfer past the deadline) gets the lock: the release took its offer before the deadline,
+/// so the lock was handed to it before its call returned, and it is never told `Timeout` for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_deadline_passes_during_its_transfer_gets_the_lock_not_a_timeout() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let database = client.database(common::DATABASE);
+    let (lock, collection) = sleepy_lock(&database, "late-transfer");
+    let guard = lock.acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire_timeout(Duration::from_secs(1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // it has queued, with its offer
+    let transfer = proxy.add_rule(
+        Rule::new("findAndModify", Action::Delay(Duration::from_millis(1_500)))
+            .where_present("query.lockId.$in"),
+    );
+    let release = tokio::spawn(guard.release());
+    let outcome = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter returns")
+        .unwrap();
+    assert_eq!(proxy.hits(transfer), 1, "the transfer was delayed");
+    release.await.unwrap().unwrap();
+    let handed = outcome.expect("the lock handed over is returned, not a timeout");
+    let stored = stored(&collection, lock.name()).await;
+    assert_eq!(
+        stored.get_i64("fencingToken").unwrap(),
+        handed.fencing_token().get(),
+        "the waiter holds the stored lease"
+    );
+    handed.release().await.unwrap();
+}
+
+/// A release whose runtime shuts down while it hands the lock to a waiter on another runtime
+/// leaves no lease behind: the waiter hears that the transfer's outcome is unknown, ends both
+/// leases (the releasing one and its own) from its own runtime, and then acquires the lock
+/// long before the 30 s leases would have expired.
+#[test]
+fn a_transfer_cut_short_by_its_runtimes_end_leaves_no_lease_behind() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let releasing = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(30))
+        .busy_wait_sleep_time(Duration::from_millis(50), Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let (proxy, provider) = main.block_on(async {
+        let (proxy, client) = common::proxy::proxied_client().await;
+        let provider = distributed_lock_mongodb::Provider::new(&client.database(common::DATABASE))
+            .with_collection(common::unique("locks"))
+            .with_options(options);
+        (proxy, provider)
+    });
+    let name = common::unique("cut-short");
+    // Held on the releasing runtime: its renewal loop, and its release, run there.
+    let guard = releasing
+        .block_on(provider.create_lock(name.as_str()).acquire())
+        .unwrap();
+    let waiter = main.spawn({
+        let lock = provider.create_lock(name.as_str());
+        async move { lock.acquire_timeout(Duration::from_secs(20)).await }
+    });
+    let transfer = proxy.add_rule(
+        Rule::new("findAndModify", Action::Delay(Duration::from_millis(1_000)))
+            .where_present("query.lockId.$in"),
+    );
+    main.block_on(async {
+        tokio::time::sleep(Duration::from_millis(300)).await; // the waiter has queued
+    });
+    releasing.spawn(guard.release());
+    main.block_on(async {
+        let sent = common::eventually(Duration::from_secs(10), || async {
+            proxy.hits(transfer) == 1
+        })
+        .await;
+        assert!(sent, "the release hands the lock over");
+    });
+    // The releasing runtime ends while the transfer is on its way.
+    releasing.shutdown_background();
+    let outcome = main.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter gets the lock long before the leases' expiry")
+            .unwrap()
+    });
+    let guard = outcome.expect("acquired");
+    main.block_on(guard.release()).unwrap();
+}

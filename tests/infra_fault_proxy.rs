@@ -367,6 +367,58 @@ async fn delay_forwards_late() {
     assert!(exists(&control, "a").await);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_reply_applies_at_once_and_answers_late() {
+    let (proxy, proxied, control, _client) = setup().await;
+    let delay = Duration::from_millis(600);
+    proxy.add_rule(Rule::new("insert", Action::DelayReply(delay)));
+    let started = Instant::now();
+    let inserting = tokio::spawn({
+        let proxied = proxied.clone();
+        async move { proxied.insert_one(doc! { "_id": "a" }).await }
+    });
+    assert!(
+        common::eventually(Duration::from_secs(10), || exists(&control, "a")).await,
+        "the insert was applied"
+    );
+    let applied_after = started.elapsed();
+    inserting.await.unwrap().unwrap();
+    let answered_after = started.elapsed();
+    assert!(answered_after >= delay, "{answered_after:?}");
+    assert!(
+        applied_after < answered_after,
+        "applied before it was answered"
+    );
+}
+
+#[tokio::test]
+async fn a_rule_may_require_a_field_to_be_present() {
+    let (proxy, proxied, _control, _client) = setup().await;
+    let rule = proxy.add_rule(
+        Rule::new(
+            "aggregate",
+            Action::Reply(replies::command_error(123, "NotAReplicaSet")),
+        )
+        .where_present("readConcern.level")
+        .times(usize::MAX),
+    );
+    let error = proxied
+        .aggregate([doc! { "$match": {} }])
+        .read_concern(ReadConcern::majority())
+        .await
+        .unwrap_err();
+    assert_eq!(code(&error), Some(123));
+    let rows: Vec<Document> = proxied
+        .aggregate([doc! { "$match": {} }])
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(rows.is_empty());
+    assert_eq!(proxy.hits(rule), 1);
+}
+
 #[tokio::test]
 async fn rules_act_in_order_and_are_spent_after_times_hits() {
     let (proxy, proxied, _control, _client) = setup().await;

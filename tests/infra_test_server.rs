@@ -1,8 +1,13 @@
-//! The test server answers the driver calls the suites rely on. On the embedded mongoeco server
-//! this checks the launcher's two reply-format shims (cursor ids as Int64; Int64 limit, skip and
-//! batchSize accepted); on a real MongoDB it is a plain smoke test.
+//! The test server answers the driver calls the suites rely on, and its launcher's shims make it
+//! behave like MongoDB (scripts/mongoeco_server.py). On the embedded mongoeco server this checks
+//! the shims, each test citing the MongoDB manual page it imitates: the reply formats (cursor ids
+//! as Int64; Int64 limit, skip and batchSize accepted), writes waiting behind open transactions,
+//! and a clock that can be stepped. On a real MongoDB the first two are plain checks of the
+//! behaviour the shims imitate; the clock tests always start an embedded server of their own.
 
 mod common;
+
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::IndexModel;
@@ -70,4 +75,236 @@ async fn find_one_find_aggregate_and_list_indexes_work() {
     let names = collection.list_index_names().await.unwrap();
     assert!(names.contains(&"_id_".to_owned()), "{names:?}");
     assert!(names.contains(&"group_1".to_owned()), "{names:?}");
+}
+
+// ---- Shim 6: writes wait behind open transactions ----
+
+/// The server for the transaction tests: `MONGODB_URI` when it is set (a real replica set shows
+/// the behaviour the shim imitates), otherwise a dedicated embedded server with `args`.
+fn server_with(args: &[&str]) -> (String, Option<common::server::Dedicated>) {
+    match std::env::var("MONGODB_URI") {
+        Ok(uri) => (uri, None),
+        Err(_) => {
+            let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+            let dedicated = common::server::start_dedicated_with(&args);
+            (dedicated.uri.clone(), Some(dedicated))
+        }
+    }
+}
+
+fn error_code(error: &mongodb::error::Error) -> Option<i32> {
+    match &*error.kind {
+        mongodb::error::ErrorKind::Command(command) => Some(command.code),
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(write)) => {
+            Some(write.code)
+        }
+        _ => None,
+    }
+}
+
+/// MongoDB manual, "Production Considerations" for transactions, section "In-progress
+/// Transactions and Write Conflicts": when a transaction has modified a document, a write outside
+/// the transaction to that document waits until the transaction ends. A `maxTimeMS` limits the
+/// wait (error MaxTimeMSExpired, 50: manual, "Terminate Running Operations", `maxTimeMS`). The
+/// waiting write's `$$NOW` is the one its command started with (manual, "Variables in
+/// Aggregation Expressions": `$$NOW` stays the same for the whole operation). Writes to other
+/// documents go on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_a_document_an_open_transaction_wrote_waits_until_it_ends() {
+    let (uri, _server) = server_with(&[]);
+    let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
+    let database = client.database(common::DATABASE);
+    let name = common::unique("in-transaction");
+    let collection = database.collection::<Document>(&name);
+    collection
+        .insert_many([doc! { "_id": "a", "n": 0 }, doc! { "_id": "b", "n": 0 }])
+        .await
+        .unwrap();
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    collection
+        .update_one(doc! { "_id": "a" }, doc! { "$set": { "n": 1 } })
+        .session(&mut session)
+        .await
+        .unwrap();
+
+    let other = mongodb::Client::with_uri_str(&uri).await.unwrap();
+    let others = other
+        .database(common::DATABASE)
+        .collection::<Document>(&name);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        others.update_one(doc! { "_id": "b" }, doc! { "$set": { "n": 5 } }),
+    )
+    .await
+    .expect("a document the transaction did not write is not held back")
+    .unwrap();
+
+    let started = std::time::Instant::now();
+    let limited = other
+        .database(common::DATABASE)
+        .run_command(doc! {
+            "update": &name,
+            "updates": [{ "q": { "_id": "a" }, "u": { "$set": { "n": 2 } } }],
+            "maxTimeMS": 300,
+        })
+        .await;
+    let waited = started.elapsed();
+    let error = limited.expect_err("the write waited past its maxTimeMS");
+    assert_eq!(error_code(&error), Some(50), "{error}");
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+
+    let waiting = tokio::spawn({
+        let others = others.clone();
+        async move {
+            others
+                .update_one(
+                    doc! { "_id": "a" },
+                    vec![doc! { "$set": { "n": { "$add": ["$n", 10] }, "at": "$$NOW" } }],
+                )
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the write waits for the transaction"
+    );
+    let before_end = common::server_now_and_expiry(&collection, "none").await.0;
+    // Aborted rather than committed: the embedded server refuses any commit after another
+    // write anywhere (the one to "b" above), where a real server would commit; ending the
+    // transaction either way lets the write go on.
+    session.abort_transaction().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the write goes on once the transaction ended")
+        .unwrap()
+        .unwrap();
+    let stored = collection
+        .find_one(doc! { "_id": "a" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.get_i32("n").unwrap(),
+        10,
+        "applied after the transaction ended"
+    );
+    let at = *stored.get_datetime("at").unwrap();
+    assert!(
+        at < before_end,
+        "its $$NOW ({at}) was fixed when it arrived, before it waited ({before_end})"
+    );
+}
+
+/// MongoDB manual, "Production Considerations" for transactions, "Runtime Limit": a transaction
+/// open longer than `transactionLifetimeLimitSeconds` is aborted by the server, so writes waiting
+/// behind it go on (the embedded server takes the limit as an argument; MongoDB's default is 60 s),
+/// and its commit then fails with NoSuchTransaction (251), labelled TransientTransactionError
+/// (manual, "Drivers API": retry the whole transaction on that label).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_past_its_lifetime_limit_is_aborted_and_stops_holding_writes_back() {
+    let dedicated = common::server::start_dedicated_with(&[
+        "--transaction-lifetime-limit-seconds".to_owned(),
+        "1".to_owned(),
+    ]);
+    let client = mongodb::Client::with_uri_str(&dedicated.uri).await.unwrap();
+    let collection = client
+        .database(common::DATABASE)
+        .collection::<Document>(&common::unique("lifetime"));
+    collection
+        .insert_one(doc! { "_id": "a", "n": 0 })
+        .await
+        .unwrap();
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    collection
+        .update_one(doc! { "_id": "a" }, doc! { "$set": { "n": 1 } })
+        .session(&mut session)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        collection.update_one(doc! { "_id": "a" }, doc! { "$set": { "n": 2 } }),
+    )
+    .await
+    .expect("the write goes on once the transaction is aborted")
+    .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(500), "it waited");
+    let commit = session.commit_transaction().await;
+    let error = commit.expect_err("the server aborted the transaction");
+    assert_eq!(error_code(&error), Some(251), "NoSuchTransaction: {error}");
+    assert!(error.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR));
+    let stored = collection
+        .find_one(doc! { "_id": "a" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.get_i32("n").unwrap(),
+        2,
+        "the transaction's write is gone"
+    );
+}
+
+// ---- Shim 7: the server's clock can be stepped ----
+
+async fn step_clock(database: &mongodb::Database, millis: i64) -> i64 {
+    let reply = database
+        .run_command(doc! { "mongoecoStepClock": millis })
+        .await
+        .expect("the embedded server steps its clock");
+    reply
+        .get_i64("offsetMs")
+        .or_else(|_| reply.get_i32("offsetMs").map(i64::from))
+        .unwrap()
+}
+
+/// MongoDB manual, "Variables in Aggregation Expressions" (`$$NOW`: the current datetime of the
+/// server that runs the operation) and "TTL Indexes" (a background task on the server deletes
+/// documents whose indexed date plus `expireAfterSeconds` is before the server's current time):
+/// both read the server's system clock, so stepping that clock (an NTP step, a resumed virtual
+/// machine) moves both. The embedded server's clock is stepped by a command of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_servers_clock_steps_forward_and_back_for_now_and_ttl() {
+    let dedicated = common::server::start_dedicated(None);
+    let client = mongodb::Client::with_uri_str(&dedicated.uri).await.unwrap();
+    let database = client.database(common::DATABASE);
+    let collection = database.collection::<Document>(&common::unique("clock"));
+    collection
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! { "expiresAt": 1 })
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .expire_after(Duration::ZERO)
+                        .build(),
+                )
+                .build(),
+        )
+        .await
+        .unwrap();
+    let before = common::server_now_and_expiry(&collection, "none").await.0;
+    let expires_at = mongodb::bson::DateTime::from_millis(before.timestamp_millis() + 30_000);
+    collection
+        .insert_one(doc! { "_id": "lease", "expiresAt": expires_at })
+        .await
+        .unwrap();
+
+    assert_eq!(step_clock(&database, 60_000).await, 60_000);
+    let ahead = common::server_now_and_expiry(&collection, "lease").await;
+    let moved = ahead.0.timestamp_millis() - before.timestamp_millis();
+    assert!((60_000..65_000).contains(&moved), "$$NOW moved {moved} ms");
+    assert_eq!(ahead.1, None, "the TTL deletion follows the stepped clock");
+
+    assert_eq!(step_clock(&database, -60_000).await, 0);
+    let back = common::server_now_and_expiry(&collection, "none").await.0;
+    let moved = back.timestamp_millis() - before.timestamp_millis();
+    assert!((0..5_000).contains(&moved), "$$NOW is back: {moved} ms");
+
+    let refused = database
+        .run_command(doc! { "mongoecoStepClock": "soon" })
+        .await;
+    assert_eq!(error_code(&refused.unwrap_err()), Some(14));
 }

@@ -164,3 +164,44 @@ async fn shutting_down_the_provider_ends_the_term_and_the_campaign() {
     election.resign().await.unwrap();
     theirs.resign().await.unwrap();
 }
+
+/// Resigning after the term ended by a loss, before a new one started, tells the caller that its
+/// leadership had lapsed (`LockLost`), as documented; resigning without ever having led is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resigning_after_a_lost_term_reports_the_loss() {
+    let database = common::database().await;
+    let collection = common::unique("leaders");
+    let name = common::unique("leader");
+    let provider = provider(&database, &collection, common::options(4_000, 400));
+    let election = provider.create_leader_election(name.as_str()).unwrap();
+    elected(&election).await;
+    // Another instance takes the lock over once the lease is gone: no new term can start here.
+    let mut leading = election.watch();
+    let locks = database.collection::<Document>(&collection);
+    locks
+        .delete_one(doc! { "_id": name.as_str() })
+        .await
+        .unwrap();
+    let other = Provider::new(&common::database().await)
+        .with_collection(collection.as_str())
+        .create_lock(name.as_str());
+    let taken = other.acquire_timeout(Duration::from_secs(5)).await.unwrap();
+    tokio::time::timeout(ELECTED_WITHIN, leading.wait_for(|leader| !*leader))
+        .await
+        .expect("stepped down once the renewal found the lease gone")
+        .unwrap();
+    let resigned = election.resign().await;
+    assert!(
+        matches!(
+            resigned,
+            Err(distributed_lock_mongodb::Error::LockLost { .. })
+        ),
+        "{resigned:?}"
+    );
+    // An instance that never led resigns cleanly.
+    let never = provider.create_leader_election(name.as_str()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!never.is_leader());
+    never.resign().await.unwrap();
+    taken.release().await.unwrap();
+}

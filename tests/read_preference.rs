@@ -45,13 +45,13 @@ async fn renewal_status_and_existence_reads_ignore_the_clients_read_defaults() {
     let provider = Provider::new(&database)
         .with_collection(collection.as_str())
         .with_options(common::options(3_000, 300));
-    let kept = provider.create_lock("kept").acquire().await.unwrap();
-    let doomed = provider.create_lock("doomed").acquire().await.unwrap();
+    let (kept, doomed) = four_locks(&provider).await;
     commands.clear();
-    // One of two leases vanishes: the renewal matches fewer leases than it sent and reads back
-    // which are still live. That read decides who keeps a lock.
+    // Two of four leases vanish: a round renews one lease alone and the others in one update,
+    // which then matches fewer leases than it sent and reads back which are still live. That
+    // read decides who keeps a lock.
     delete_and_wait_until_lost(&collection, doomed).await;
-    assert!(!kept.is_lost());
+    assert!(kept.iter().all(|guard| !guard.is_lost()));
     let renewal_reads = commands.reads();
     assert!(
         renewal_reads.iter().any(|read| read
@@ -61,9 +61,9 @@ async fn renewal_status_and_existence_reads_ignore_the_clients_read_defaults() {
         "the renewal read-back is linearizable: {renewal_reads:?}"
     );
 
-    let status = provider.status("kept").await.unwrap().unwrap();
+    let status = provider.status("kept-1").await.unwrap().unwrap();
     assert!(status.is_held());
-    assert_eq!(provider.held_locks().await.unwrap().len(), 1);
+    assert_eq!(provider.held_locks().await.unwrap().len(), 2);
 
     let jobs = database.collection::<Document>(&common::unique("jobs"));
     let locks = DocumentLock::new(&jobs);
@@ -71,7 +71,9 @@ async fn renewal_status_and_existence_reads_ignore_the_clients_read_defaults() {
     assert!(matches!(error, Error::DocumentNotFound { .. }), "{error}");
 
     assert_reads_are_fresh(&commands.reads());
-    kept.release().await.unwrap();
+    for guard in kept {
+        guard.release().await.unwrap();
+    }
 }
 
 /// A standalone server refuses read concern `linearizable` (NotAReplicaSet, 123). The renewal
@@ -93,29 +95,50 @@ async fn the_renewal_read_back_falls_back_to_local_where_linearizable_is_refused
     let provider = Provider::new(&client.database(common::DATABASE))
         .with_collection(collection.as_str())
         .with_options(common::options(3_000, 300));
-    let kept = provider.create_lock("kept").acquire().await.unwrap();
-    let doomed = provider.create_lock("doomed").acquire().await.unwrap();
+    let (kept, doomed) = four_locks(&provider).await;
     delete_and_wait_until_lost(&collection, doomed).await;
     assert!(
         proxy.hits(refused) >= 1,
         "the read-back asked for linearizable"
     );
-    // Past the kept lease's own expiry: only renewals that were confirmed keep it.
+    // Past the kept leases' own expiry: only renewals that were confirmed keep them.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(!kept.is_lost(), "the lease still ours is kept");
-    kept.release().await.unwrap();
+    assert!(
+        kept.iter().all(|guard| !guard.is_lost()),
+        "the leases still ours are kept"
+    );
+    for guard in kept {
+        guard.release().await.unwrap();
+    }
 }
 
-/// Deletes the lock document of `doomed` behind its holder's back and waits (at most 3 s, the
-/// expiry these tests use) for the renewal to find it gone.
-async fn delete_and_wait_until_lost(collection: &str, doomed: LockGuard) {
-    common::database()
-        .await
-        .collection::<Document>(collection)
-        .delete_one(doc! { "_id": doomed.name() })
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(3), doomed.lost().wait())
-        .await
-        .expect("the deleted lock is lost");
+/// Two locks to keep and two to lose, all renewed by one loop.
+async fn four_locks(provider: &Provider) -> (Vec<LockGuard>, Vec<LockGuard>) {
+    let mut kept = Vec::new();
+    let mut doomed = Vec::new();
+    for name in ["kept-1", "kept-2"] {
+        kept.push(provider.create_lock(name).acquire().await.unwrap());
+    }
+    for name in ["doomed-1", "doomed-2"] {
+        doomed.push(provider.create_lock(name).acquire().await.unwrap());
+    }
+    (kept, doomed)
+}
+
+/// Deletes the lock documents of `doomed` behind their holder's back and waits (at most 3 s, the
+/// expiry these tests use) for the renewals to find them gone. At least one of them is renewed
+/// with another lease in one update (only one lease of a round is renewed alone).
+async fn delete_and_wait_until_lost(collection: &str, doomed: Vec<LockGuard>) {
+    let locks = common::database().await.collection::<Document>(collection);
+    for guard in &doomed {
+        locks
+            .delete_one(doc! { "_id": guard.name() })
+            .await
+            .unwrap();
+    }
+    for guard in doomed {
+        tokio::time::timeout(Duration::from_secs(3), guard.lost().wait())
+            .await
+            .expect("the deleted lock is lost");
+    }
 }

@@ -576,3 +576,78 @@ async fn a_writers_release_wakes_every_local_reader_waiting_behind_it() {
         reader.abort();
     }
 }
+
+/// Every waiting writer keeps its waiting-writer marker in place, also one queued behind another
+/// local waiter: in one process only the first waiter polls for the lock, but a writer's
+/// attempts are what renew its marker, so a writer polls (at the slowest busy-wait pace) even
+/// behind others. Without that its marker lapses, readers of other processes slip in, and the
+/// writer is overtaken by the reader queued before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_queued_behind_a_local_reader_keeps_its_marker_and_goes_first() {
+    let (database, commands) = common::counting_database().await;
+    let collection = common::unique("rw");
+    let name = common::unique("rw");
+    // Busy-wait up to 200 ms: the marker's lease is 2 × 200 ms + 1 s = 1.4 s.
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(10))
+        .busy_wait_sleep_time(Duration::from_millis(5), Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let provider = Provider::new(&database)
+        .with_reader_writer_collection(collection.as_str())
+        .with_options(options);
+    let other = MongoDistributedReaderWriterLock::new(name.as_str(), &common::database().await)
+        .with_collection(collection.as_str());
+    let writing_elsewhere = other.acquire_write().await.unwrap();
+
+    let attempts = || commands.count("findAndModify");
+    let reader = tokio::spawn({
+        let lock = provider.create_reader_writer_lock(name.as_str());
+        async move { lock.acquire_read().await }
+    });
+    assert!(common::eventually(Duration::from_secs(5), || async { attempts() >= 1 }).await);
+    tokio::time::sleep(Duration::from_millis(50)).await; // its reply is in: it has queued
+    let before = attempts();
+    let writer = tokio::spawn({
+        let lock = provider.create_reader_writer_lock(name.as_str());
+        async move { lock.acquire_write().await }
+    });
+    assert!(common::eventually(Duration::from_secs(5), || async { attempts() > before }).await);
+
+    // Three marker leases later the writer's marker is still there.
+    tokio::time::sleep(Duration::from_millis(4_200)).await;
+    let control = common::database().await.collection::<Document>(&collection);
+    let stored = common::lock_document(&control, &name).await.unwrap();
+    let marker_ends = *stored
+        .get_document("waitingWriter")
+        .expect("a waiting-writer marker")
+        .get_datetime("expiresAt")
+        .unwrap();
+    let (now, _) = common::server_now_and_expiry(&control, &name).await;
+    assert!(
+        marker_ends > now,
+        "the marker is live ({marker_ends} vs now {now})"
+    );
+    assert!(
+        other.try_acquire_read().await.unwrap().is_none(),
+        "readers elsewhere are held back"
+    );
+
+    writing_elsewhere.release().await.unwrap();
+    let write = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the writer gets in")
+        .unwrap()
+        .unwrap();
+    assert!(
+        !reader.is_finished(),
+        "the reader queued first waits for the writer"
+    );
+    write.release().await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .expect("then the reader")
+        .unwrap()
+        .unwrap();
+    read.release().await.unwrap();
+}

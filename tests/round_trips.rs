@@ -271,14 +271,21 @@ async fn create_indexes_accepts_an_equivalent_index_and_reports_a_short_one() {
         .create_index(ttl_index("theirs", Duration::from_secs(60)))
         .await
         .unwrap();
-    let same = |collection: &str| {
+    // The other kinds in fresh collections of their own (one collection may not serve two kinds).
+    let with_exclusive_locks_in = |collection: &str| {
         Provider::new(&database)
             .with_collection(collection)
-            .with_reader_writer_collection(collection)
-            .with_semaphore_collection(collection)
+            .with_reader_writer_collection(common::unique("rw"))
+            .with_semaphore_collection(common::unique("semaphores"))
     };
-    same(&long).create_indexes().await.unwrap();
-    let error = same(&short).create_indexes().await.unwrap_err();
+    with_exclusive_locks_in(&long)
+        .create_indexes()
+        .await
+        .unwrap();
+    let error = with_exclusive_locks_in(&short)
+        .create_indexes()
+        .await
+        .unwrap_err();
     assert!(
         matches!(error, distributed_lock_mongodb::Error::Mongo(_)),
         "{error}"

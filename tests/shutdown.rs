@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::proxy::{self, Action, Rule};
 use distributed_lock_mongodb::{Error, Provider};
 use mongodb::Collection;
 use mongodb::bson::{Document, doc};
@@ -145,4 +146,145 @@ async fn shutting_down_a_provider_that_holds_nothing_returns_at_once() {
         .await
         .expect("nothing to release");
     assert!(is_shut_down(ours.create_lock("late").try_acquire().await));
+}
+
+/// Runs `scenario` on a runtime of its own, which is dropped as soon as it returns (as a process
+/// exits after its shutdown), then returns what it returned.
+fn on_a_runtime_dropped_right_after<T>(scenario: impl std::future::Future<Output = T>) -> T {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let output = runtime.block_on(scenario);
+    drop(runtime);
+    output
+}
+
+/// A fault proxy on a runtime of its own, which outlives the scenario's runtime as the network
+/// outlives a process: what the scenario sent is still delivered after its runtime is gone.
+fn network() -> (tokio::runtime::Runtime, proxy::FaultProxy) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let proxy =
+        runtime.block_on(async { proxy::FaultProxy::start(proxy::upstream_address().await).await });
+    (runtime, proxy)
+}
+
+/// Whether the exclusive lock `name` in `collection` is free, for a client of another runtime.
+fn is_free(collection: &str, name: &str) -> bool {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let lock =
+            distributed_lock_mongodb::MongoDistributedLock::new(name, &common::database().await)
+                .with_collection(collection);
+        let free = lock.try_acquire().await.unwrap();
+        free.is_some()
+    })
+}
+
+/// An acquisition attempt applied on the server whose reply never comes (a half-open
+/// connection) when the provider is shut down: `shutdown` ends its lease before returning,
+/// even though the runtime is dropped right after.
+#[test]
+fn shutdown_ends_the_lease_of_an_attempt_applied_but_unanswered() {
+    let collection = common::unique("shutdown-hung");
+    let name = common::unique("hung");
+    let (_network, proxy) = network();
+    let took = on_a_runtime_dropped_right_after(async {
+        let client = proxy::client_through(&proxy, &common::server::uri()).await;
+        let provider = Provider::new(&client.database(common::DATABASE))
+            .with_collection(collection.as_str())
+            .with_options(common::options(30_000, 10_000));
+        let hung = proxy.add_rule(Rule::new("findAndModify", Action::ApplyThenHang));
+        let lock = provider.create_lock(name.as_str());
+        let waiting = tokio::spawn(async move { lock.acquire().await });
+        assert!(
+            common::eventually(Duration::from_secs(5), || async { proxy.hits(hung) == 1 }).await
+        );
+        let started = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(30), provider.shutdown())
+            .await
+            .expect("shutdown returns in bounded time");
+        assert!(is_shut_down(waiting.await.unwrap()));
+        started.elapsed()
+    });
+    println!("shutdown with an attempt applied but unanswered: {took:?}");
+    assert!(
+        is_free(&collection, &name),
+        "the attempt's lease was ended before shutdown returned"
+    );
+}
+
+/// An attempt applied on the server whose reply comes back only after the shutdown began (the
+/// proxy holds the reply back) wins then: `shutdown` waits for it and releases what it won
+/// before returning.
+#[test]
+fn shutdown_releases_what_an_attempt_in_flight_wins_after_it_began() {
+    let collection = common::unique("shutdown-late");
+    let name = common::unique("late");
+    let (_network, proxy) = network();
+    on_a_runtime_dropped_right_after(async {
+        let client = proxy::client_through(&proxy, &common::server::uri()).await;
+        let provider = Provider::new(&client.database(common::DATABASE))
+            .with_collection(collection.as_str())
+            .with_options(common::options(30_000, 10_000));
+        let delayed = proxy.add_rule(Rule::new(
+            "findAndModify",
+            Action::DelayReply(Duration::from_millis(700)),
+        ));
+        let lock = provider.create_lock(name.as_str());
+        let waiting = tokio::spawn(async move { lock.acquire().await });
+        assert!(
+            common::eventually(Duration::from_secs(5), || async {
+                proxy.hits(delayed) == 1
+            })
+            .await
+        );
+        tokio::time::timeout(Duration::from_secs(30), provider.shutdown())
+            .await
+            .expect("shutdown returns in bounded time");
+        assert!(is_shut_down(waiting.await.unwrap()));
+    });
+    assert!(
+        is_free(&collection, &name),
+        "the late win was released before shutdown returned"
+    );
+}
+
+/// A lease renewed by a loop on a runtime that is no longer driven (a current-thread runtime
+/// whose `block_on` has returned): `shutdown`, called from another runtime, still returns and
+/// still releases it.
+#[test]
+fn shutdown_returns_and_releases_even_when_a_renewal_loop_is_not_driven() {
+    let collection = common::unique("shutdown-idle");
+    let name = common::unique("idle");
+    let client_runtime = tokio::runtime::Runtime::new().unwrap();
+    let provider = client_runtime.block_on(async {
+        Provider::new(&common::database().await)
+            .with_collection(collection.as_str())
+            .with_options(common::options(30_000, 10_000))
+    });
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = idle
+        .block_on(provider.create_lock(name.as_str()).acquire())
+        .unwrap();
+    // From here on nothing drives `idle`: its renewal loop cannot run.
+    let took = client_runtime.block_on(async {
+        let started = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(30), provider.shutdown())
+            .await
+            .expect("shutdown does not wait for a loop that cannot run");
+        started.elapsed()
+    });
+    println!("shutdown with a renewal loop on an idle runtime: {took:?}");
+    assert!(guard.is_lost());
+    assert!(
+        is_free(&collection, &name),
+        "its lease was released by the shutdown itself"
+    );
+    drop(guard);
+    drop(idle);
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::proxy::{self, Action, Fault, Rule, replies};
-use distributed_lock_mongodb::{DocumentLock, Error, MongoDistributedLock};
+use distributed_lock_mongodb::{DocumentLock, Error, LockOptions, MongoDistributedLock, Provider};
 use mongodb::bson::{Document, doc};
 use mongodb::{Client, Collection};
 
@@ -260,4 +260,201 @@ async fn a_document_guard_transaction_commits_while_the_document_is_locked() {
     job.commit(doc! { "$set": { "status": "done" } })
         .await
         .unwrap();
+}
+
+/// On MongoDB a write to a document that an open transaction has written waits until the
+/// transaction ends (the embedded server does the same through its launcher's shim 6). A
+/// lease-checked transaction writes its lock's document, so a renewal command that also renewed
+/// that lease would wait behind it, and every other lease it renews would go unconfirmed. The
+/// renewal loop therefore leaves a lease inside a transaction to the transaction; and a
+/// transaction that outlives its lease's deadline is aborted before it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_transaction_is_aborted_at_its_leases_deadline_and_never_stalls_the_other_leases() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = common::client().await;
+    let database = client.database(common::DATABASE);
+    let collection = common::unique("locks");
+    // expiry 3 s, cadence 500 ms: a lease is presumed lost 2.67 s after its last confirmed
+    // renewal.
+    let provider = Provider::new(&database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(3_000, 500));
+    let in_transaction = provider
+        .create_lock("in-transaction")
+        .acquire()
+        .await
+        .unwrap();
+    let mut others = Vec::new();
+    for name in ["other-1", "other-2"] {
+        others.push(provider.create_lock(name).acquire().await.unwrap());
+    }
+    let accounts = accounts(&client);
+    let started = std::time::Instant::now();
+    let outcome = in_transaction
+        .transaction(&client, async |session| {
+            accounts
+                .insert_one(doc! { "_id": "x", "balance": 1 })
+                .session(&mut *session)
+                .await?;
+            tokio::time::sleep(Duration::from_secs(6)).await; // far past the lease's deadline
+            Ok(())
+        })
+        .await;
+    let took = started.elapsed();
+    println!("transaction past its lease's deadline: aborted after {took:?}");
+    assert!(
+        matches!(outcome, Err(Error::LockLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "aborted at the deadline, not after the work"
+    );
+    assert_eq!(balance(&accounts, "x").await, None, "nothing committed");
+    assert!(in_transaction.is_lost());
+    assert!(
+        others.iter().all(|guard| !guard.is_lost()),
+        "the other leases kept being renewed"
+    );
+    let control = common::database().await.collection::<Document>(&collection);
+    for name in ["other-1", "other-2"] {
+        let (now, expires_at) = common::server_now_and_expiry(&control, name).await;
+        assert!(expires_at.expect("held") > now, "{name}'s lease is live");
+    }
+    for guard in others {
+        guard.release().await.unwrap();
+    }
+}
+
+/// An application's own transaction that writes a locked document holds that document's
+/// renewals back (MongoDB makes them wait). The renewals of the other documents must go on:
+/// renewal commands carry a time limit, and the leases of a command that ran out of it are
+/// renewed one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_transaction_on_one_locked_document_does_not_stall_the_other_documents() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = common::client().await;
+    let jobs = accounts(&client);
+    let ids: Vec<String> = (0..6).map(|i| format!("job-{i}")).collect();
+    for id in &ids {
+        jobs.insert_one(doc! { "_id": id, "status": "pending" })
+            .await
+            .unwrap();
+    }
+    // expiry 3 s, cadence 500 ms: 2.67 s without a confirmed renewal and a lease is lost.
+    let documents = DocumentLock::new(&jobs).with_options(common::options(3_000, 500));
+    let mut guards = Vec::new();
+    for id in &ids {
+        guards.push(documents.lock(doc! { "_id": id }).await.unwrap());
+    }
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    jobs.update_one(doc! { "_id": "job-0" }, doc! { "$set": { "note": "busy" } })
+        .session(&mut session)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let lost: Vec<bool> = guards.iter().map(|guard| guard.is_lost()).collect();
+    session.abort_transaction().await.unwrap();
+    assert!(lost[0], "job-0's renewals could not pass the transaction");
+    assert!(
+        lost[1..].iter().all(|lost| !lost),
+        "the other documents kept being renewed: {lost:?}"
+    );
+    for guard in guards.into_iter().skip(1) {
+        guard.release().await.unwrap();
+    }
+}
+
+/// A renewal held back on the server (by a transaction that wrote the lock's document) has its
+/// `$$NOW` fixed when it arrived. Run after the lease ended, it would still find the lease live
+/// by that old `$$NOW` and extend it: a lease nobody holds any more would keep the lock taken.
+/// Renewals carry a time limit that ends them before their leases' deadlines instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_held_back_by_a_transaction_never_revives_a_lease_that_ended_meanwhile() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (lock, collection) = common::fresh_lock("revive", common::options(3_000, 1_000)).await;
+    let guard = lock.acquire().await.unwrap();
+    let ended_at = common::server_now_and_expiry(&collection, lock.name())
+        .await
+        .1
+        .unwrap();
+    let client = common::client().await;
+    let locks = client
+        .database(common::DATABASE)
+        .collection::<Document>(collection.name());
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    locks
+        .update_one(doc! { "_id": lock.name() }, doc! { "$set": { "note": 1 } })
+        .session(&mut session)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost().wait())
+        .await
+        .expect("the holder cannot renew past the transaction");
+    // Keep the transaction open until the lease has ended on the server.
+    let ended = common::eventually(Duration::from_secs(10), || async {
+        common::server_now_and_expiry(&collection, lock.name())
+            .await
+            .0
+            > ended_at
+    })
+    .await;
+    assert!(ended);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    session.abort_transaction().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await; // renewals held back would run now
+    let (now, expires_at) = common::server_now_and_expiry(&collection, lock.name()).await;
+    assert!(
+        expires_at.is_none_or(|expires_at| expires_at <= now),
+        "the ended lease was revived until {expires_at:?} (now {now})"
+    );
+    let other = MongoDistributedLock::new(lock.name(), &common::database().await)
+        .with_collection(collection.name());
+    let next = other.try_acquire().await.unwrap();
+    assert!(next.is_some(), "the lock is free for another client");
+}
+
+/// A commit whose reply never comes may have committed: the error says so, and the writes are
+/// indeed there. The proxy applies every `commitTransaction` and drops its reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_outcome_stays_unknown_is_reported_as_unknown() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (proxy, proxied) = proxy::proxied_client().await;
+    let accounts = accounts(&proxied);
+    // No automatic TTL index: its creation in the background would be a concurrent write, which
+    // the embedded server counts as a conflict for the commit.
+    let options = LockOptions::builder()
+        .expiry(Duration::from_millis(2_000))
+        .extension_cadence(Duration::from_millis(300))
+        .automatic_ttl_index(false)
+        .build()
+        .unwrap();
+    let (lock, _) = common::fresh_lock("txn-unknown", options).await;
+    let guard = lock.acquire().await.unwrap();
+    proxy.add_rule(Rule::new("commitTransaction", Action::DropReplyAndClose).times(usize::MAX));
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        guard.transaction(&proxied, async |session| {
+            accounts
+                .insert_one(doc! { "_id": "z", "balance": 1 })
+                .session(&mut *session)
+                .await?;
+            Ok(())
+        }),
+    )
+    .await
+    .expect("the transaction gives up on an unknown commit once the lock is lost");
+    proxy.clear_rules();
+    assert!(
+        matches!(&outcome, Err(Error::CommitOutcomeUnknown { .. })),
+        "{outcome:?}"
+    );
+    println!("unknown commit: {}", outcome.unwrap_err());
+    assert_eq!(
+        balance(&accounts, "z").await,
+        Some(1),
+        "the first commit was applied: the writes are there"
+    );
 }

@@ -4,19 +4,24 @@
 //! unknown. A primitive supplies only its attempt.
 
 use std::future::{Future, pending};
+use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use mongodb::Collection;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
-use tokio::sync::{oneshot, watch};
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use super::backoff;
 use super::handoff::{self, Offer, TakeoverUpdate, Ticket, Transfer, Wake};
+use super::hub::RenewalHub;
+use super::in_flight::InFlight;
 use super::metrics;
 use super::schema::new_lock_id;
+use super::undo::Undo;
+use crate::clock;
 use crate::error::{Operation, is_duplicate_key, shown_name};
 use crate::{Error, FencingToken, LockOptions, Result};
 
@@ -83,9 +88,13 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) waiters: Option<&'a handoff::Key>,
     /// Whether holders share the lock (readers): a release wakes all such waiters in a row.
     pub(crate) shared: bool,
-    /// Turns true when the lock's family is shut down: acquisitions then end with
-    /// [`Error::ShutDown`].
-    pub(crate) shut_down: watch::Receiver<bool>,
+    /// Whether each attempt renews something the waiter keeps while it waits (a writer's
+    /// waiting-writer marker): then the waiter attempts at least at the slowest busy-wait pace
+    /// even when it is not the first local waiter.
+    pub(crate) renews_while_waiting: bool,
+    /// The lock's family: when it is shut down acquisitions end with [`Error::ShutDown`], and
+    /// its shutdown waits for (or undoes) the attempts under way.
+    pub(crate) family: &'a RenewalHub,
 }
 
 /// How a waiter for an exclusive lock takes the lease over in a local holder's release command
@@ -94,7 +103,10 @@ pub(crate) struct Takeover<G> {
     /// The attempt's pipeline, taking over from the lease with the given lock id.
     pub(crate) update: TakeoverUpdate,
     /// The guard, from the document the command returned and the instant it was first sent.
-    pub(crate) finish: Box<dyn FnOnce(Document, Instant) -> Result<Option<G>> + Send>,
+    pub(crate) finish: Box<dyn FnOnce(Document, clock::Instant) -> Result<Option<G>> + Send>,
+    /// Ends both the releasing lease (of the given lock id) and the waiter's: for a transfer
+    /// whose releasing task ended before its outcome was known.
+    pub(crate) undo: Box<dyn FnOnce(&str) -> Undo + Send>,
 }
 
 /// Builds a [`Takeover`] from the runtime and a fresh lock id.
@@ -105,7 +117,7 @@ pub(crate) type Takeovers<'a, G> = &'a (dyn Fn(&Handle, String) -> Takeover<G> +
 #[derive(Debug)]
 pub(crate) struct Attempt<W> {
     pub(crate) work: W,
-    pub(crate) cleanup: Cleanup,
+    pub(crate) cleanup: Undo,
 }
 
 /// What an acquisition yields, as the tracing span shows it.
@@ -145,7 +157,8 @@ where
     let options = what.options;
     let deadline = wait.deadline;
     let kind = what.kind;
-    let mut shut_down = what.shut_down;
+    let mut shut_down = what.family.shut_down_signal();
+    let in_flight = what.family.in_flight();
     let result = async {
         what.checked?;
         if *shut_down.borrow_and_update() {
@@ -155,12 +168,13 @@ where
         let queue = what.waiters.map(|key| Queue {
             key,
             shared: what.shared,
-            takeovers: takeovers.map(|takeovers| (takeovers, &runtime)),
+            renews_while_waiting: what.renews_while_waiting,
+            takeovers: takeovers.map(|takeovers| (takeovers, &runtime, in_flight)),
         });
         let attempts = retry(options, deadline, queue, || {
             metrics::attempt(kind);
             let attempt = attempt(&runtime, new_lock_id());
-            spawned(&runtime, deadline, options, attempt)
+            spawned(&runtime, deadline, options, attempt, in_flight)
         });
         // Dropping `attempts` is a cancellation, which is safe (see `spawned`).
         tokio::select! {
@@ -198,7 +212,8 @@ where
 struct Queue<'a, G> {
     key: &'a handoff::Key,
     shared: bool,
-    takeovers: Option<(Takeovers<'a, G>, &'a Handle)>,
+    renews_while_waiting: bool,
+    takeovers: Option<(Takeovers<'a, G>, &'a Handle, &'a Arc<InFlight>)>,
 }
 
 /// What ended a wait between attempts.
@@ -267,11 +282,7 @@ where
                 Err(error) => return Err(error),
             }
             if out_of_time {
-                // A transfer may have come in while this attempt was on its way.
-                return match offered.as_mut().map(oneshot::Receiver::try_recv) {
-                    Some(Ok(transferred @ Ok(Some(_)))) => transferred,
-                    _ => Ok(None),
-                };
+                return Ok(last_transfer(ticket.as_ref(), offered, options).await);
             }
         }
         attempt_now = true;
@@ -286,18 +297,22 @@ where
             }
         }
         loop {
-            if let (Some(ticket), Some((takeovers, runtime)), None) = (
+            if let (Some(ticket), Some((takeovers, runtime, in_flight)), None) = (
                 &ticket,
                 queue.as_ref().and_then(|queue| queue.takeovers),
                 &offered,
             ) {
-                offered = Some(offer(ticket, takeovers, runtime, options));
+                offered = Some(offer(ticket, takeovers, runtime, in_flight, options));
             }
+            let renews = queue
+                .as_ref()
+                .is_some_and(|queue| queue.renews_while_waiting);
             let event = wait(
                 options,
                 failed_attempts,
                 deadline,
                 ticket.as_ref(),
+                renews,
                 &mut offered,
             );
             match event.await {
@@ -322,13 +337,15 @@ where
 }
 
 /// Waits for what comes first: the end of this waiter's sleep (the first local waiter's, or the
-/// only waiter's, per the busy-wait pace; the others' at the deadline), a local wake, or the
-/// outcome of its offer.
+/// only waiter's, per the busy-wait pace; a waiter whose attempts renew something it keeps while
+/// waiting, at the slowest pace; the others' at the deadline), a local wake, or the outcome of its
+/// offer.
 async fn wait<G>(
     options: &LockOptions,
     failed_attempts: u32,
     deadline: Option<Instant>,
     ticket: Option<&Ticket>,
+    renews_while_waiting: bool,
     offered: &mut Option<oneshot::Receiver<Result<Option<G>>>>,
 ) -> Event<G> {
     let now = Instant::now();
@@ -348,6 +365,8 @@ async fn wait<G>(
             failed_attempts,
             rand::random(),
         )),
+        // Not the poller, but its attempts keep its marker alive.
+        Some(_) if renews_while_waiting => Some(options.busy_wait_sleep_time().1),
         Some(_) => None,
     };
     let until = match pace {
@@ -389,14 +408,20 @@ fn offer<G>(
     ticket: &Ticket,
     takeovers: Takeovers<'_, G>,
     runtime: &Handle,
+    in_flight: &Arc<InFlight>,
     options: &LockOptions,
 ) -> oneshot::Receiver<Result<Option<G>>>
 where
     G: Send + 'static,
 {
     let lock_id = new_lock_id();
-    let Takeover { update, finish } = takeovers(runtime, lock_id.clone());
+    let Takeover {
+        update,
+        finish,
+        undo,
+    } = takeovers(runtime, lock_id.clone());
     let (outcome, received) = oneshot::channel();
+    let (runtime, in_flight) = (runtime.clone(), Arc::clone(in_flight));
     ticket.offer(Offer {
         lock_id,
         update,
@@ -405,6 +430,12 @@ where
             let result = match transfer {
                 Transfer::Done { document, sent_at } => finish(document, sent_at),
                 Transfer::NotDone => Ok(None),
+                // The releasing task ended (its runtime shut down) before it knew whether the
+                // lease is the waiter's now: end both leases from the waiter's runtime.
+                Transfer::Abandoned { releasing } => {
+                    in_flight.spawn_undo(&runtime, undo(&releasing));
+                    Ok(None)
+                }
             };
             // A waiter that has gone drops the guard: released at once.
             let _ = outcome.send(result);
@@ -413,24 +444,52 @@ where
     received
 }
 
+/// The outcome of a waiter's standing offer when its deadline has passed: a guard if the lock
+/// was handed over to it (a transfer taken before the deadline is waited for, at most as long
+/// as an attempt is), `None` otherwise (the offer is withdrawn).
+async fn last_transfer<G>(
+    ticket: Option<&Ticket>,
+    offered: Option<oneshot::Receiver<Result<Option<G>>>>,
+    options: &LockOptions,
+) -> Option<G> {
+    let mut offered = offered?;
+    if let Ok(Ok(guard)) = offered.try_recv() {
+        return guard;
+    }
+    if ticket.is_none_or(Ticket::withdraw_offer) {
+        return None; // still in the queue: nobody was handing the lock over
+    }
+    // A release is handing the lock over to this waiter right now.
+    let now = Instant::now();
+    let limit = backoff::attempt_wait_limit(now, Some(now), options.expiry());
+    match tokio::time::timeout_at(limit, offered).await {
+        Ok(Ok(Ok(guard))) => guard,
+        // No answer in time: a late guard is dropped, which releases it.
+        _ => None,
+    }
+}
+
 /// Runs one attempt in its own task and waits for its outcome.
 ///
-/// The task always runs to completion. If the caller stops waiting (it was cancelled, or the
-/// reply came too late), a guard the attempt won is dropped with the undelivered outcome, and
-/// the guard's drop releases the lock at once: nothing stays held until expiry.
-///
-/// An attempt gets at least five seconds (at most `expiry`) to answer; no answer is
-/// [`Error::Timeout`], never "busy".
-///
+/// The task, not the caller, owns the attempt's time limit and its cleanup, so they happen
+/// whatever becomes of the caller: an attempt gets at least five seconds (at most `expiry`) to
+/// answer; no answer is [`Error::Timeout`] (never "busy"), and its cleanup is sent. A caller
+/// that stops waiting (a timeout of its own, a losing `select!` branch, an aborted task, a
+/// shutdown, a resigned leader) gets its attempt cleaned up at once.
 /// When the attempt fails with an error after which its write may have been applied (a lost
-/// reply, a cut connection, a write-concern error) or gets no reply in time, `cleanup` is sent:
-/// it ends whatever lease the attempt's own lock id may hold, so the name is free again at once
-/// instead of after `expiry`.
+/// reply, a cut connection, a write-concern error), the cleanup is sent too: it ends whatever
+/// lease the attempt's own lock id may hold, so the name is free again at once instead of after
+/// `expiry`.
+///
+/// The task always runs the attempt to completion: if it wins after the caller stopped waiting
+/// (or after its time limit), the guard is dropped undelivered, and its drop releases the lock
+/// at once. The attempt is work of the family under way until then (see `in_flight`).
 async fn spawned<G, W>(
     runtime: &Handle,
     deadline: Option<Instant>,
     options: &LockOptions,
     attempt: Attempt<W>,
+    in_flight: &Arc<InFlight>,
 ) -> Result<Option<G>>
 where
     G: Send + 'static,
@@ -438,82 +497,57 @@ where
 {
     let Attempt { work, cleanup } = attempt;
     let started = Instant::now();
-    let (reply, outcome) = oneshot::channel();
-    {
-        let cleanup = cleanup.clone();
-        let runtime = runtime.clone();
-        runtime.clone().spawn(async move {
-            let result = work.await;
-            if let Err(Error::Mongo(error)) = &result
-                && !is_duplicate_key(error)
-            {
-                cleanup.spawn(&runtime);
-            }
-            let _ = reply.send(result);
-        });
-    }
     let limit = backoff::attempt_wait_limit(started, deadline, options.expiry());
-    match timeout_at(limit, outcome).await {
-        Ok(Ok(result)) => result,
-        Ok(Err(_)) => Err(Error::BackgroundTaskEnded {
-            operation: Operation::AttemptReply,
-        }),
-        Err(_elapsed) => {
-            // The attempt goes on in its task: if it wins after all, its guard is dropped
-            // unclaimed and released. If its reply is lost for good, this ends the lease.
-            cleanup.spawn(runtime);
-            Err(Error::Timeout {
-                operation: Operation::AttemptReply,
-                name: cleanup.name,
-                waited: started.elapsed(),
-            })
-        }
-    }
-}
-
-/// Undoes an acquisition attempt whose outcome is unknown: one update, filtered by the attempt's
-/// own lock id (so it can never touch anyone else's lease), that ends what it may have taken.
-#[derive(Clone, Debug)]
-pub(crate) struct Cleanup {
-    pub(crate) collection: Collection<Document>,
-    pub(crate) filter: Document,
-    pub(crate) update: Vec<Document>,
-    pub(crate) options: LockOptions,
-    /// The lock's name, for messages.
-    pub(crate) name: String,
-}
-
-impl Cleanup {
-    /// Sends the cleanup in the background, waiting at most `expiry` for it (by then any lease
-    /// the attempt took has ended anyway).
-    pub(crate) fn spawn(&self, runtime: &Handle) {
-        let Cleanup {
-            collection,
-            filter,
-            update,
-            options,
-            name,
-        } = self.clone();
-        runtime.spawn(async move {
-            let sent = collection
-                .update_one(filter, update)
-                .write_concern(options.write_concern().clone());
-            match tokio::time::timeout(options.expiry(), sent).await {
-                Ok(Ok(result)) if result.modified_count > 0 => tracing::debug!(
-                    lock = %shown_name(&name),
-                    "ended the lease of an attempt whose reply was lost"
-                ),
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => tracing::debug!(
-                    lock = %shown_name(&name),
-                    %error,
-                    "could not clean up after a failed attempt; its lease, if any, ends at expiry"
-                ),
-                Err(_elapsed) => tracing::debug!(
-                    lock = %shown_name(&name),
-                    "no reply to the cleanup of a failed attempt; its lease, if any, ends at expiry"
-                ),
+    // A shutdown waits for the attempt at most this long before cleaning up after it.
+    let settle_by = clock::now()
+        + limit
+            .saturating_duration_since(started)
+            .min(backoff::MIN_ATTEMPT_WAIT);
+    let tracked = in_flight.track(vec![cleanup.clone()], Some(settle_by));
+    let (reply, outcome) = oneshot::channel();
+    let (task_runtime, in_flight) = (runtime.clone(), Arc::clone(in_flight));
+    runtime.spawn(async move {
+        let mut work = pin!(work);
+        let mut reply = reply;
+        let answered = tokio::select! {
+            biased;
+            result = &mut work => Some(result),
+            () = sleep_until(limit) => None,
+            () = reply.closed() => {
+                // The caller is gone: nobody will use what the attempt wins. End whatever it
+                // took now, and still wait for its reply (a late win is dropped and released).
+                in_flight.spawn_undo(&task_runtime, cleanup.clone());
+                tokio::select! {
+                    biased;
+                    result = &mut work => Some(result),
+                    () = sleep_until(limit) => None,
+                }
             }
-        });
-    }
+        };
+        match answered {
+            Some(result) => {
+                if let Err(Error::Mongo(error)) = &result
+                    && !is_duplicate_key(error)
+                {
+                    in_flight.spawn_undo(&task_runtime, cleanup);
+                }
+                let _ = reply.send(result);
+            }
+            None => {
+                let name = cleanup.name.clone();
+                in_flight.spawn_undo(&task_runtime, cleanup);
+                let _ = reply.send(Err(Error::Timeout {
+                    operation: Operation::AttemptReply,
+                    name,
+                    waited: started.elapsed(),
+                }));
+                // If it wins after all, its guard is dropped here and released.
+                drop(work.await);
+            }
+        }
+        tracked.finish();
+    });
+    outcome.await.unwrap_or(Err(Error::BackgroundTaskEnded {
+        operation: Operation::AttemptReply,
+    }))
 }

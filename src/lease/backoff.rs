@@ -51,7 +51,7 @@ pub(crate) fn sleep_time(options: &LockOptions, failed_attempts: u32, random: f6
 /// the round trip outlasted a tiny timeout, and a primary that is busy for a few seconds must not
 /// turn every `try_acquire` into an error. (Five seconds, not the driver's 30 s server selection:
 /// a caller with a short timeout still hears of an unreachable server soon.)
-const MIN_ATTEMPT_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const MIN_ATTEMPT_WAIT: Duration = Duration::from_secs(5);
 
 /// Until when the caller waits for the reply of an attempt sent at `started`.
 ///

@@ -16,7 +16,7 @@
 //!   waiter behind it up to the next exclusive one. A waiter that acquires a lock with room left
 //!   (a semaphore with free places, a reader) wakes the next waiter at once.
 //!
-//! The queue is process-wide, keyed by the locks' [`RenewalHub`](super::renewal::RenewalHub)
+//! The queue is process-wide, keyed by the locks' [`RenewalHub`](super::hub::RenewalHub)
 //! (the locks of one provider, or clones of one lock: one client, hence one cluster), database,
 //! collection and lock name. A `mongodb::Client` has no public identity, so locks built apart
 //! from each other never share a queue: they could talk to different clusters, where a transfer,
@@ -30,7 +30,8 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use mongodb::bson::Document;
 use mongodb::options::WriteConcern;
 use tokio::sync::Notify;
-use tokio::time::Instant;
+
+use crate::clock;
 
 /// Identifies one lock across the process: renewal hub, database, collection and name.
 pub(crate) type Key = Arc<str>;
@@ -66,7 +67,8 @@ pub(crate) struct Offer {
     /// The waiter's write concern: only a releaser with the same one transfers to it.
     pub(crate) write_concern: WriteConcern,
     /// Receives the outcome (and builds the waiter's guard from it). Called exactly once: with
-    /// [`Transfer::NotDone`] if the offer is replaced or its waiter leaves without it.
+    /// [`Transfer::NotDone`] if the offer is replaced, withdrawn, or its waiter leaves without
+    /// it.
     pub(crate) deliver: Box<dyn FnOnce(Transfer) + Send>,
 }
 
@@ -85,11 +87,15 @@ pub(crate) enum Transfer {
     /// The lease is the waiter's: the document after the command, sent first at `sent_at`.
     Done {
         document: Document,
-        sent_at: Instant,
+        sent_at: clock::Instant,
     },
     /// No transfer (the releasing lease was gone, or the outcome is unknown and was undone):
     /// the waiter goes on waiting.
     NotDone,
+    /// The releasing task ended (its runtime shut down) before it knew the outcome: the lease
+    /// may be the waiter's, or still the releasing one's (`releasing`, its lock id). The waiter
+    /// ends both and goes on waiting.
+    Abandoned { releasing: String },
 }
 
 /// What a release does for the local waiters.
@@ -257,6 +263,25 @@ impl Ticket {
         };
         if let Some(replaced) = replaced {
             (replaced.deliver)(Transfer::NotDone);
+        }
+    }
+
+    /// Takes this waiter's offer back, if no release has taken it yet (it is then told
+    /// [`Transfer::NotDone`]); `false` when a release took it and is handing the lock over.
+    pub(crate) fn withdraw_offer(&self) -> bool {
+        let withdrawn = with_queue(&self.key, |queue| {
+            let me = queue.waiters.iter_mut().find(|w| w.id == self.id)?;
+            Some(me.offer.take())
+        });
+        match withdrawn {
+            Some(Some(Some(offer))) => {
+                (offer.deliver)(Transfer::NotDone);
+                true
+            }
+            // Taken by a release.
+            Some(Some(None)) => false,
+            // Not in the queue (cannot happen while the ticket lives): nothing to hand over.
+            _ => true,
         }
     }
 

@@ -6,16 +6,19 @@ use std::time::Duration;
 
 use mongodb::bson::{Bson, Document};
 use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
-use mongodb::options::{ReadConcern, WriteConcern};
-use mongodb::{Client, ClientSession, Namespace};
+use mongodb::options::ReadConcern;
+use mongodb::{Client, ClientSession};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::hub::RenewalHub;
 use super::lost::{LeaseState, LostSignal};
 use super::metrics;
-use super::renewal::{self, Command, Lease, Place, RenewalHub};
-use super::schema::{self, Layout};
+use super::record::{Lease, Place};
+use super::renewal::{self, Command};
+use super::schema;
+use crate::clock;
 use crate::error::shown_name;
 use crate::{Error, Result};
 
@@ -28,21 +31,13 @@ pub(crate) struct HeldLease {
     lock_id: Option<String>,
     state: Arc<LeaseState>,
     renewals: mpsc::UnboundedSender<Command>,
-    /// Where the lease is stored, for transactions that check it.
-    home: Home,
+    /// Where the lease is stored (its document's `_id` in `place`), for transactions that
+    /// check it.
+    place: Place,
+    id: Bson,
     /// For the hold-time metric.
     kind: &'static str,
     held_since: Instant,
-}
-
-/// Where a lease is stored and how it is renewed.
-#[derive(Debug)]
-struct Home {
-    namespace: Namespace,
-    layout: Layout,
-    id: Bson,
-    expiry_millis: i64,
-    write_concern: WriteConcern,
 }
 
 /// How long [`HeldLease::transaction`] retries transient transaction errors, as the driver's
@@ -58,24 +53,18 @@ impl HeldLease {
     pub(crate) fn hold(
         runtime: &Handle,
         renewals: &RenewalHub,
-        place: Place<'_>,
+        place: &Place,
         lease: Lease,
     ) -> Option<HeldLease> {
-        let home = Home {
-            namespace: place.collection.namespace(),
-            layout: place.layout.clone(),
-            id: lease.id.clone(),
-            expiry_millis: place.options.expiry_millis(),
-            write_concern: place.options.write_concern().clone(),
-        };
         let held = HeldLease {
             name: lease.name.clone(),
             lock_id: Some(lease.lock_id.clone()),
             state: Arc::clone(&lease.state),
             kind: lease.kind,
             held_since: Instant::now(),
+            id: lease.id.clone(),
+            place: place.clone(),
             renewals: renewals.hold(runtime, place, lease),
-            home,
         };
         (!held.is_lost()).then_some(held)
     }
@@ -126,23 +115,28 @@ impl HeldLease {
 
     /// Runs `work` in a multi-document transaction on `client` that first renews the lease in
     /// the same transaction, filtered on our lock id and a live lease: the guards' `transaction`.
+    ///
+    /// While the transaction is open its write holds the lease's document (on MongoDB, other
+    /// writes to it wait until the transaction ends), so the renewal loop leaves this lease to
+    /// the transaction: the transaction's renewal counts once it is committed. Until then the
+    /// lease keeps the deadline it had, which is the transaction's budget: `work` still running
+    /// then is dropped, the transaction aborted, and the result is `LockLost`.
     pub(crate) async fn transaction<T>(
         &self,
         client: &Client,
         mut work: impl AsyncFnMut(&mut ClientSession) -> mongodb::error::Result<T>,
     ) -> Result<T> {
         let lock_id = self.lock_id.clone().ok_or_else(|| self.lost_error())?;
-        let Home {
-            namespace,
+        let Place {
+            collection,
             layout,
-            id,
-            expiry_millis,
-            write_concern,
-        } = &self.home;
+            options,
+        } = &self.place;
+        let namespace = collection.namespace();
         let lock_ids = [lock_id];
-        let ids = [id.clone()];
+        let ids = [self.id.clone()];
         let ours = layout.renew_many_filter(&ids, &lock_ids);
-        let renew = layout.renew_update(*expiry_millis, &lock_ids);
+        let renew = layout.renew_update(options.expiry_millis(), &lock_ids);
         let locks = client
             .database(&namespace.db)
             .collection::<Document>(&namespace.coll);
@@ -154,55 +148,118 @@ impl HeldLease {
         let retrying = |error: &mongodb::error::Error, label: &str| {
             error.contains_label(label) && started.elapsed() < TRANSACTION_RETRY_LIMIT
         };
+        let lost = self.lost();
         'transaction: loop {
             if self.is_lost() {
                 return Err(self.lost_error());
             }
+            // The renewal loop keeps off the lease's document while the transaction holds it.
+            let _in_transaction = self.state.in_transaction_until_dropped();
             session
                 .start_transaction()
                 .read_concern(ReadConcern::snapshot())
-                .write_concern(write_concern.clone())
+                .write_concern(options.write_concern().clone())
                 .selection_criteria(schema::primary())
                 .await?;
+            let renewal_sent_at = clock::now();
             // Ours and live, and written in this transaction: a takeover, which must write the
-            // same document, now conflicts with the transaction until it ends.
-            let checked = locks
-                .update_one(ours.clone(), renew.clone())
-                .session(&mut session)
+            // same document, now waits for (or conflicts with) the transaction until it ends.
+            let checked = lost
+                .unless_lost(
+                    locks
+                        .update_one(ours.clone(), renew.clone())
+                        .session(&mut session)
+                        .into_future(),
+                )
                 .await;
             let output = match checked {
-                Ok(checked) if checked.matched_count == 1 => work(&mut session).await,
-                Ok(_) => {
-                    let _ = session.abort_transaction().await;
+                Some(Ok(checked)) if checked.matched_count == 1 => {
+                    lost.unless_lost(work(&mut session)).await
+                }
+                Some(Ok(_)) => {
+                    abort(&mut session).await;
                     return Err(self.lost_error());
                 }
-                Err(error) => Err(error),
+                Some(Err(error)) => Some(Err(error)),
+                None => None,
             };
             let output = match output {
-                Ok(output) => output,
-                Err(error) => {
-                    let _ = session.abort_transaction().await;
+                Some(Ok(output)) => output,
+                Some(Err(error)) => {
+                    abort(&mut session).await;
                     if retrying(&error, TRANSIENT_TRANSACTION_ERROR) {
                         continue 'transaction;
                     }
                     return Err(error.into());
                 }
+                // The lease's budget ran out (or it was found gone) before the work was done:
+                // nothing is committed.
+                None => {
+                    abort(&mut session).await;
+                    return Err(self.lost_error());
+                }
             };
-            // `lost` may have fired meanwhile: then nothing is committed.
+            // `lost` may have fired as the work finished: then nothing is committed.
             if self.is_lost() {
-                let _ = session.abort_transaction().await;
+                abort(&mut session).await;
                 return Err(self.lost_error());
             }
-            loop {
-                match session.commit_transaction().await {
-                    Ok(()) => return Ok(output),
-                    Err(error) if retrying(&error, UNKNOWN_TRANSACTION_COMMIT_RESULT) => {}
-                    Err(error) if retrying(&error, TRANSIENT_TRANSACTION_ERROR) => {
-                        continue 'transaction;
-                    }
-                    Err(error) => return Err(error.into()),
+            return match self.commit(&mut session, started).await {
+                Commit::Committed => {
+                    // The transaction's renewal is in: the lease lasts from its send.
+                    self.state.extend(options.lost_deadline(renewal_sent_at));
+                    Ok(output)
                 }
+                Commit::RunAgain => continue 'transaction,
+                Commit::Failed(error) => Err(error),
+            };
+        }
+    }
+
+    /// Commits the open transaction of `session`, retrying an unknown outcome as the driver
+    /// recommends while the lease is held (or for the driver's 120 s), each try waiting at most
+    /// `expiry` for a reply.
+    async fn commit(&self, session: &mut ClientSession, started: Instant) -> Commit {
+        let patience = self.place.options.expiry();
+        // The first try whose outcome was unknown: later definite failures cannot tell whether
+        // it committed.
+        let mut uncertain: Option<String> = None;
+        loop {
+            let failure = match tokio::time::timeout(patience, session.commit_transaction()).await {
+                Ok(Ok(())) => return Commit::Committed,
+                Ok(Err(error)) => error,
+                Err(_elapsed) => {
+                    uncertain.get_or_insert(format!("no reply within {patience:?}"));
+                    if self.is_lost() || started.elapsed() >= TRANSACTION_RETRY_LIMIT {
+                        return Commit::Failed(self.outcome_unknown(uncertain));
+                    }
+                    continue;
+                }
+            };
+            if failure.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) {
+                uncertain.get_or_insert(failure.to_string());
+                if self.is_lost() || started.elapsed() >= TRANSACTION_RETRY_LIMIT {
+                    return Commit::Failed(self.outcome_unknown(uncertain));
+                }
+                continue;
             }
+            if uncertain.is_some() {
+                return Commit::Failed(self.outcome_unknown(uncertain));
+            }
+            // Definitely not committed.
+            if failure.contains_label(TRANSIENT_TRANSACTION_ERROR)
+                && started.elapsed() < TRANSACTION_RETRY_LIMIT
+            {
+                return Commit::RunAgain;
+            }
+            return Commit::Failed(failure.into());
+        }
+    }
+
+    fn outcome_unknown(&self, reason: Option<String>) -> Error {
+        Error::CommitOutcomeUnknown {
+            name: self.name.clone(),
+            reason: reason.unwrap_or_default(),
         }
     }
 
@@ -244,4 +301,18 @@ pub(crate) fn after_release<T>(name: &str, output: Result<T>, released: Result<(
         tracing::warn!(lock = %shown_name(name), %error, "release after the work failed");
     }
     output
+}
+
+/// How a commit ended.
+enum Commit {
+    Committed,
+    /// Definitely not committed, with a transient error: run the whole transaction again.
+    RunAgain,
+    Failed(Error),
+}
+
+/// Aborts the open transaction of `session`, waiting at most a few seconds (the server aborts it
+/// by itself at its lifetime limit; dropping the session aborts it too).
+async fn abort(session: &mut ClientSession) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), session.abort_transaction()).await;
 }

@@ -12,14 +12,16 @@
 //!
 //! [`LockOptions::lost_deadline`]: crate::LockOptions
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::future::select_all;
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::sleep_until;
 
 use crate::LockOptions;
+use crate::clock::{self, Instant};
 
 /// The state of one lease, shared by its guard, its renewal loop and every [`LostSignal`].
 #[derive(Debug)]
@@ -32,6 +34,9 @@ pub(crate) struct LeaseState {
     hold_until: Option<Instant>,
     /// Bumped on every change that can end a wait (lost, released).
     changes: watch::Sender<()>,
+    /// How many lease-checked transactions of its holder are open: while one is, the renewal
+    /// loop leaves the lease alone (the transaction has written its document).
+    transactions: AtomicUsize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +64,7 @@ impl LeaseState {
     pub(crate) fn without_deadline() -> Arc<LeaseState> {
         // Far enough never to be reached by a test, near enough never to overflow.
         const NEVER: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
-        LeaseState::new(Instant::now() + NEVER, None)
+        LeaseState::new(clock::now() + NEVER, None)
     }
 
     fn new(lost_at: Instant, hold_until: Option<Instant>) -> Arc<LeaseState> {
@@ -68,13 +73,25 @@ impl LeaseState {
             inner: Mutex::new(Phase::Held { lost_at }),
             hold_until,
             changes: watch::Sender::new(()),
+            transactions: AtomicUsize::new(0),
         })
+    }
+
+    /// Counts a lease-checked transaction as open until the returned value is dropped.
+    pub(crate) fn in_transaction_until_dropped(self: &Arc<Self>) -> InTransaction {
+        self.transactions.fetch_add(1, Ordering::SeqCst);
+        InTransaction(Arc::clone(self))
+    }
+
+    /// Whether a lease-checked transaction of the holder is open.
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.transactions.load(Ordering::SeqCst) > 0
     }
 
     /// Whether the hold allowed by `max_hold` is over.
     pub(crate) fn hold_ended(&self) -> bool {
         self.hold_until
-            .is_some_and(|hold_until| Instant::now() >= hold_until)
+            .is_some_and(|hold_until| clock::now() >= hold_until)
     }
 
     fn phase(&self) -> MutexGuard<'_, Phase> {
@@ -101,7 +118,7 @@ impl LeaseState {
             .map_or(lost_at, |hold_until| lost_at.min(hold_until));
         let mut phase = self.phase();
         match *phase {
-            Phase::Held { lost_at: current } if Instant::now() < current => {
+            Phase::Held { lost_at: current } if clock::now() < current => {
                 *phase = Phase::Held {
                     lost_at: current.max(lost_at),
                 };
@@ -169,7 +186,9 @@ impl LeaseState {
                     tokio::select! {
                         // The sender lives in `self`: it cannot close while we borrow it.
                         _ = changes.changed() => {}
-                        () = sleep_until(lost_at) => {}
+                        // Rechecked at least every second: Tokio's timers do not count time
+                        // the host spent suspended, the lease's clock does.
+                        () = sleep_until(clock::wake_toward(lost_at)) => {}
                     }
                 }
             }
@@ -180,20 +199,34 @@ impl LeaseState {
 /// `phase`, turned from `Held` into `Lost` if its deadline has passed.
 fn settle(phase: &mut Phase) -> Phase {
     if let Phase::Held { lost_at } = *phase
-        && Instant::now() >= lost_at
+        && clock::now() >= lost_at
     {
         *phase = Phase::Lost { announced: false };
     }
     *phase
 }
 
+/// An open lease-checked transaction of a lease's holder; see
+/// [`LeaseState::in_transaction_until_dropped`].
+#[derive(Debug)]
+pub(crate) struct InTransaction(Arc<LeaseState>);
+
+impl Drop for InTransaction {
+    fn drop(&mut self) {
+        self.0.transactions.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Tells whether a held lock is (known or presumed) lost; returned by every guard's `lost()`.
 ///
 /// Cheap to clone and `'static`, so it can move into the task doing the protected work. It
 /// turns true when the renewal finds the lease gone, when the renewal machinery stops (its
-/// runtime shut down), and, checked on the client's own clock whenever it is asked, when no
+/// runtime shut down), when the server's clock is seen to jump forward beyond
+/// `max_clock_skew`, and, checked on the client's own clock whenever it is asked, when no
 /// renewal was confirmed before the lease's lost deadline — so it works even if no background
-/// task gets to run. Always before the lease can end on the server, under the assumptions in
+/// task gets to run. That clock counts time the host spent suspended: after a suspension
+/// [`is_lost`](Self::is_lost) is right at once, and [`wait`](Self::wait) resolves within a
+/// second. Always before the lease can end on the server, under the assumptions in
 /// the crate docs. Once lost, it stays lost. After the guard was released successfully without
 /// having been lost, it stays false and [`wait`](Self::wait) never resolves; after a release
 /// that failed, it turns true at the lease's deadline like an unreleased one (the lease may
@@ -261,7 +294,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_passed_deadline_is_lost_by_itself_and_stays_lost() {
-        let state = LeaseState::new(Instant::now() + Duration::from_millis(30), None);
+        let state = LeaseState::new(clock::now() + Duration::from_millis(30), None);
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         assert!(!signal.is_lost());
         tokio::time::timeout(Duration::from_secs(5), signal.wait())
@@ -269,14 +302,14 @@ mod tests {
             .expect("wait resolves at the deadline without anyone marking it");
         assert!(signal.is_lost());
         // A renewal confirmed after the deadline does not revive it.
-        assert!(!state.extend(Instant::now() + Duration::from_secs(60)));
+        assert!(!state.extend(clock::now() + Duration::from_secs(60)));
         assert!(signal.is_lost());
     }
 
     #[tokio::test]
     async fn extending_moves_the_deadline_and_marking_wakes_waiters() {
-        let state = LeaseState::new(Instant::now() + Duration::from_millis(50), None);
-        assert!(state.extend(Instant::now() + Duration::from_secs(60)));
+        let state = LeaseState::new(clock::now() + Duration::from_millis(50), None);
+        assert!(state.extend(clock::now() + Duration::from_secs(60)));
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         tokio::time::sleep(Duration::from_millis(80)).await;
         assert!(!signal.is_lost(), "extended");
@@ -295,7 +328,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_lease_is_never_lost() {
-        let state = LeaseState::new(Instant::now() + Duration::from_millis(20), None);
+        let state = LeaseState::new(clock::now() + Duration::from_millis(20), None);
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         state.mark_released();
         tokio::time::sleep(Duration::from_millis(40)).await;
@@ -310,7 +343,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_composite_is_lost_when_any_member_is() {
-        let far = Instant::now() + Duration::from_secs(60);
+        let far = clock::now() + Duration::from_secs(60);
         let (a, b) = (LeaseState::new(far, None), LeaseState::new(far, None));
         let signal = LostSignal::new(vec![Arc::clone(&a), Arc::clone(&b)]);
         assert!(!signal.is_lost());
@@ -323,9 +356,9 @@ mod tests {
 
     #[tokio::test]
     async fn no_renewal_extends_a_lease_past_the_end_of_its_hold() {
-        let hold_until = Instant::now() + Duration::from_millis(40);
-        let state = LeaseState::new(Instant::now() + Duration::from_secs(60), Some(hold_until));
-        assert!(state.extend(Instant::now() + Duration::from_secs(120)));
+        let hold_until = clock::now() + Duration::from_millis(40);
+        let state = LeaseState::new(clock::now() + Duration::from_secs(60), Some(hold_until));
+        assert!(state.extend(clock::now() + Duration::from_secs(120)));
         assert_eq!(state.lost_at(), Some(hold_until));
         assert!(!state.hold_ended());
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
@@ -333,13 +366,33 @@ mod tests {
             .await
             .expect("lost at the end of the hold");
         assert!(state.hold_ended());
-        assert!(!state.extend(Instant::now() + Duration::from_secs(60)));
+        assert!(!state.extend(clock::now() + Duration::from_secs(60)));
         assert!(signal.is_lost());
     }
 
     #[tokio::test]
+    async fn time_the_host_spent_suspended_counts_toward_the_deadline() {
+        let state = LeaseState::new(clock::now() + Duration::from_secs(20), None);
+        let signal = LostSignal::new(vec![Arc::clone(&state)]);
+        let waiting = tokio::spawn({
+            let signal = signal.clone();
+            async move { signal.wait().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!signal.is_lost());
+        // Suspended for 30 s: Tokio's clock did not move, the lease's did.
+        clock::simulate_suspension(Duration::from_secs(30));
+        assert!(signal.is_lost(), "is_lost() counts the suspension at once");
+        tokio::time::timeout(clock::RECHECK + Duration::from_secs(2), waiting)
+            .await
+            .expect("a waiter notices within the recheck interval")
+            .unwrap();
+        assert!(!state.extend(clock::now() + Duration::from_secs(60)));
+    }
+
+    #[tokio::test]
     async fn work_runs_to_its_output_unless_the_lease_is_lost_first() {
-        let far = Instant::now() + Duration::from_secs(60);
+        let far = clock::now() + Duration::from_secs(60);
         let held = LostSignal::new(vec![LeaseState::new(far, None)]);
         assert_eq!(held.unless_lost(async { 7 }).await, Some(7));
 

@@ -20,6 +20,8 @@ pub(crate) enum Loss {
     ShutDown,
     /// The renewal loop ended (its runtime shut down, or it panicked).
     LoopEnded,
+    /// The server's clock jumped forward by more than `max_clock_skew` between two renewals.
+    ClockJump,
 }
 
 impl Loss {
@@ -34,10 +36,15 @@ impl Loss {
             Loss::MaxHold => "max_hold has passed: the lease is no longer renewed",
             Loss::ShutDown => "the provider was shut down",
             Loss::LoopEnded => "the renewal loop has ended",
+            Loss::ClockJump => {
+                "the server's clock jumped forward by more than max_clock_skew: the lease may \
+                 have ended early"
+            }
         }
     }
 
-    /// The `reason` label: `gone`, `deadline`, `max_hold`, `shutdown` or `loop_ended`.
+    /// The `reason` label: `gone`, `deadline`, `max_hold`, `shutdown`, `loop_ended` or
+    /// `clock_jump`.
     fn label(self) -> &'static str {
         match self {
             Loss::Gone | Loss::GoneAtRelease => "gone",
@@ -45,6 +52,7 @@ impl Loss {
             Loss::MaxHold => "max_hold",
             Loss::ShutDown => "shutdown",
             Loss::LoopEnded => "loop_ended",
+            Loss::ClockJump => "clock_jump",
         }
     }
 }

@@ -8,8 +8,12 @@
 //! - [`acquire`]: the one acquisition loop (validation, runtime, tracing span, spawned attempts,
 //!   transient-error retries, backoff, in-process handoff, deadlines, cleanup of attempts whose
 //!   outcome is unknown).
-//! - [`held`]: the held-lease core every guard wraps (lock id, `lost`, release, `Drop`).
-//! - [`renewal`]: the shared renewal loops and releases; [`lost`]: when a lease counts as lost.
+//! - [`held`]: the held-lease core every guard wraps (lock id, `lost`, release, `Drop`, and
+//!   lease-checked transactions).
+//! - [`hub`]: a family's renewal loops, work under way ([`in_flight`]) and shutdown;
+//!   [`record`]: a held lease and where it lives; [`renewal`]: the renewal loops; [`release`]:
+//!   releases and transfers; [`undo`]: what ends a lease whose fate is unknown.
+//! - [`lost`]: when a lease counts as lost, on the suspend-aware [`clock`](crate::clock).
 //! - [`schema`]: field names and update pipelines of every kind; [`ttl_index`]; [`admin`]:
 //!   reading holders, forced release, purging.
 //! - [`backoff`], [`handoff`]: the pacing of waiting callers.
@@ -19,13 +23,19 @@
 pub(crate) mod acquire;
 pub(crate) mod admin;
 pub(crate) mod backoff;
+
 pub(crate) mod handoff;
 pub(crate) mod held;
+pub(crate) mod hub;
+pub(crate) mod in_flight;
 pub(crate) mod lost;
 pub(crate) mod metrics;
+pub(crate) mod record;
+pub(crate) mod release;
 pub(crate) mod renewal;
 pub(crate) mod schema;
 pub(crate) mod ttl_index;
+pub(crate) mod undo;
 
 use std::sync::Arc;
 
@@ -33,14 +43,14 @@ use mongodb::bson::{Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
-use tokio::time::Instant;
 
 use crate::error::{is_duplicate_key, shown_name};
 use crate::{Error, LockOptions, Result};
-use acquire::Cleanup;
 use held::HeldLease;
-use renewal::{Lease, RenewalHub};
+use hub::RenewalHub;
+use record::{Lease, Place};
 use schema::Layout;
+use undo::Undo;
 
 /// The longest lock name, in bytes: a name is stored as the `_id` of its document and sent in
 /// every command about it, and must leave room within MongoDB's 16 MiB document limit.
@@ -121,10 +131,15 @@ impl Target {
         self.waiters = self.queue_key();
     }
 
-    /// Shares `renewals` (a provider's), and with them the in-process queues of its locks.
-    pub(crate) fn share_renewals(&mut self, renewals: &Arc<RenewalHub>) {
+    /// Shares `renewals` (a provider's), and with them the in-process queues of its locks; a
+    /// `refusal` (a provider setting that forbids using the lock) is reported as the lock's
+    /// problem.
+    pub(crate) fn share_renewals(&mut self, renewals: &Arc<RenewalHub>, refusal: Option<Problem>) {
         self.renewals = Arc::clone(renewals);
         self.waiters = self.queue_key();
+        if let Some(refusal) = refusal {
+            self.problem.get_or_insert(refusal);
+        }
     }
 
     fn queue_key(&self) -> handoff::Key {
@@ -154,16 +169,20 @@ impl Target {
         Problem::check(self.problem.as_ref())
     }
 
+    /// Where this lock's leases live, stored as `layout` says.
+    pub(crate) fn place(&self, layout: &Layout) -> Place {
+        Place {
+            collection: self.collection.clone(),
+            layout: layout.clone(),
+            options: self.options.clone(),
+        }
+    }
+
     /// What ends the lease that the attempt with `lock_id` may have taken in this lock's
     /// document (stored as `layout` says), should its outcome be unknown.
-    pub(crate) fn cleanup(&self, layout: &Layout, lock_id: &str) -> Cleanup {
-        Cleanup {
-            collection: self.collection.clone(),
-            filter: layout.release_filter(&self.name.as_str().into(), lock_id),
-            update: layout.release_update(lock_id),
-            options: self.options.clone(),
-            name: self.name.clone(),
-        }
+    pub(crate) fn cleanup(&self, layout: &Layout, lock_id: &str) -> Undo {
+        self.place(layout)
+            .release_undo(&self.name.as_str().into(), lock_id, &self.name)
     }
 
     /// Runs an attempt's pipeline `update` on the lock's document (`{_id: name}`, created if
@@ -203,7 +222,7 @@ impl Target {
         kind: &'static str,
         layout: &Layout,
         lock_id: String,
-        sent_at: Instant,
+        sent_at: crate::clock::Instant,
     ) -> Option<HeldLease> {
         let lease = Lease {
             id: self.name.as_str().into(),
@@ -219,12 +238,7 @@ impl Target {
         if self.options.automatic_ttl_index() {
             ttl_index::ensure(runtime, &self.collection);
         }
-        let place = renewal::Place {
-            collection: &self.collection,
-            layout,
-            options: &self.options,
-        };
-        HeldLease::hold(runtime, &self.renewals, place, lease)
+        HeldLease::hold(runtime, &self.renewals, &self.place(layout), lease)
     }
 }
 

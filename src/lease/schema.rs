@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use mongodb::bson::{Bson, Document, doc};
+use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{ReadPreference, SelectionCriteria};
 
 use crate::fencing::read_i64;
@@ -274,6 +274,39 @@ impl Layout {
             doc! { "$match": filter },
             doc! { "$project": { LIVE_LOCK_IDS: ours } },
         ]
+    }
+
+    /// A projection that keeps only the lease `lock_id` of a document (and its `_id`).
+    pub(crate) fn lease_projection(&self, lock_id: &str) -> Document {
+        match self {
+            Layout::Members(field) => {
+                doc! { field.as_str(): { "$elemMatch": { EMBEDDED_ID: lock_id } } }
+            }
+            _ => doc! { self.expires_at_path(): 1 },
+        }
+    }
+
+    /// The `expiresAt` of the lease `lock_id` in `document` (as projected by
+    /// [`lease_projection`](Self::lease_projection)), if it is there.
+    pub(crate) fn lease_expiry(&self, document: &Document, lock_id: &str) -> Option<DateTime> {
+        match self {
+            Layout::LockDocument => document.get_datetime(EXPIRES_AT).ok().copied(),
+            Layout::Writer | Layout::Embedded(_) => document
+                .get_document(self.field()?)
+                .ok()?
+                .get_datetime(EXPIRES_AT)
+                .ok()
+                .copied(),
+            Layout::Members(field) => document
+                .get_array(field)
+                .ok()?
+                .iter()
+                .filter_map(Bson::as_document)
+                .find(|member| member.get_str(EMBEDDED_ID) == Ok(lock_id))?
+                .get_datetime(EXPIRES_AT)
+                .ok()
+                .copied(),
+        }
     }
 
     /// Matches our lease whether or not it is still live: releasing an expired lease is

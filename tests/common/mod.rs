@@ -54,6 +54,8 @@ pub struct CommandLog {
     reads: Mutex<Vec<Document>>,
     /// The `findAndModify` commands started, as sent.
     find_and_modifies: Mutex<Vec<Document>>,
+    /// The `update` commands started, as sent.
+    updates: Mutex<Vec<Document>>,
     in_flight: AtomicI64,
 }
 
@@ -76,6 +78,11 @@ impl CommandLog {
         self.started.lock().unwrap().clear();
         self.sizes.lock().unwrap().clear();
         self.find_and_modifies.lock().unwrap().clear();
+    }
+
+    /// The `update` commands started so far, as sent.
+    pub fn updates(&self) -> Vec<Document> {
+        self.updates.lock().unwrap().clone()
     }
 
     /// The `find` and `aggregate` commands started so far, as sent.
@@ -151,6 +158,11 @@ pub async fn counting_database_on(
                 }
                 "findAndModify" => recorder
                     .find_and_modifies
+                    .lock()
+                    .unwrap()
+                    .push(started.command.clone()),
+                "update" => recorder
+                    .updates
                     .lock()
                     .unwrap()
                     .push(started.command.clone()),

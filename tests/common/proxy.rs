@@ -98,6 +98,9 @@ pub enum Action {
     ApplyThenMerge(Document),
     /// Forward after this delay.
     Delay(Duration),
+    /// Forward at once (applied), and hold the reply back for this long: a reply slow to come
+    /// back.
+    DelayReply(Duration),
 }
 
 /// A command fault: acts on the first `times` commands called `command` (in `collection`, when
@@ -114,6 +117,8 @@ pub struct Rule {
     /// Fields the command must carry, by dotted path (e.g. `readConcern.level`), with these
     /// values.
     pub fields: Vec<(String, Bson)>,
+    /// Fields the command must carry, by dotted path, whatever their values.
+    pub present: Vec<String>,
     /// How many matching commands it acts on; then it is spent.
     pub times: usize,
     pub action: Action,
@@ -126,6 +131,7 @@ impl Rule {
             command: command.to_owned(),
             collection: None,
             fields: Vec::new(),
+            present: Vec::new(),
             times: 1,
             action,
         }
@@ -134,6 +140,13 @@ impl Rule {
     /// Only commands whose field at the dotted `path` equals `value`.
     pub fn where_field(mut self, path: &str, value: impl Into<Bson>) -> Rule {
         self.fields.push((path.to_owned(), value.into()));
+        self
+    }
+
+    /// Only commands that carry a field at the dotted `path` (e.g. `query.lockId.$in`: a
+    /// release that hands a lock over).
+    pub fn where_present(mut self, path: &str) -> Rule {
+        self.present.push(path.to_owned());
         self
     }
 
@@ -159,6 +172,10 @@ impl Rule {
                 .fields
                 .iter()
                 .all(|(path, value)| field_at(&command.body, path) == Some(value))
+            && self
+                .present
+                .iter()
+                .all(|path| field_at(&command.body, path).is_some())
     }
 }
 
@@ -386,6 +403,8 @@ impl Rules {
 /// What to do with the server's reply to a command a rule acted on.
 enum ReplyPlan {
     DropAndClose,
+    /// Pass the reply on after this delay.
+    Delay(Duration),
     /// Merge these fields; the request decides the error labels.
     Merge {
         fields: Document,
@@ -577,6 +596,12 @@ fn apply(
 ) -> Option<Item> {
     match action {
         Action::Delay(delay) => Some(Item::send(due + delay, bytes)),
+        Action::DelayReply(delay) => {
+            connection
+                .plans()
+                .insert(request.request_id, ReplyPlan::Delay(delay));
+            Some(Item::send(due, bytes))
+        }
         Action::Hang => Some(Item::Send {
             due,
             bytes: Vec::new(),
@@ -642,13 +667,17 @@ async fn read_replies(
         }
         framer.push(&buffer[..read]);
         while let Some(frame) = framer.next() {
-            let due = Instant::now() + latency(&states);
+            let mut due = Instant::now() + latency(&states);
             let bytes = match frame {
                 Frame::Raw(bytes) => bytes,
                 Frame::Message(bytes) => {
                     let plan = connection.plans().remove(&header(&bytes).response_to);
                     match plan {
                         None => bytes,
+                        Some(ReplyPlan::Delay(delay)) => {
+                            due += delay;
+                            bytes
+                        }
                         Some(ReplyPlan::DropAndClose) => {
                             let _ = to_client.send(Item::Close);
                             // The client writer closes the connection once it gets there.
@@ -943,6 +972,21 @@ pub async fn proxied_client_with(
     configure: impl FnOnce(&mut ClientOptions),
 ) -> (FaultProxy, Client) {
     let proxy = FaultProxy::start(address_of(uri).await).await;
+    let client = client_through_with(&proxy, uri, configure).await;
+    (proxy, client)
+}
+
+/// A client of the server at `uri` that connects through `proxy` (started on another runtime,
+/// say, to outlive this one as a network outlives a process).
+pub async fn client_through(proxy: &FaultProxy, uri: &str) -> Client {
+    client_through_with(proxy, uri, |_| {}).await
+}
+
+async fn client_through_with(
+    proxy: &FaultProxy,
+    uri: &str,
+    configure: impl FnOnce(&mut ClientOptions),
+) -> Client {
     let mut options = ClientOptions::parse(uri).await.expect("valid MongoDB URI");
     options.hosts = vec![ServerAddress::Tcp {
         host: proxy.address().ip().to_string(),
@@ -953,6 +997,5 @@ pub async fn proxied_client_with(
     options.server_selection_timeout = Some(Duration::from_secs(5));
     options.connect_timeout = Some(Duration::from_secs(2));
     configure(&mut options);
-    let client = Client::with_options(options).expect("valid client options");
-    (proxy, client)
+    Client::with_options(options).expect("valid client options")
 }

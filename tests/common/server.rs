@@ -66,6 +66,12 @@ pub fn start_dedicated(skew_ms: Option<i64>) -> Dedicated {
         Some(skew) => vec!["--skewed-port-offset-ms".to_owned(), skew.to_string()],
         None => Vec::new(),
     };
+    start_dedicated_with(&args)
+}
+
+/// Like [`start_dedicated`], with the launcher's command-line `args` (see
+/// scripts/mongoeco_server.py).
+pub fn start_dedicated_with(args: &[String]) -> Dedicated {
     let python = embedded_python();
     assert!(
         python.exists(),
@@ -73,8 +79,12 @@ pub fn start_dedicated(skew_ms: Option<i64>) -> Dedicated {
          the embedded server's Python ({}) is missing; {HOW_TO_GET_EMBEDDED}",
         python.display()
     );
-    let ports = if skew_ms.is_some() { 2 } else { 1 };
-    let Embedded { mut uris, child } = start_embedded(&args, ports)
+    let ports = if args.iter().any(|arg| arg == "--skewed-port-offset-ms") {
+        2
+    } else {
+        1
+    };
+    let Embedded { mut uris, child } = start_embedded(args, ports)
         .unwrap_or_else(|problem| panic!("{problem}; {HOW_TO_GET_EMBEDDED}"));
     let skewed_uri = (uris.len() > 1).then(|| uris.remove(1));
     Dedicated {

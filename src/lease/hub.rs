@@ -1,0 +1,222 @@
+//! The hub of a family of locks (the locks of one [`Provider`](crate::Provider), or the clones of
+//! one lock): its renewal loops, its work under way, and its shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use mongodb::Namespace;
+use tokio::runtime::{self, Handle};
+use tokio::sync::{mpsc, watch};
+use tokio::time::sleep_until;
+
+use super::in_flight::InFlight;
+use super::metrics::Loss;
+use super::record::{Lease, LeaseTable, Place};
+use super::release::ReleaseContext;
+use super::renewal::{self, Command};
+use super::schema::Layout;
+use crate::clock;
+
+/// What one renewal loop serves: a runtime, and a place with the options renewal uses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LoopKey {
+    runtime: runtime::Id,
+    namespace: Namespace,
+    layout: Layout,
+    expiry: Duration,
+    cadence: Duration,
+    skew: Duration,
+    /// `WriteConcern` is not `Hash`; its debug form identifies it.
+    write_concern: String,
+}
+
+impl LoopKey {
+    fn new(runtime: &Handle, place: &Place) -> LoopKey {
+        let options = &place.options;
+        LoopKey {
+            runtime: runtime.id(),
+            namespace: place.namespace(),
+            layout: place.layout.clone(),
+            expiry: options.expiry(),
+            cadence: options.extension_cadence(),
+            skew: options.max_clock_skew(),
+            write_concern: format!("{:?}", options.write_concern()),
+        }
+    }
+}
+
+/// A running renewal loop, as the hub sees it.
+#[derive(Debug)]
+struct LoopHandle {
+    commands: mpsc::UnboundedSender<Command>,
+    leases: Arc<LeaseTable>,
+    place: Place,
+}
+
+/// The renewal loops of a family of locks (one per runtime and place), the family's work under
+/// way, and whether it was shut down.
+#[derive(Debug)]
+pub(crate) struct RenewalHub {
+    /// Unique in the process: the family's locks share in-process queues (see `handoff`).
+    id: u64,
+    loops: Mutex<HashMap<LoopKey, LoopHandle>>,
+    /// True once the family was shut down (set while holding `loops`): no lease is held any more.
+    shut_down: watch::Sender<bool>,
+    in_flight: Arc<InFlight>,
+}
+
+impl Default for RenewalHub {
+    fn default() -> RenewalHub {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        RenewalHub {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            loops: Mutex::default(),
+            shut_down: watch::Sender::new(false),
+            in_flight: Arc::default(),
+        }
+    }
+}
+
+impl RenewalHub {
+    /// Identifies this hub (this family of locks) in the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The family's work under way.
+    pub(crate) fn in_flight(&self) -> &Arc<InFlight> {
+        &self.in_flight
+    }
+
+    fn is_shut_down(&self) -> bool {
+        *self.shut_down.borrow()
+    }
+
+    /// Turns true when [`shut_down`](Self::shut_down) is called.
+    pub(crate) fn shut_down_signal(&self) -> watch::Receiver<bool> {
+        self.shut_down.subscribe()
+    }
+
+    fn loops(&self) -> MutexGuard<'_, HashMap<LoopKey, LoopHandle>> {
+        self.loops
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts renewing `lease` (just won) with the loop for `runtime` and `place`, starting the
+    /// loop if there is none (or its runtime shut down). Returns the channel for later release
+    /// requests. If no loop can take the lease, it is marked lost at once; after a shutdown it is
+    /// also released at once.
+    pub(crate) fn hold(
+        &self,
+        runtime: &Handle,
+        place: &Place,
+        lease: Lease,
+    ) -> mpsc::UnboundedSender<Command> {
+        let mut loops = self.loops();
+        if self.is_shut_down() {
+            // Won by an attempt still in flight when the family was shut down; the shutdown
+            // waits for this release (it is work under way).
+            lease.mark_lost(Loss::ShutDown);
+            let context = ReleaseContext {
+                runtime: runtime.clone(),
+                place: place.clone(),
+                in_flight: Arc::clone(&self.in_flight),
+            };
+            context.spawn(lease, None);
+            return mpsc::unbounded_channel().0;
+        }
+        // A loop whose runtime shut down has dropped its receiver; a new runtime with a reused
+        // id then gets a fresh loop.
+        loops.retain(|_, running| !running.commands.is_closed());
+        let running = loops
+            .entry(LoopKey::new(runtime, place))
+            .or_insert_with(|| {
+                let leases = Arc::new(LeaseTable::default());
+                let commands = renewal::start(
+                    runtime,
+                    place.clone(),
+                    lease.kind,
+                    Arc::clone(&leases),
+                    Arc::clone(&self.in_flight),
+                );
+                LoopHandle {
+                    commands,
+                    leases,
+                    place: place.clone(),
+                }
+            });
+        let lock_id = lease.lock_id.clone();
+        running.leases.lock().insert(lock_id.clone(), lease);
+        if running
+            .commands
+            .send(Command::Held {
+                lock_id: lock_id.clone(),
+            })
+            .is_err()
+        {
+            // The runtime is shutting down: nobody will renew this lease.
+            if let Some(lease) = running.leases.lock().remove(&lock_id) {
+                lease.mark_lost(Loss::LoopEnded);
+            }
+        }
+        running.commands.clone()
+    }
+
+    /// Holds no more leases, and finishes the job before returning: every later
+    /// [`hold`](Self::hold) releases its lease at once; every held lease is marked lost and
+    /// released, and all work under way that may leave a lease behind (releases, transfers,
+    /// cleanups, acquisition attempts) is waited for or undone.
+    ///
+    /// Everything is sent from the caller's task, never by the renewal loops, so it returns in
+    /// bounded time even when a loop's runtime is not being driven: at most each attempt's reply
+    /// limit (at least 5 s, at most `expiry`) plus, per update, `expiry`.
+    pub(crate) async fn shut_down(&self) {
+        let held: Vec<(Lease, Place)> = {
+            let mut loops = self.loops();
+            self.shut_down.send_replace(true);
+            loops
+                .drain()
+                .flat_map(|(_, running)| {
+                    let _ = running.commands.send(Command::ShutDown);
+                    let leases: Vec<Lease> = running
+                        .leases
+                        .lock()
+                        .drain()
+                        .map(|(_, lease)| lease)
+                        .collect();
+                    let place = running.place;
+                    leases.into_iter().map(move |lease| (lease, place.clone()))
+                })
+                .collect()
+        };
+        let mut undo: Vec<_> = held
+            .iter()
+            .map(|(lease, place)| {
+                lease.mark_lost(Loss::ShutDown);
+                place.release_undo(&lease.id, &lease.lock_id, &lease.name)
+            })
+            .collect();
+        drop(held);
+        let mut changes = self.in_flight.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let due = self.in_flight.take_due(clock::now());
+            undo.extend(due.undo);
+            if !undo.is_empty() {
+                futures::future::join_all(undo.iter().map(|undo| undo.send())).await;
+                undo.clear();
+                continue;
+            }
+            let Some(next) = due.next else {
+                break;
+            };
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = sleep_until(clock::wake_toward(next)) => {}
+            }
+        }
+    }
+}

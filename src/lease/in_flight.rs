@@ -1,0 +1,217 @@
+//! Work of a family of locks that may leave a lease on the server until it is over: acquisition
+//! attempts, releases, transfers, cleanups, a waiting writer's marker. Each piece of work is
+//! tracked with what undoes it, so that [`RenewalHub::shut_down`](super::hub::RenewalHub) can
+//! finish the job: it waits for attempts (at most until their reply limit) and sends the undo of
+//! everything still under way itself, on its own runtime, whatever runtime the work was
+//! started on (that one may not be driven any more, or may be gone).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use super::undo::Undo;
+use crate::clock;
+
+/// The work under way of one family of locks.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    work: Mutex<Work>,
+    /// Bumped whenever work starts, finishes or is abandoned.
+    changes: watch::Sender<u64>,
+}
+
+impl Default for InFlight {
+    fn default() -> InFlight {
+        InFlight {
+            work: Mutex::default(),
+            changes: watch::Sender::new(0),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Work {
+    next_id: u64,
+    pieces: HashMap<u64, Piece>,
+}
+
+#[derive(Debug)]
+struct Piece {
+    /// Ends whatever the work may leave behind; sending it twice is harmless (it is filtered by
+    /// lock ids).
+    undo: Vec<Undo>,
+    /// For an acquisition attempt: its reply limit. Until then the attempt may still win and
+    /// release what it won by itself (an undo sent before it was applied would miss it); after,
+    /// its cleanup is due. `None`: the undo is due at once.
+    settle_by: Option<clock::Instant>,
+}
+
+/// What a shutdown must do about the work under way at one instant.
+#[derive(Debug)]
+pub(crate) struct Due {
+    /// Undo these now (their work is forgotten).
+    pub(crate) undo: Vec<Undo>,
+    /// The earliest reply limit of the attempts still under way, if any.
+    pub(crate) next: Option<clock::Instant>,
+}
+
+impl InFlight {
+    fn work(&self) -> MutexGuard<'_, Work> {
+        self.work
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn changed(&self) {
+        self.changes
+            .send_modify(|count| *count = count.wrapping_add(1));
+    }
+
+    /// Starts tracking a piece of work; it stays tracked until [`Tracked::finish`] (a
+    /// [`Tracked`] dropped without finishing, its task cancelled by a runtime shutdown, leaves
+    /// its undo due).
+    pub(crate) fn track(
+        self: &Arc<Self>,
+        undo: Vec<Undo>,
+        settle_by: Option<clock::Instant>,
+    ) -> Tracked {
+        let id = {
+            let mut work = self.work();
+            let id = work.next_id;
+            work.next_id += 1;
+            work.pieces.insert(id, Piece { undo, settle_by });
+            id
+        };
+        self.changed();
+        Tracked {
+            in_flight: Arc::clone(self),
+            id,
+            finished: false,
+        }
+    }
+
+    /// Sends `undo` in the background on `runtime`, as tracked work (a shutdown sends it again
+    /// if it has not finished).
+    pub(crate) fn spawn_undo(self: &Arc<Self>, runtime: &Handle, undo: Undo) {
+        let tracked = self.track(vec![undo.clone()], None);
+        runtime.spawn(async move {
+            undo.send().await;
+            tracked.finish();
+        });
+    }
+
+    /// Notified of every change.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Whether no work is under way.
+    #[cfg(test)]
+    pub(crate) fn is_idle(&self) -> bool {
+        self.work().pieces.is_empty()
+    }
+
+    /// Takes the undo of every piece that is due at `now` (forgetting those pieces) and tells
+    /// when the next one will be.
+    pub(crate) fn take_due(&self, now: clock::Instant) -> Due {
+        let mut work = self.work();
+        let due: Vec<u64> = work
+            .pieces
+            .iter()
+            .filter(|(_, piece)| piece.settle_by.is_none_or(|settle_by| settle_by <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        let undo = due
+            .into_iter()
+            .filter_map(|id| work.pieces.remove(&id))
+            .flat_map(|piece| piece.undo)
+            .collect();
+        let next = work
+            .pieces
+            .values()
+            .filter_map(|piece| piece.settle_by)
+            .min();
+        Due { undo, next }
+    }
+}
+
+/// A piece of work being tracked.
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    in_flight: Arc<InFlight>,
+    id: u64,
+    finished: bool,
+}
+
+impl Tracked {
+    /// Adds to what undoes this work (a release that became a transfer: the waiter's lease too).
+    pub(crate) fn add_undo(&self, undo: Undo) {
+        if let Some(piece) = self.in_flight.work().pieces.get_mut(&self.id) {
+            piece.undo.push(undo);
+        }
+    }
+
+    /// The work is over: nothing of it is left to undo.
+    pub(crate) fn finish(mut self) {
+        self.finished = true;
+        self.in_flight.work().pieces.remove(&self.id);
+        self.in_flight.changed();
+    }
+}
+
+impl Drop for Tracked {
+    /// Dropped unfinished (its task was cancelled, its runtime shut down): whatever it may have
+    /// left is due to be undone at once.
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Some(piece) = self.in_flight.work().pieces.get_mut(&self.id) {
+                piece.settle_by = None;
+            }
+            self.in_flight.changed();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn attempts_are_due_at_their_limit_other_work_at_once_and_finished_work_never() {
+        let in_flight = Arc::new(InFlight::default());
+        let now = clock::now();
+        let limit = now + Duration::from_secs(5);
+        let attempt = in_flight.track(Vec::new(), Some(limit));
+        let release = in_flight.track(Vec::new(), None);
+        let finished = in_flight.track(Vec::new(), None);
+        finished.finish();
+        let due = in_flight.take_due(now);
+        assert_eq!(due.next, Some(limit), "the attempt waits for its limit");
+        assert!(!in_flight.is_idle());
+        // The release was taken (its undo sent by the caller); the attempt is due at its limit.
+        drop(release);
+        let due = in_flight.take_due(limit);
+        assert_eq!(due.next, None);
+        assert!(in_flight.is_idle());
+        attempt.finish(); // a late finish of forgotten work changes nothing
+        assert!(in_flight.is_idle());
+    }
+
+    #[test]
+    fn work_dropped_unfinished_is_due_at_once() {
+        let in_flight = Arc::new(InFlight::default());
+        let now = clock::now();
+        let attempt = in_flight.track(Vec::new(), Some(now + Duration::from_secs(60)));
+        assert_eq!(
+            in_flight.take_due(now).next,
+            Some(now + Duration::from_secs(60))
+        );
+        drop(attempt);
+        let due = in_flight.take_due(now);
+        assert_eq!(due.next, None);
+        assert!(in_flight.is_idle());
+    }
+}

@@ -1,0 +1,135 @@
+//! A held lease as the engine tracks it, where it lives, and the table of a renewal loop's leases
+//! (shared with the family's hub, so that a shutdown can release them without the loop).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::{Collection, Namespace};
+
+use super::handoff;
+use super::lost::LeaseState;
+use super::metrics::{self, Loss};
+use super::schema::{self, Layout};
+use super::undo::Undo;
+use crate::LockOptions;
+use crate::error::shown_name;
+
+/// Where leases live and how they are renewed: a collection, the layout of the leases in its
+/// documents, and the options. What one renewal loop serves.
+#[derive(Clone, Debug)]
+pub(crate) struct Place {
+    pub(crate) collection: Collection<Document>,
+    pub(crate) layout: Layout,
+    pub(crate) options: LockOptions,
+}
+
+impl Place {
+    pub(crate) fn namespace(&self) -> Namespace {
+        self.collection.namespace()
+    }
+
+    /// The update that ends the lease `lock_id` in document `id` (its holder's release).
+    pub(crate) fn release_undo(&self, id: &Bson, lock_id: &str, name: &str) -> Undo {
+        Undo {
+            collection: self.collection.clone(),
+            filter: self.layout.release_filter(id, lock_id),
+            update: self.layout.release_update(lock_id),
+            write_concern: self.options.write_concern().clone(),
+            patience: self.options.expiry(),
+            many: false,
+            name: name.to_owned(),
+        }
+    }
+
+    /// The update that ends whichever of the exclusive leases `lock_ids` lock document `id`
+    /// holds (a transfer whose outcome is unknown: the releasing lease or the waiter's).
+    pub(crate) fn end_exclusive_leases_undo(
+        &self,
+        id: &Bson,
+        lock_ids: &[&str],
+        name: &str,
+    ) -> Undo {
+        Undo {
+            collection: self.collection.clone(),
+            filter: doc! { schema::ID: id.clone(), schema::LOCK_ID: { "$in": lock_ids } },
+            update: schema::end_lease(),
+            write_concern: self.options.write_concern().clone(),
+            patience: self.options.expiry(),
+            many: false,
+            name: name.to_owned(),
+        }
+    }
+}
+
+/// A held lease, as its renewal loop tracks it.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    /// The `_id` of the document holding the lease.
+    pub(crate) id: Bson,
+    /// How the lock is named in messages.
+    pub(crate) name: String,
+    /// The kind of lock, for metrics: `exclusive`, `read`, `write`, `semaphore`, `document`.
+    pub(crate) kind: &'static str,
+    pub(crate) lock_id: String,
+    /// Its deadline and lost state, shared with the guard.
+    pub(crate) state: Arc<LeaseState>,
+    /// Identifies the lock's in-process waiters, to wake one on release.
+    pub(crate) waiters: Option<handoff::Key>,
+    /// For an exclusive lease: counts it as held in this process until it ends here.
+    pub(crate) holding: Option<handoff::Holding>,
+}
+
+impl Lease {
+    pub(crate) fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// Why a lease whose deadline has passed is lost: `max_hold` if its hold is over, else
+    /// `otherwise`.
+    pub(crate) fn overdue(&self, otherwise: Loss) -> Loss {
+        if self.state.hold_ended() {
+            Loss::MaxHold
+        } else {
+            otherwise
+        }
+    }
+
+    pub(crate) fn mark_lost(&self, loss: Loss) {
+        if self.state.mark_lost() {
+            tracing::warn!(lock = %shown_name(&self.name), reason = loss.describe(), "lock lost");
+            metrics::lost(self.kind, loss);
+        }
+        // Local waiters may be able to take it: the first goes back to the busy-wait pace.
+        if let Some(holding) = &self.holding {
+            holding.end();
+        }
+    }
+
+    /// Roughly how many bytes this lease adds to a renewal command (its `_id` and lock id appear
+    /// in the filter, the lock id once more in an array-member update).
+    pub(crate) fn command_bytes(&self) -> usize {
+        let id = match &self.id {
+            Bson::String(name) => name.len(),
+            other => {
+                mongodb::bson::to_vec(&doc! { "id": other.clone() }).map_or(64, |raw| raw.len())
+            }
+        };
+        id + 2 * self.lock_id.len() + 32
+    }
+}
+
+/// The leases of one renewal loop, by lock id. The loop renews them; the hub adds them (so that
+/// a lease is in the table before its guard exists) and takes them all on shutdown.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseTable {
+    leases: Mutex<HashMap<String, Lease>>,
+}
+
+impl LeaseTable {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<String, Lease>> {
+        self.leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

@@ -1,0 +1,381 @@
+//! Releasing a held lease: a plain release, or a transfer to a local waiter (see `handoff`),
+//! sent until its outcome is known or `expiry` has passed.
+//!
+//! A release runs in a task of its own, tracked as work of its family (see `in_flight`): a
+//! shutdown sends it again if it has not finished, so a release cut short by its runtime's end
+//! leaves no lease behind once the family is shut down. A transfer whose task ends before its
+//! outcome is known tells its waiter so, and the waiter ends both leases (the releasing one and
+//! its own) on its own runtime.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongodb::bson::doc;
+use mongodb::options::ReturnDocument;
+use mongodb::results::UpdateResult;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::sleep_until;
+
+use super::handoff::{self, Handoff, Offer, Transfer};
+use super::in_flight::{InFlight, Tracked};
+use super::metrics::Loss;
+use super::record::{Lease, Place};
+use super::schema::{self, Layout};
+use crate::clock;
+use crate::error::{Operation, shown_name};
+use crate::{Error, LockOptions, Result};
+
+/// Where the answer to a release request goes.
+pub(crate) type ReleaseReply = oneshot::Sender<Result<()>>;
+
+/// How long to wait before retrying a failed renewal or release.
+pub(crate) fn retry_delay(options: &LockOptions) -> Duration {
+    (options.extension_cadence() / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// How long one release command is waited for before it is sent again: a quarter of the
+/// expiry, at least a second.
+fn release_call_limit(options: &LockOptions) -> Duration {
+    (options.expiry() / 4).max(Duration::from_secs(1))
+}
+
+/// What a release needs besides the lease.
+#[derive(Clone, Debug)]
+pub(crate) struct ReleaseContext {
+    pub(crate) runtime: Handle,
+    pub(crate) place: Place,
+    pub(crate) in_flight: Arc<InFlight>,
+}
+
+impl ReleaseContext {
+    /// Starts releasing `lease` in a task of its own on the context's runtime, tracked as work
+    /// of the family until it is over; answers on `reply` if given.
+    pub(crate) fn spawn(self, lease: Lease, reply: Option<ReleaseReply>) -> JoinHandle<()> {
+        let tracked = self.in_flight.track(
+            vec![
+                self.place
+                    .release_undo(&lease.id, &lease.lock_id, &lease.name),
+            ],
+            None,
+        );
+        let runtime = self.runtime.clone();
+        runtime.spawn(release_lease(self, lease, reply, tracked))
+    }
+}
+
+/// Expires `lease` (never anybody else's) and keeps the document; wakes an in-process waiter.
+async fn release_lease(
+    context: ReleaseContext,
+    lease: Lease,
+    reply: Option<ReleaseReply>,
+    tracked: Tracked,
+) {
+    let result = send_release(&context, &lease, &tracked).await;
+    tracked.finish();
+    match reply {
+        // The caller may have stopped waiting; the outcome is the same either way.
+        Some(reply) => {
+            let _ = reply.send(result);
+        }
+        None => match result {
+            Ok(()) => tracing::debug!(lock = %shown_name(&lease.name), "released on drop"),
+            Err(Error::LockLost { .. }) => {
+                tracing::debug!(lock = %shown_name(&lease.name), "dropped guard's lock had been lost");
+            }
+            Err(error) => tracing::warn!(
+                lock = %shown_name(&lease.name),
+                %error,
+                "background release after drop failed; the lease ends at its expiry"
+            ),
+        },
+    }
+}
+
+async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: &Tracked) -> Result<()> {
+    let ReleaseContext { runtime, place, .. } = context;
+    let Place {
+        collection,
+        layout,
+        options,
+    } = place;
+    let started = clock::now();
+    // Lost before the release was sent: the release still goes out (it never touches another
+    // holder's lease), but the caller must hear that the lock was not held throughout.
+    let lost_before = lease.is_lost();
+    let handoff = match (&lease.waiters, layout) {
+        (Some(waiters), Layout::LockDocument) if !lost_before => {
+            handoff::handoff(waiters, options.write_concern())
+        }
+        _ => Handoff::Wake,
+    };
+    let wake = match handoff {
+        Handoff::Transfer(offer) => {
+            return transfer(context, lease, offer, started, tracked).await;
+        }
+        Handoff::Wake => lease.waiters.as_ref(),
+        Handoff::LetOthersIn => None,
+    };
+    let filter = layout.release_filter(&lease.id, &lease.lock_id);
+    let update = layout.release_update(&lease.lock_id);
+    let send = || {
+        let (collection, filter, update) = (collection.clone(), filter.clone(), update.clone());
+        let write_concern = options.write_concern().clone();
+        runtime.spawn(async move {
+            collection
+                .update_one(filter, update)
+                .write_concern(write_concern)
+                .await
+        })
+    };
+    let matched = |result: &UpdateResult| result.matched_count > 0;
+    let outcome = release_outcome(options, started, send, matched).await;
+    // Local waiters attempt once the lease is over (whatever the outcome: it is over or will
+    // be), not before: an attempt that overtook the release would fail and cost a command.
+    if let Some(waiters) = wake {
+        handoff::wake_first(waiters);
+    }
+    released(lease, started, outcome)?;
+    if lost_before {
+        return Err(Error::LockLost {
+            name: lease.name.clone(),
+        });
+    }
+    lease.state.mark_released();
+    Ok(())
+}
+
+/// How a release ended.
+#[derive(Debug)]
+enum Released<T> {
+    /// An update matched our lease: we ended it (with this reply).
+    Ours(T),
+    /// The updates that answered matched nothing, and none had failed before: the lease was
+    /// gone (expired and taken, deleted, or ended by someone else).
+    NotOurs,
+    /// Every try failed, or an earlier try's outcome is unknown and the later ones matched
+    /// nothing (it may have ended the lease itself): the lease is over, whether lost before or
+    /// not cannot be told.
+    Unknown(Error),
+    /// No try answered within `expiry`: the lease ends by itself.
+    NoReply,
+}
+
+/// The first of `tasks` to finish, with its index; never resolves when there is none (a
+/// `select!` builds the futures of its disabled branches too).
+pub(crate) async fn first_finished<'a, T: 'a>(
+    tasks: impl IntoIterator<Item = &'a mut JoinHandle<T>>,
+) -> (std::result::Result<T, tokio::task::JoinError>, usize) {
+    let tasks: Vec<_> = tasks.into_iter().collect();
+    if tasks.is_empty() {
+        return std::future::pending().await;
+    }
+    let (result, index, _) = futures::future::select_all(tasks).await;
+    (result, index)
+}
+
+/// Sends the release update with `send` and waits for the outcome until `started + expiry`.
+///
+/// A try that fails transiently (an election, a lost reply) is sent again after a short delay.
+/// A try without a reply after a quarter of the expiry (at least 1 s) is not given up, but a
+/// second one goes out beside it, on another connection: a half-open connection must not keep
+/// the lease alive until it expires, and whichever try matches tells that the lease was ours.
+async fn release_outcome<T, S>(
+    options: &LockOptions,
+    started: clock::Instant,
+    send: S,
+    matched: impl Fn(&T) -> bool,
+) -> Released<T>
+where
+    S: Fn() -> JoinHandle<mongodb::error::Result<T>>,
+{
+    let deadline = started + options.expiry();
+    let mut calls = vec![send()];
+    let mut resend_at = Some(clock::now() + release_call_limit(options));
+    let mut matched_nothing = false;
+    // The first failure whose outcome is unknown, and the last failure.
+    let (mut uncertain, mut failure): (Option<Error>, Option<Error>) = (None, None);
+    let outcome = loop {
+        if calls.is_empty() && resend_at.is_none() {
+            break match (uncertain, failure, matched_nothing) {
+                (Some(error), _, _) => Released::Unknown(error),
+                (None, _, true) => Released::NotOurs,
+                (None, Some(error), false) => Released::Unknown(error),
+                (None, None, false) => Released::NoReply,
+            };
+        }
+        let resend = resend_at.filter(|at| *at < deadline);
+        tokio::select! {
+            (result, index) = first_finished(&mut calls), if !calls.is_empty() => {
+                calls.swap_remove(index);
+                match result {
+                    Ok(Ok(result)) if matched(&result) => break Released::Ours(result),
+                    // Definite answers: no more tries (one still in flight may yet match).
+                    Ok(Ok(_)) => {
+                        matched_nothing = true;
+                        resend_at = None;
+                    }
+                    Ok(Err(error)) => {
+                        let error = Error::Mongo(error);
+                        let retry_at = clock::now() + retry_delay(options);
+                        if error.is_transient() && retry_at < deadline {
+                            uncertain.get_or_insert(error);
+                            if calls.is_empty() {
+                                resend_at = Some(retry_at);
+                            }
+                        } else {
+                            failure = Some(error);
+                            resend_at = None;
+                        }
+                    }
+                    Err(_join_error) => {
+                        failure = Some(Error::BackgroundTaskEnded {
+                            operation: Operation::Release,
+                        });
+                        resend_at = None;
+                    }
+                }
+            }
+            () = sleep_until(clock::wake_toward(resend.unwrap_or(deadline))), if resend.is_some() => {
+                if resend.is_some_and(|at| clock::now() >= at) {
+                    calls.push(send());
+                    resend_at = Some(clock::now() + release_call_limit(options));
+                }
+            }
+            () = sleep_until(clock::wake_toward(deadline)) => {
+                if clock::now() >= deadline {
+                    break uncertain.map_or(Released::NoReply, Released::Unknown);
+                }
+            }
+        }
+        if resend_at.is_some_and(|at| at >= deadline) {
+            resend_at = None;
+        }
+    };
+    for call in calls {
+        call.abort();
+    }
+    outcome
+}
+
+/// What a release's outcome means for its caller: `Ok` when it ended our lease.
+fn released<T>(lease: &Lease, started: clock::Instant, outcome: Released<T>) -> Result<T> {
+    match outcome {
+        Released::Ours(reply) => Ok(reply),
+        Released::NotOurs => {
+            lease.mark_lost(Loss::GoneAtRelease);
+            Err(Error::LockLost {
+                name: lease.name.clone(),
+            })
+        }
+        Released::Unknown(error) => Err(error),
+        Released::NoReply => Err(Error::Timeout {
+            operation: Operation::Release,
+            name: lease.name.clone(),
+            waited: clock::now().saturating_duration_since(started),
+        }),
+    }
+}
+
+/// Delivers a transfer's outcome to its waiter exactly once: if the releasing task ends before
+/// it knows the outcome (its runtime shut down), dropping this tells the waiter so.
+struct Delivery {
+    deliver: Option<Box<dyn FnOnce(Transfer) + Send>>,
+    releasing: String,
+}
+
+impl Delivery {
+    fn deliver(mut self, transfer: Transfer) {
+        if let Some(deliver) = self.deliver.take() {
+            deliver(transfer);
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(deliver) = self.deliver.take() {
+            deliver(Transfer::Abandoned {
+                releasing: std::mem::take(&mut self.releasing),
+            });
+        }
+    }
+}
+
+/// Releases an exclusive `lease` by handing it over to a local waiter's `offer`, in one
+/// `findAndModify`: filtered by our lock id (or the waiter's, should an earlier try have
+/// applied), it writes the waiter's lock id, a fresh lease and the next fencing token, exactly
+/// as the waiter's own attempt would on a free lock. When that command returns, the waiter
+/// holds the lock.
+///
+/// If the outcome stays unknown, the waiter's lease (if the command took effect) is ended at
+/// once with a cleanup filtered by its lock id, and the waiter goes on waiting.
+async fn transfer(
+    context: &ReleaseContext,
+    lease: &Lease,
+    offer: Offer,
+    started: clock::Instant,
+    tracked: &Tracked,
+) -> Result<()> {
+    let ReleaseContext {
+        runtime,
+        place,
+        in_flight,
+    } = context;
+    let Offer {
+        lock_id,
+        update,
+        deliver,
+        ..
+    } = offer;
+    let delivery = Delivery {
+        deliver: Some(deliver),
+        releasing: lease.lock_id.clone(),
+    };
+    // Should this task end early, a shutdown ends the waiter's lease too.
+    let both = place.end_exclusive_leases_undo(&lease.id, &[&lease.lock_id, &lock_id], &lease.name);
+    tracked.add_undo(both.clone());
+    let filter = doc! {
+        schema::ID: lease.id.clone(),
+        schema::LOCK_ID: { "$in": [&lease.lock_id, &lock_id] },
+    };
+    let update = update(&lease.lock_id);
+    let send = || {
+        let (collection, filter, update) =
+            (place.collection.clone(), filter.clone(), update.clone());
+        let write_concern = place.options.write_concern().clone();
+        runtime.spawn(async move {
+            collection
+                .find_one_and_update(filter, update)
+                .return_document(ReturnDocument::After)
+                .write_concern(write_concern)
+                .await
+        })
+    };
+    let outcome = release_outcome(&place.options, started, send, Option::is_some).await;
+    let unknown = matches!(outcome, Released::Unknown(_) | Released::NoReply);
+    match released(lease, started, outcome) {
+        Ok(document) => {
+            lease.state.mark_released();
+            tracing::debug!(lock = %shown_name(&lease.name), "released to a local waiter");
+            let document = document.unwrap_or_default();
+            // Every try was sent at or after `started`: the lease lasts at least from then.
+            delivery.deliver(Transfer::Done {
+                document,
+                sent_at: started,
+            });
+            Ok(())
+        }
+        Err(error) => {
+            if unknown {
+                in_flight.spawn_undo(
+                    runtime,
+                    place.release_undo(&lease.id, &lock_id, &lease.name),
+                );
+            }
+            delivery.deliver(Transfer::NotDone);
+            Err(error)
+        }
+    }
+}
