@@ -735,18 +735,7 @@ async fn the_skewed_port_shifts_now_and_shares_the_data() {
         .client()
         .database("skew")
         .collection::<Document>("ttl");
-    ttl.create_index(
-        mongodb::IndexModel::builder()
-            .keys(doc! { "expiresAt": 1 })
-            .options(
-                mongodb::options::IndexOptions::builder()
-                    .expire_after(Duration::ZERO)
-                    .build(),
-            )
-            .build(),
-    )
-    .await
-    .unwrap();
+    common::create_ttl_index(&ttl, Duration::ZERO).await;
     let now = DateTime::now().timestamp_millis();
     ttl.insert_many([
         doc! { "_id": "live", "expiresAt": DateTime::from_millis(now + 30_000) },

@@ -92,6 +92,22 @@ fn server_with(args: &[&str]) -> (String, Option<common::server::Dedicated>) {
     }
 }
 
+/// Starts a transaction on a new session of `client` that writes `{n: 1}` into document `a` of
+/// `collection`, and leaves it open.
+async fn open_transaction_writing_a(
+    client: &mongodb::Client,
+    collection: &mongodb::Collection<Document>,
+) -> mongodb::ClientSession {
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    collection
+        .update_one(doc! { "_id": "a" }, doc! { "$set": { "n": 1 } })
+        .session(&mut session)
+        .await
+        .unwrap();
+    session
+}
+
 fn error_code(error: &mongodb::error::Error) -> Option<i32> {
     match &*error.kind {
         mongodb::error::ErrorKind::Command(command) => Some(command.code),
@@ -120,13 +136,7 @@ async fn a_write_to_a_document_an_open_transaction_wrote_waits_until_it_ends() {
         .insert_many([doc! { "_id": "a", "n": 0 }, doc! { "_id": "b", "n": 0 }])
         .await
         .unwrap();
-    let mut session = client.start_session().await.unwrap();
-    session.start_transaction().await.unwrap();
-    collection
-        .update_one(doc! { "_id": "a" }, doc! { "$set": { "n": 1 } })
-        .session(&mut session)
-        .await
-        .unwrap();
+    let mut session = open_transaction_writing_a(&client, &collection).await;
 
     let other = mongodb::Client::with_uri_str(&uri).await.unwrap();
     let others = other
@@ -216,13 +226,7 @@ async fn a_transaction_past_its_lifetime_limit_is_aborted_and_stops_holding_writ
         .insert_one(doc! { "_id": "a", "n": 0 })
         .await
         .unwrap();
-    let mut session = client.start_session().await.unwrap();
-    session.start_transaction().await.unwrap();
-    collection
-        .update_one(doc! { "_id": "a" }, doc! { "$set": { "n": 1 } })
-        .session(&mut session)
-        .await
-        .unwrap();
+    let mut session = open_transaction_writing_a(&client, &collection).await;
     let started = std::time::Instant::now();
     tokio::time::timeout(
         Duration::from_secs(10),
@@ -272,19 +276,7 @@ async fn the_embedded_servers_clock_steps_forward_and_back_for_now_and_ttl() {
     let client = mongodb::Client::with_uri_str(&dedicated.uri).await.unwrap();
     let database = client.database(common::DATABASE);
     let collection = database.collection::<Document>(&common::unique("clock"));
-    collection
-        .create_index(
-            IndexModel::builder()
-                .keys(doc! { "expiresAt": 1 })
-                .options(
-                    mongodb::options::IndexOptions::builder()
-                        .expire_after(Duration::ZERO)
-                        .build(),
-                )
-                .build(),
-        )
-        .await
-        .unwrap();
+    common::create_ttl_index(&collection, Duration::ZERO).await;
     let before = common::server_now_and_expiry(&collection, "none").await.0;
     let expires_at = mongodb::bson::DateTime::from_millis(before.timestamp_millis() + 30_000);
     collection

@@ -250,6 +250,23 @@ pub fn provider_with_own_collections(database: &Database) -> (Provider, [Collect
     (provider, collections)
 }
 
+/// Creates a TTL index on `expiresAt` in `collection` that deletes documents `expire_after`
+/// past their `expiresAt`.
+pub async fn create_ttl_index(collection: &Collection<Document>, expire_after: Duration) {
+    let index = mongodb::IndexModel::builder()
+        .keys(doc! { "expiresAt": 1 })
+        .options(
+            mongodb::options::IndexOptions::builder()
+                .expire_after(expire_after)
+                .build(),
+        )
+        .build();
+    collection
+        .create_index(index)
+        .await
+        .expect("create the TTL index");
+}
+
 /// The stored lock document.
 pub async fn lock_document(collection: &Collection<Document>, name: &str) -> Option<Document> {
     collection
