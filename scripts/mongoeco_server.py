@@ -10,8 +10,9 @@ never leaves a server behind.
 
 mongoeco 4.11.0 differs from a real server in ways the crate's code depends on; each shim below
 makes it behave like MongoDB at the wire boundary or in its engine, using mongoeco's own
-functions (see shared TEST-SERVER.md), and each has a test of its own in
-tests/infra_test_server.rs that cites the MongoDB manual page it imitates:
+functions (see shared TEST-SERVER.md), and each but shim 4 (exercised by tests/transactions.rs)
+has a test of its own in tests/infra_test_server.rs that cites the MongoDB manual page it
+imitates:
 
 1. Int64 limit/skip/batchSize arguments decoded into plain integers.
 2. Cursor ids encoded as Int64.

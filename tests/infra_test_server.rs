@@ -300,3 +300,86 @@ async fn the_embedded_servers_clock_steps_forward_and_back_for_now_and_ttl() {
         .await;
     assert_eq!(error_code(&refused.unwrap_err()), Some(14));
 }
+
+// ---- Shims 3 and 5: errors with the codes a real server sends ----
+
+/// MongoDB manual, "Transactions" → "In-progress Transactions and Write Conflicts" and "Drivers
+/// API" (`TransientTransactionError`): a transaction that writes a document someone else wrote
+/// after the transaction began fails with WriteConflict (112), labelled
+/// TransientTransactionError, so that the client runs it again. A real server reports it at the
+/// transaction's write; the embedded server at the commit (launcher shim 3 gives its codeless
+/// refusal the code and label).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_conflict_in_a_transaction_is_reported_as_a_transient_write_conflict() {
+    let (uri, _server) = server_with(&[]);
+    let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
+    let collection = client
+        .database(common::DATABASE)
+        .collection::<Document>(&common::unique("conflict"));
+    collection
+        .insert_one(doc! { "_id": "a", "n": 0 })
+        .await
+        .unwrap();
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    // The transaction's snapshot starts with its first read.
+    collection
+        .find_one(doc! { "_id": "a" })
+        .session(&mut session)
+        .await
+        .unwrap();
+    collection
+        .update_one(doc! { "_id": "a" }, doc! { "$set": { "n": 5 } })
+        .await
+        .unwrap();
+    let written = collection
+        .update_one(doc! { "_id": "a" }, doc! { "$inc": { "n": 1 } })
+        .session(&mut session)
+        .await;
+    let error = match written {
+        Err(error) => error,
+        Ok(_) => session
+            .commit_transaction()
+            .await
+            .expect_err("the transaction conflicts"),
+    };
+    assert_eq!(error_code(&error), Some(112), "{error}");
+    assert!(error.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR));
+    let stored = collection
+        .find_one(doc! { "_id": "a" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.get_i32("n").unwrap(),
+        5,
+        "only the other write is there"
+    );
+}
+
+/// MongoDB manual, `createIndexes` → "Behavior": creating an index on a key pattern that an
+/// index of another name already has, with other options, fails with IndexOptionsConflict (85)
+/// (launcher shim 5 gives the embedded server's codeless refusal that code).
+#[tokio::test]
+async fn an_index_on_an_indexed_key_pattern_with_other_options_is_an_options_conflict() {
+    let collection = common::database()
+        .await
+        .collection::<Document>(&common::unique("indexes"));
+    let ttl = |name: &str, seconds: u64| {
+        IndexModel::builder()
+            .keys(doc! { "expiresAt": 1 })
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .name(name.to_owned())
+                    .expire_after(Duration::from_secs(seconds))
+                    .build(),
+            )
+            .build()
+    };
+    collection.create_index(ttl("first", 60)).await.unwrap();
+    let error = collection
+        .create_index(ttl("second", 120))
+        .await
+        .unwrap_err();
+    assert_eq!(error_code(&error), Some(85), "{error}");
+}
