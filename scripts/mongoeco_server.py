@@ -129,6 +129,8 @@ _original_apply_transaction_metadata = wire_sessions.WireSessionStore._apply_tra
 def _apply_transaction_metadata(session, body):
     if body.get("startTransaction") is True and session.transaction_active:
         session.abort_transaction()
+    elif body.get("autocommit") is False:
+        _refuse_statements_of_a_transaction_the_server_aborted(session)
     return _original_apply_transaction_metadata(session, body)
 
 
@@ -171,13 +173,24 @@ def _end_transactions_past_their_lifetime():
             _aborted_by_the_server.add(session_id)
 
 
-# Committing a transaction the server aborted fails with NoSuchTransaction (251, labelled
-# TransientTransactionError), as on MongoDB; mongoeco would answer ok.
+# A statement of a transaction the server aborted (autocommit: false, no startTransaction) fails
+# with NoSuchTransaction (251, labelled TransientTransactionError), as on MongoDB; mongoeco would
+# run it outside any transaction, applying its write at once.
+def _refuse_statements_of_a_transaction_the_server_aborted(session):
+    _end_transactions_past_their_lifetime()
+    if session.session_id in _aborted_by_the_server:
+        raise OperationFailure(
+            "Transaction has been aborted by the server: it outlived its lifetime limit"
+        )
+
+
+# Committing a transaction the server aborted fails the same way; mongoeco would answer ok.
 _original_commit_transaction = wire_sessions.WireSessionStore.commit_transaction
 
 
 def _commit_transaction(self, body):
     session = self._require_session(body)
+    _end_transactions_past_their_lifetime()
     if session.session_id in _aborted_by_the_server:
         _aborted_by_the_server.discard(session.session_id)
         raise OperationFailure("Transaction has been aborted by the server: it outlived its lifetime limit")

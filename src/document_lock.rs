@@ -20,6 +20,7 @@ use crate::error::{Operation, is_duplicate_id};
 use crate::fencing::{check_operators, read_i64};
 use crate::lease::Problem;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
+use crate::lease::backoff;
 use crate::lease::held::{self, HeldLease};
 use crate::lease::hub::RenewalHub;
 use crate::lease::lost::LeaseState;
@@ -434,6 +435,7 @@ where
         .find_one_and_update(doc! { "$and": [filter.clone(), unlocked] }, update)
         .return_document(ReturnDocument::After)
         .write_concern(target.options.write_concern().clone())
+        .max_time(backoff::ATTEMPT_SERVER_TIME)
         .await?;
     let Some(document) = locked else {
         return Ok(None);
@@ -766,6 +768,10 @@ impl<T> Granted for DocumentGuard<T> {
 
     fn leaves_room(&self) -> bool {
         false
+    }
+
+    fn undelivered(self) {
+        self.lease.undelivered();
     }
 }
 

@@ -217,10 +217,13 @@ impl Error {
 }
 
 /// Server error codes of a replica-set state change, a network problem or slow replication: the
-/// set the driver retries writes on, plus a write-concern timeout.
-const TRANSIENT_CODES: [i32; 13] = [
+/// set the driver retries writes on, plus a write-concern timeout and a command that ran out of
+/// its server-side time limit (an attempt held back on the server, behind a transaction say; its
+/// outcome is unknown like that of any failed attempt, and it is cleaned up after).
+const TRANSIENT_CODES: [i32; 14] = [
     6,     // HostUnreachable
     7,     // HostNotFound
+    50,    // MaxTimeMSExpired
     64,    // WriteConcernFailed (wtimeout: replication is slow)
     89,    // NetworkTimeout
     91,    // ShutdownInProgress

@@ -243,4 +243,8 @@ impl Granted for LockGuard {
     fn leaves_room(&self) -> bool {
         false
     }
+
+    fn undelivered(self) {
+        self.lease.undelivered();
+    }
 }

@@ -426,7 +426,9 @@ impl Provider {
     /// in bounded time (each update waits at most `expiry` for its reply) even when a lock of the
     /// provider was used on a runtime that is no longer driven. A failed update is logged; its
     /// lease ends by itself at its expiry. Only a command delayed in the network for longer than
-    /// its attempt was waited for can still be applied afterwards (its lease then expires).
+    /// its attempt was waited for can still be applied afterwards (its lease then expires). A
+    /// second call (from a clone, in another task) while one is under way returns once that one
+    /// is done.
     ///
     /// ```no_run
     /// # async fn demo(provider: distributed_lock_mongodb::Provider) {
@@ -436,8 +438,9 @@ impl Provider {
     /// ```
     ///
     /// # Cancel safety
-    /// The provider is shut down from the first poll on; dropping the future stops the releases
-    /// and undos this task sends (releases already under way elsewhere go on).
+    /// The provider is shut down from the first poll on. Dropping the future stops the releases
+    /// and undos this task sends (releases already under way elsewhere go on); those it had not
+    /// finished are sent by the next call.
     pub async fn shutdown(&self) {
         self.renewals.shut_down().await;
     }

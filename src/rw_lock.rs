@@ -721,6 +721,10 @@ impl Granted for ReadGuard {
     fn leaves_room(&self) -> bool {
         true
     }
+
+    fn undelivered(self) {
+        self.lease.undelivered();
+    }
 }
 
 #[cfg(test)]

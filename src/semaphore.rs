@@ -283,6 +283,10 @@ impl Granted for Joined {
     fn leaves_room(&self) -> bool {
         self.places_left
     }
+
+    fn undelivered(self) {
+        Granted::undelivered(self.guard);
+    }
 }
 
 /// One attempt: join the holders if fewer than `max_count` hold a live lease, in one

@@ -207,13 +207,13 @@ async fn a_write_to_a_document_an_open_transaction_wrote_waits_until_it_ends() {
     );
 }
 
-/// MongoDB manual, "Production Considerations" for transactions, "Runtime Limit": a transaction
-/// open longer than `transactionLifetimeLimitSeconds` is aborted by the server, so writes waiting
-/// behind it go on (the embedded server takes the limit as an argument; MongoDB's default is 60 s),
-/// and its commit then fails with NoSuchTransaction (251), labelled TransientTransactionError
-/// (manual, "Drivers API": retry the whole transaction on that label).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transaction_past_its_lifetime_limit_is_aborted_and_stops_holding_writes_back() {
+/// On a server of its own whose transactions live at most 1 s: a collection holding
+/// `{_id: "a", n: 0}`, and an open transaction that wrote `{n: 1}` to it.
+async fn transaction_with_a_lifetime_of_one_second() -> (
+    common::server::Dedicated,
+    mongodb::Collection<Document>,
+    mongodb::ClientSession,
+) {
     let dedicated = common::server::start_dedicated_with(&[
         "--transaction-lifetime-limit-seconds".to_owned(),
         "1".to_owned(),
@@ -226,7 +226,18 @@ async fn a_transaction_past_its_lifetime_limit_is_aborted_and_stops_holding_writ
         .insert_one(doc! { "_id": "a", "n": 0 })
         .await
         .unwrap();
-    let mut session = open_transaction_writing_a(&client, &collection).await;
+    let session = open_transaction_writing_a(&client, &collection).await;
+    (dedicated, collection, session)
+}
+
+/// MongoDB manual, "Production Considerations" for transactions, "Runtime Limit": a transaction
+/// open longer than `transactionLifetimeLimitSeconds` is aborted by the server, so writes waiting
+/// behind it go on (the embedded server takes the limit as an argument; MongoDB's default is 60 s),
+/// and its commit then fails with NoSuchTransaction (251), labelled TransientTransactionError
+/// (manual, "Drivers API": retry the whole transaction on that label).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_past_its_lifetime_limit_is_aborted_and_stops_holding_writes_back() {
+    let (_dedicated, collection, mut session) = transaction_with_a_lifetime_of_one_second().await;
     let started = std::time::Instant::now();
     tokio::time::timeout(
         Duration::from_secs(10),
@@ -250,6 +261,35 @@ async fn a_transaction_past_its_lifetime_limit_is_aborted_and_stops_holding_writ
         2,
         "the transaction's write is gone"
     );
+}
+
+/// MongoDB manual, "Production Considerations" for transactions, "Runtime Limit", and "Drivers
+/// API" (the TransientTransactionError label): once the server aborted a transaction past its
+/// lifetime, a further statement of it fails with NoSuchTransaction (251), labelled
+/// TransientTransactionError, and is not applied outside the transaction either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_of_a_transaction_the_server_aborted_fails_and_writes_nothing() {
+    let (_dedicated, collection, mut session) = transaction_with_a_lifetime_of_one_second().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let error = collection
+        .insert_one(doc! { "_id": "b" })
+        .session(&mut session)
+        .await
+        .expect_err("the server aborted the transaction");
+    assert_eq!(error_code(&error), Some(251), "NoSuchTransaction: {error}");
+    assert!(error.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR));
+    let _ = session.abort_transaction().await;
+    assert_eq!(
+        collection.count_documents(doc! {}).await.unwrap(),
+        1,
+        "neither the statement's write nor the transaction's first one was applied"
+    );
+    let stored = collection
+        .find_one(doc! { "_id": "a" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.get_i32("n").unwrap(), 0);
 }
 
 // ---- Shim 7: the server's clock can be stepped ----

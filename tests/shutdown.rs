@@ -182,6 +182,28 @@ fn is_free(collection: &str, name: &str) -> bool {
     })
 }
 
+/// A provider (leases of 30 s, in `collection`) whose client goes through `proxy`.
+async fn provider_through(proxy: &proxy::FaultProxy, collection: &str) -> Provider {
+    let client = proxy::client_through(proxy, &common::server::uri()).await;
+    Provider::new(&client.database(common::DATABASE))
+        .with_collection(collection)
+        .with_options(common::options(30_000, 10_000))
+}
+
+/// Starts acquiring `name` in a task; returns once its attempt was applied on the server, whose
+/// reply never comes (the proxy leaves its connection half-open).
+async fn acquire_with_an_attempt_that_hangs(
+    provider: &Provider,
+    proxy: &proxy::FaultProxy,
+    name: &str,
+) -> tokio::task::JoinHandle<Result<distributed_lock_mongodb::LockGuard, Error>> {
+    let hung = proxy.add_rule(Rule::new("findAndModify", Action::ApplyThenHang));
+    let lock = provider.create_lock(name);
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    assert!(common::eventually(Duration::from_secs(5), || async { proxy.hits(hung) == 1 }).await);
+    waiting
+}
+
 /// An acquisition attempt applied on the server whose reply never comes (a half-open
 /// connection) when the provider is shut down: `shutdown` ends its lease before returning,
 /// even though the runtime is dropped right after.
@@ -191,16 +213,8 @@ fn shutdown_ends_the_lease_of_an_attempt_applied_but_unanswered() {
     let name = common::unique("hung");
     let (_network, proxy) = network();
     let took = on_a_runtime_dropped_right_after(async {
-        let client = proxy::client_through(&proxy, &common::server::uri()).await;
-        let provider = Provider::new(&client.database(common::DATABASE))
-            .with_collection(collection.as_str())
-            .with_options(common::options(30_000, 10_000));
-        let hung = proxy.add_rule(Rule::new("findAndModify", Action::ApplyThenHang));
-        let lock = provider.create_lock(name.as_str());
-        let waiting = tokio::spawn(async move { lock.acquire().await });
-        assert!(
-            common::eventually(Duration::from_secs(5), || async { proxy.hits(hung) == 1 }).await
-        );
+        let provider = provider_through(&proxy, &collection).await;
+        let waiting = acquire_with_an_attempt_that_hangs(&provider, &proxy, &name).await;
         let started = std::time::Instant::now();
         tokio::time::timeout(Duration::from_secs(30), provider.shutdown())
             .await
@@ -215,6 +229,42 @@ fn shutdown_ends_the_lease_of_an_attempt_applied_but_unanswered() {
     );
 }
 
+/// A second `shutdown` (another task's, of a clone of the provider) called while the first is
+/// still waiting for an attempt in flight returns only once the job is done, like the first.
+#[test]
+fn a_second_concurrent_shutdown_returns_only_when_the_job_is_done() {
+    let collection = common::unique("shutdown-twice");
+    let name = common::unique("twice");
+    let (_network, proxy) = network();
+    on_a_runtime_dropped_right_after(async {
+        let provider = provider_through(&proxy, &collection).await;
+        let waiting = acquire_with_an_attempt_that_hangs(&provider, &proxy, &name).await;
+        // The cleanups reach the server late: one shutdown is still sending when the other
+        // finds nothing left to take.
+        proxy.add_rule(Rule::new("update", Action::Delay(Duration::from_millis(1500))).times(10));
+        let first = tokio::spawn({
+            let provider = provider.clone();
+            async move { provider.shutdown().await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::timeout(Duration::from_secs(30), provider.shutdown())
+            .await
+            .expect("shutdown returns in bounded time");
+        // Checked before the first returns for sure: directly, not through the proxy.
+        let other = distributed_lock_mongodb::MongoDistributedLock::new(
+            name.as_str(),
+            &common::database().await,
+        )
+        .with_collection(collection.as_str());
+        assert!(
+            other.try_acquire().await.unwrap().is_some(),
+            "the second shutdown returned before the attempt's lease was ended"
+        );
+        first.await.unwrap();
+        assert!(is_shut_down(waiting.await.unwrap()));
+    });
+}
+
 /// An attempt applied on the server whose reply comes back only after the shutdown began (the
 /// proxy holds the reply back) wins then: `shutdown` waits for it and releases what it won
 /// before returning.
@@ -224,10 +274,7 @@ fn shutdown_releases_what_an_attempt_in_flight_wins_after_it_began() {
     let name = common::unique("late");
     let (_network, proxy) = network();
     on_a_runtime_dropped_right_after(async {
-        let client = proxy::client_through(&proxy, &common::server::uri()).await;
-        let provider = Provider::new(&client.database(common::DATABASE))
-            .with_collection(collection.as_str())
-            .with_options(common::options(30_000, 10_000));
+        let provider = provider_through(&proxy, &collection).await;
         let delayed = proxy.add_rule(Rule::new(
             "findAndModify",
             Action::DelayReply(Duration::from_millis(700)),
@@ -287,4 +334,44 @@ fn shutdown_returns_and_releases_even_when_a_renewal_loop_is_not_driven() {
     );
     drop(guard);
     drop(idle);
+}
+
+/// A lease whose renewal loop's runtime was dropped (a `#[tokio::test]` ending, a worker pool
+/// torn down) is lost and renewed by nobody. The provider's next acquisition, on another runtime
+/// (the client's, which lives on), finds that loop gone and releases the orphaned lease instead
+/// of leaving it stored until its expiry.
+#[test]
+fn a_lease_left_by_a_dropped_runtime_is_released_by_the_next_acquisition() {
+    let collection = common::unique("orphans");
+    let (orphan, next) = (common::unique("orphan"), common::unique("next"));
+    let client_runtime = tokio::runtime::Runtime::new().unwrap();
+    let provider = client_runtime.block_on(async {
+        Provider::new(&common::database().await)
+            .with_collection(collection.as_str())
+            .with_options(common::options(30_000, 10_000))
+    });
+    let short_lived = tokio::runtime::Runtime::new().unwrap();
+    let guard = short_lived
+        .block_on(provider.create_lock(orphan.as_str()).acquire())
+        .unwrap();
+    drop(short_lived);
+    assert!(guard.is_lost(), "nobody renews it any more");
+    assert!(
+        !is_free(&collection, &orphan),
+        "still stored: nobody released it"
+    );
+    client_runtime.block_on(async {
+        let _next = provider.create_lock(next.as_str()).acquire().await.unwrap();
+        let other = distributed_lock_mongodb::MongoDistributedLock::new(
+            orphan.as_str(),
+            &common::database().await,
+        )
+        .with_collection(collection.as_str());
+        let freed = common::eventually(Duration::from_secs(10), || async {
+            other.try_acquire().await.unwrap().is_some()
+        })
+        .await;
+        assert!(freed, "the orphaned lease was released");
+    });
+    drop(guard);
 }

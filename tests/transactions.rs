@@ -366,6 +366,61 @@ async fn an_application_transaction_on_one_locked_document_does_not_stall_the_ot
     }
 }
 
+/// When a renewal of many leases runs out of its time limit behind one document, its leases are
+/// renewed again in commands of at most 32, then alone only for the command that ran out of time
+/// again: a few dozen commands, not one per lease (which, for thousands of locks, would be a
+/// burst of thousands of commands every time an application transaction touches one of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_held_back_by_one_document_is_split_into_a_few_commands_not_one_per_lease() {
+    const LEASES: usize = 200;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (database, commands) = common::counting_database().await;
+    let jobs = database.collection::<Document>(&common::unique("jobs"));
+    let documents: Vec<Document> = (0..LEASES)
+        .map(|i| doc! { "_id": format!("job-{i:03}"), "status": "pending" })
+        .collect();
+    jobs.insert_many(documents).await.unwrap();
+    // expiry 6 s, cadence 1 s: renewals are given about 1.6 s on the server.
+    let locks = DocumentLock::new(&jobs).with_options(common::options(6_000, 1_000));
+    let mut guards = Vec::new();
+    for i in 0..LEASES {
+        let id = format!("job-{i:03}");
+        guards.push(locks.lock(doc! { "_id": id }).await.unwrap());
+    }
+    let client = common::client().await;
+    let other_jobs = client
+        .database(common::DATABASE)
+        .collection::<Document>(jobs.name());
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    other_jobs
+        .update_one(
+            doc! { "_id": "job-000" },
+            doc! { "$set": { "note": "busy" } },
+        )
+        .session(&mut session)
+        .await
+        .unwrap();
+    let renewals = || commands.count("update") + commands.count("findAndModify");
+    let before = renewals();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let sent = renewals() - before;
+    let lost: Vec<usize> = (0..LEASES).filter(|i| guards[*i].is_lost()).collect();
+    session.abort_transaction().await.unwrap();
+    println!("{sent} renewal commands in 4 s with one of {LEASES} documents held back");
+    assert!(
+        lost.iter().all(|i| *i == 0),
+        "the other documents kept being renewed: lost {lost:?}"
+    );
+    assert!(
+        sent < LEASES / 2,
+        "{sent} renewal commands for {LEASES} leases: the split must not renew each lease alone"
+    );
+    for guard in guards.into_iter().skip(1) {
+        guard.release().await.unwrap();
+    }
+}
+
 /// A renewal held back on the server (by a transaction that wrote the lock's document) has its
 /// `$$NOW` fixed when it arrived. Run after the lease ended, it would still find the lease live
 /// by that old `$$NOW` and extend it: a lease nobody holds any more would keep the lock taken.

@@ -127,6 +127,10 @@ pub(crate) trait Granted {
 
     /// Whether the next local waiter may succeed too (a semaphore with places left, a reader).
     fn leaves_room(&self) -> bool;
+
+    /// Won after its caller stopped waiting: released at once, and quietly, since its lease may
+    /// already have been ended by the cleanup sent when the caller left (that is no loss).
+    fn undelivered(self);
 }
 
 /// Runs attempts until one yields a guard, or the wait runs out (`Ok(None)`).
@@ -453,8 +457,11 @@ async fn last_transfer<G>(
     options: &LockOptions,
 ) -> Option<G> {
     let mut offered = offered?;
-    if let Ok(Ok(guard)) = offered.try_recv() {
-        return guard;
+    match offered.try_recv() {
+        // Delivered already (an error delivered is no lock: the offer is spent either way).
+        Ok(transferred) => return transferred.ok().flatten(),
+        Err(oneshot::error::TryRecvError::Closed) => return None,
+        Err(oneshot::error::TryRecvError::Empty) => {}
     }
     if ticket.is_none_or(Ticket::withdraw_offer) {
         return None; // still in the queue: nobody was handing the lock over
@@ -492,20 +499,19 @@ async fn spawned<G, W>(
     in_flight: &Arc<InFlight>,
 ) -> Result<Option<G>>
 where
-    G: Send + 'static,
+    G: Granted + Send + 'static,
     W: Future<Output = Result<Option<G>>> + Send + 'static,
 {
     let Attempt { work, cleanup } = attempt;
     let started = Instant::now();
     let limit = backoff::attempt_wait_limit(started, deadline, options.expiry());
-    // A shutdown waits for the attempt at most this long before cleaning up after it.
-    let settle_by = clock::now()
-        + limit
-            .saturating_duration_since(started)
-            .min(backoff::MIN_ATTEMPT_WAIT);
+    // The server gives up on an attempt after `ATTEMPT_SERVER_TIME`: a shutdown waits that long
+    // for it before cleaning up after it, so that the attempt cannot be applied afterwards.
+    let settle_by = clock::now() + backoff::ATTEMPT_SERVER_TIME;
     let tracked = in_flight.track(vec![cleanup.clone()], Some(settle_by));
     let (reply, outcome) = oneshot::channel();
     let (task_runtime, in_flight) = (runtime.clone(), Arc::clone(in_flight));
+    let options_expiry = options.expiry();
     runtime.spawn(async move {
         let mut work = pin!(work);
         let mut reply = reply;
@@ -531,7 +537,9 @@ where
                 {
                     in_flight.spawn_undo(&task_runtime, cleanup);
                 }
-                let _ = reply.send(result);
+                if let Err(Ok(Some(guard))) = reply.send(result) {
+                    guard.undelivered();
+                }
             }
             None => {
                 let name = cleanup.name.clone();
@@ -541,8 +549,11 @@ where
                     name,
                     waited: started.elapsed(),
                 }));
-                // If it wins after all, its guard is dropped here and released.
-                drop(work.await);
+                // If it wins after all, its guard is dropped here and released. A reply later
+                // than `expiry` could not have held the lock anyway: stop waiting then.
+                if let Ok(Ok(Some(guard))) = tokio::time::timeout(options_expiry, work).await {
+                    guard.undelivered();
+                }
             }
         }
         tracked.finish();

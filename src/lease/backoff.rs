@@ -51,7 +51,12 @@ pub(crate) fn sleep_time(options: &LockOptions, failed_attempts: u32, random: f6
 /// the round trip outlasted a tiny timeout, and a primary that is busy for a few seconds must not
 /// turn every `try_acquire` into an error. (Five seconds, not the driver's 30 s server selection:
 /// a caller with a short timeout still hears of an unreachable server soon.)
-pub(crate) const MIN_ATTEMPT_WAIT: Duration = Duration::from_secs(5);
+const MIN_ATTEMPT_WAIT: Duration = Duration::from_secs(5);
+
+/// The server-side time limit (`maxTimeMS`) of an acquisition attempt: an attempt held back on
+/// the server longer (behind a transaction, say) is given up there, so it cannot be applied
+/// after the cleanup that a caller gone (or a shutdown) sends.
+pub(crate) const ATTEMPT_SERVER_TIME: Duration = MIN_ATTEMPT_WAIT;
 
 /// Until when the caller waits for the reply of an attempt sent at `started`.
 ///

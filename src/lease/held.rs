@@ -275,6 +275,13 @@ impl HeldLease {
         }
     }
 
+    /// Releases the lease of a guard never delivered to its caller (won after the caller
+    /// stopped waiting): quietly, since the cleanup sent when the caller left may have ended it
+    /// already, which is no loss.
+    pub(crate) fn undelivered(self) {
+        self.state.set_undelivered();
+    }
+
     /// The lease was ended by a write of the holder's own (a document lock's commit): the
     /// renewal loop only has to forget it.
     pub(crate) fn ended_by_write(mut self) {

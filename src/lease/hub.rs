@@ -17,6 +17,7 @@ use super::record::{Lease, LeaseTable, Place};
 use super::release::ReleaseContext;
 use super::renewal::{self, Command};
 use super::schema::Layout;
+use super::undo::Undo;
 use crate::clock;
 
 /// What one renewal loop serves: a runtime, and a place with the options renewal uses.
@@ -65,6 +66,8 @@ pub(crate) struct RenewalHub {
     /// True once the family was shut down (set while holding `loops`): no lease is held any more.
     shut_down: watch::Sender<bool>,
     in_flight: Arc<InFlight>,
+    /// Held for the whole of a shutdown: a second caller returns only once the first is done.
+    shutting_down: tokio::sync::Mutex<()>,
 }
 
 impl Default for RenewalHub {
@@ -75,6 +78,7 @@ impl Default for RenewalHub {
             loops: Mutex::default(),
             shut_down: watch::Sender::new(false),
             in_flight: Arc::default(),
+            shutting_down: tokio::sync::Mutex::default(),
         }
     }
 }
@@ -120,17 +124,23 @@ impl RenewalHub {
             // Won by an attempt still in flight when the family was shut down; the shutdown
             // waits for this release (it is work under way).
             lease.mark_lost(Loss::ShutDown);
-            let context = ReleaseContext {
-                runtime: runtime.clone(),
-                place: place.clone(),
-                in_flight: Arc::clone(&self.in_flight),
-            };
-            context.spawn(lease, None);
+            self.release_context(runtime, place).spawn(lease, None);
             return mpsc::unbounded_channel().0;
         }
         // A loop whose runtime shut down has dropped its receiver; a new runtime with a reused
-        // id then gets a fresh loop.
-        loops.retain(|_, running| !running.commands.is_closed());
+        // id then gets a fresh loop. Leases it still had are renewed by nobody: they were marked
+        // lost by the loop's end; release them from here.
+        loops.retain(|_, running| {
+            if !running.commands.is_closed() {
+                return true;
+            }
+            let context = self.release_context(runtime, &running.place);
+            for (_, orphan) in running.leases.lock().drain() {
+                orphan.mark_lost(Loss::LoopEnded);
+                context.clone().spawn(orphan, None);
+            }
+            false
+        });
         let running = loops
             .entry(LoopKey::new(runtime, place))
             .or_insert_with(|| {
@@ -165,15 +175,25 @@ impl RenewalHub {
         running.commands.clone()
     }
 
+    fn release_context(&self, runtime: &Handle, place: &Place) -> ReleaseContext {
+        ReleaseContext {
+            runtime: runtime.clone(),
+            place: place.clone(),
+            in_flight: Arc::clone(&self.in_flight),
+        }
+    }
+
     /// Holds no more leases, and finishes the job before returning: every later
     /// [`hold`](Self::hold) releases its lease at once; every held lease is marked lost and
     /// released, and all work under way that may leave a lease behind (releases, transfers,
     /// cleanups, acquisition attempts) is waited for or undone.
     ///
     /// Everything is sent from the caller's task, never by the renewal loops, so it returns in
-    /// bounded time even when a loop's runtime is not being driven: at most each attempt's reply
-    /// limit (at least 5 s, at most `expiry`) plus, per update, `expiry`.
+    /// bounded time even when a loop's runtime is not being driven: an attempt under way is
+    /// waited for at most its server-side time limit (`ATTEMPT_SERVER_TIME`, 5 s), then undone;
+    /// each update is given at most `expiry`. Concurrent callers all return once the job is done.
     pub(crate) async fn shut_down(&self) {
+        let _one_at_a_time = self.shutting_down.lock().await;
         let held: Vec<(Lease, Place)> = {
             let mut loops = self.loops();
             self.shut_down.send_replace(true);
@@ -192,22 +212,25 @@ impl RenewalHub {
                 })
                 .collect()
         };
-        let mut undo: Vec<_> = held
-            .iter()
-            .map(|(lease, place)| {
-                lease.mark_lost(Loss::ShutDown);
-                place.release_undo(&lease.id, &lease.lock_id, &lease.name)
-            })
-            .collect();
+        let mut pending = Pending {
+            in_flight: &self.in_flight,
+            undo: held
+                .iter()
+                .map(|(lease, place)| {
+                    lease.mark_lost(Loss::ShutDown);
+                    place.release_undo(&lease.id, &lease.lock_id, &lease.name)
+                })
+                .collect(),
+        };
         drop(held);
         let mut changes = self.in_flight.subscribe();
         loop {
             changes.borrow_and_update();
             let due = self.in_flight.take_due(clock::now());
-            undo.extend(due.undo);
-            if !undo.is_empty() {
-                futures::future::join_all(undo.iter().map(|undo| undo.send())).await;
-                undo.clear();
+            pending.undo.extend(due.undo);
+            if !pending.undo.is_empty() {
+                futures::future::join_all(pending.undo.iter().map(Undo::send)).await;
+                pending.undo.clear();
                 continue;
             }
             let Some(next) = due.next else {
@@ -218,5 +241,68 @@ impl RenewalHub {
                 () = sleep_until(clock::wake_toward(next)) => {}
             }
         }
+    }
+}
+
+/// Undos a shutdown took and has not finished sending. Should its caller stop waiting, they go
+/// back to the family's work under way, due at once: the next shutdown sends them.
+struct Pending<'a> {
+    in_flight: &'a Arc<InFlight>,
+    undo: Vec<Undo>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.undo.is_empty() {
+            drop(self.in_flight.track(std::mem::take(&mut self.undo), None));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_undos_of_a_cancelled_shutdown_are_left_for_the_next() {
+        let hub = RenewalHub::default();
+        drop(hub.in_flight().track(
+            vec![Undo::unanswered(Duration::from_millis(800)).await],
+            None,
+        ));
+        let cancelled = tokio::time::timeout(Duration::from_millis(100), hub.shut_down()).await;
+        assert!(cancelled.is_err(), "its undo takes 800 ms: cut short");
+        let due = hub.in_flight().take_due(clock::now());
+        assert_eq!(
+            due.undo.len(),
+            1,
+            "the undo it had not finished sending is due again"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_shutdown_returns_only_after_the_first_is_done() {
+        let undo = Undo::unanswered(Duration::from_millis(800)).await;
+        let hub = Arc::new(RenewalHub::default());
+        let work = hub.in_flight().track(vec![undo], None);
+        let started = std::time::Instant::now();
+        let first = tokio::spawn({
+            let hub = Arc::clone(&hub);
+            async move { hub.shut_down().await }
+        });
+        while !hub.is_shut_down() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The first is sending the undo now, which takes its whole patience.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        hub.shut_down().await;
+        let returned_after = started.elapsed();
+        assert!(
+            returned_after >= Duration::from_millis(800),
+            "the second shutdown returned after {returned_after:?}, while the first was still \
+             sending an undo"
+        );
+        first.await.unwrap();
+        drop(work);
     }
 }

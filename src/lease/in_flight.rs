@@ -5,7 +5,7 @@
 //! everything still under way itself, on its own runtime, whatever runtime the work was
 //! started on (that one may not be driven any more, or may be gone).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::runtime::Handle;
@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use super::undo::Undo;
 use crate::clock;
+use crate::error::shown_name;
 
 /// The work under way of one family of locks.
 #[derive(Debug)]
@@ -35,7 +36,14 @@ impl Default for InFlight {
 struct Work {
     next_id: u64,
     pieces: HashMap<u64, Piece>,
+    /// Pieces whose task ended unfinished (runtimes dropped), oldest first: kept for a shutdown
+    /// that may never come, so at most [`MAX_ABANDONED`] of them.
+    abandoned: VecDeque<u64>,
 }
+
+/// How many abandoned pieces of work a family keeps for its shutdown. Past that, the oldest is
+/// forgotten: its lease (if any) ends at its expiry, as it would without a shutdown.
+const MAX_ABANDONED: usize = 1024;
 
 #[derive(Debug)]
 struct Piece {
@@ -123,6 +131,7 @@ impl InFlight {
             .filter(|(_, piece)| piece.settle_by.is_none_or(|settle_by| settle_by <= now))
             .map(|(id, _)| *id)
             .collect();
+        work.abandoned.clear();
         let undo = due
             .into_iter()
             .filter_map(|id| work.pieces.remove(&id))
@@ -146,10 +155,16 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
-    /// Adds to what undoes this work (a release that became a transfer: the waiter's lease too).
-    pub(crate) fn add_undo(&self, undo: Undo) {
-        if let Some(piece) = self.in_flight.work().pieces.get_mut(&self.id) {
-            piece.undo.push(undo);
+    /// Adds to what undoes this work (a release that became a transfer: the waiter's lease
+    /// too). False if a shutdown already took the work's undo (it would not send this one).
+    #[must_use]
+    pub(crate) fn add_undo(&self, undo: Undo) -> bool {
+        match self.in_flight.work().pieces.get_mut(&self.id) {
+            Some(piece) => {
+                piece.undo.push(undo);
+                true
+            }
+            None => false,
         }
     }
 
@@ -166,9 +181,19 @@ impl Drop for Tracked {
     /// left is due to be undone at once.
     fn drop(&mut self) {
         if !self.finished {
-            if let Some(piece) = self.in_flight.work().pieces.get_mut(&self.id) {
+            let mut work = self.in_flight.work();
+            if let Some(piece) = work.pieces.get_mut(&self.id) {
                 piece.settle_by = None;
+                work.abandoned.push_back(self.id);
             }
+            if work.abandoned.len() > MAX_ABANDONED
+                && let Some(oldest) = work.abandoned.pop_front()
+                && let Some(piece) = work.pieces.remove(&oldest)
+            {
+                let name = piece.undo.first().map(|undo| shown_name(&undo.name));
+                tracing::debug!(lock = ?name, "forgot abandoned work: its lease, if any, ends at its expiry");
+            }
+            drop(work);
             self.in_flight.changed();
         }
     }
@@ -198,6 +223,40 @@ mod tests {
         assert!(in_flight.is_idle());
         attempt.finish(); // a late finish of forgotten work changes nothing
         assert!(in_flight.is_idle());
+    }
+
+    #[tokio::test]
+    async fn an_undo_added_after_a_shutdown_took_the_work_is_refused() {
+        let undo = Undo::unanswered(Duration::from_secs(1)).await;
+        let in_flight = Arc::new(InFlight::default());
+        let release = in_flight.track(vec![undo.clone()], None);
+        assert!(release.add_undo(undo.clone()), "still tracked: accepted");
+        let due = in_flight.take_due(clock::now());
+        assert_eq!(due.undo.len(), 2, "both undos are taken together");
+        assert!(
+            !release.add_undo(undo),
+            "taken by a shutdown: the caller must not start what this undo would end"
+        );
+        release.finish();
+        assert!(in_flight.is_idle());
+    }
+
+    #[test]
+    fn abandoned_work_is_kept_up_to_a_bound() {
+        let in_flight = Arc::new(InFlight::default());
+        let live = in_flight.track(Vec::new(), None);
+        for _ in 0..MAX_ABANDONED + 10 {
+            drop(in_flight.track(Vec::new(), None));
+        }
+        assert_eq!(in_flight.work().pieces.len(), MAX_ABANDONED + 1);
+        assert_eq!(in_flight.work().abandoned.len(), MAX_ABANDONED);
+        assert!(
+            in_flight.work().pieces.contains_key(&live.id),
+            "live work is never forgotten for abandoned work"
+        );
+        in_flight.take_due(clock::now());
+        assert!(in_flight.work().abandoned.is_empty());
+        drop(live);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //!
 //! [`LockOptions::lost_deadline`]: crate::LockOptions
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -37,6 +37,8 @@ pub(crate) struct LeaseState {
     /// How many lease-checked transactions of its holder are open: while one is, the renewal
     /// loop leaves the lease alone (the transaction has written its document).
     transactions: AtomicUsize,
+    /// Won after its caller stopped waiting and never handed out: its loss is not reported.
+    undelivered: AtomicBool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +76,18 @@ impl LeaseState {
             hold_until,
             changes: watch::Sender::new(()),
             transactions: AtomicUsize::new(0),
+            undelivered: AtomicBool::new(false),
         })
+    }
+
+    /// Marks the lease as never handed out to its caller: its loss is no news to anyone.
+    pub(crate) fn set_undelivered(&self) {
+        self.undelivered.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the lease was never handed out to its caller.
+    pub(crate) fn is_undelivered(&self) -> bool {
+        self.undelivered.load(Ordering::SeqCst)
     }
 
     /// Counts a lease-checked transaction as open until the returned value is dropped.

@@ -186,7 +186,8 @@ impl Target {
     }
 
     /// Runs an attempt's pipeline `update` on the lock's document (`{_id: name}`, created if
-    /// missing) and returns the document after it.
+    /// missing) and returns the document after it. The server gives it at most
+    /// [`backoff::ATTEMPT_SERVER_TIME`].
     ///
     /// Two concurrent upserts of a new name can make one fail with a duplicate key (E11000)
     /// when the server does not retry it itself. The document exists then, and the attempt is
@@ -199,6 +200,7 @@ impl Target {
                 .upsert(true)
                 .return_document(ReturnDocument::After)
                 .write_concern(self.options.write_concern().clone())
+                .max_time(backoff::ATTEMPT_SERVER_TIME)
         };
         let result = match send().await {
             Err(error) if is_duplicate_key(&error) => send().await,

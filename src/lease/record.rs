@@ -97,8 +97,12 @@ impl Lease {
 
     pub(crate) fn mark_lost(&self, loss: Loss) {
         if self.state.mark_lost() {
-            tracing::warn!(lock = %shown_name(&self.name), reason = loss.describe(), "lock lost");
-            metrics::lost(self.kind, loss);
+            if self.state.is_undelivered() {
+                tracing::debug!(lock = %shown_name(&self.name), reason = loss.describe(), "the lease of an acquisition nobody waited for any more ended");
+            } else {
+                tracing::warn!(lock = %shown_name(&self.name), reason = loss.describe(), "lock lost");
+                metrics::lost(self.kind, loss);
+            }
         }
         // Local waiters may be able to take it: the first goes back to the busy-wait pace.
         if let Some(holding) = &self.holding {

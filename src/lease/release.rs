@@ -112,7 +112,18 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: &Tracked
     };
     let wake = match handoff {
         Handoff::Transfer(offer) => {
-            return transfer(context, lease, offer, started, tracked).await;
+            // Should this task end early, a shutdown must end the waiter's lease too. If a
+            // shutdown already took this release's undo, it would miss that lease: no transfer.
+            let both = place.end_exclusive_leases_undo(
+                &lease.id,
+                &[&lease.lock_id, &offer.lock_id],
+                &lease.name,
+            );
+            if tracked.add_undo(both) {
+                return transfer(context, lease, offer, started).await;
+            }
+            (offer.deliver)(Transfer::NotDone);
+            lease.waiters.as_ref()
         }
         Handoff::Wake => lease.waiters.as_ref(),
         Handoff::LetOthersIn => None,
@@ -316,7 +327,6 @@ async fn transfer(
     lease: &Lease,
     offer: Offer,
     started: clock::Instant,
-    tracked: &Tracked,
 ) -> Result<()> {
     let ReleaseContext {
         runtime,
@@ -333,9 +343,6 @@ async fn transfer(
         deliver: Some(deliver),
         releasing: lease.lock_id.clone(),
     };
-    // Should this task end early, a shutdown ends the waiter's lease too.
-    let both = place.end_exclusive_leases_undo(&lease.id, &[&lease.lock_id, &lock_id], &lease.name);
-    tracked.add_undo(both.clone());
     let filter = doc! {
         schema::ID: lease.id.clone(),
         schema::LOCK_ID: { "$in": [&lease.lock_id, &lock_id] },

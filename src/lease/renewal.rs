@@ -18,11 +18,12 @@
 //! On MongoDB a write to a document that an open transaction has written waits until that
 //! transaction ends. A renewal must not wait behind someone else's transaction (an application's
 //! transaction on a locked document, another reader's lease-checked transaction): every renewal
-//! carries a server-side time limit (`maxTimeMS`), at most half of what is left of the lease
+//! carries a server-side time limit (`maxTimeMS`), at most a third of what is left of the lease
 //! budget after a cadence and never past the earliest local deadline of its leases. When a command
-//! renewing several leases runs out of time, each of them is renewed alone at once, and a lease
-//! whose own command runs out of time stays alone until it is renewed: the leases of the other
-//! documents go on being renewed. The time limit also means that a renewal whose `$$NOW` was
+//! renewing many leases runs out of time, its leases are renewed at once in commands of at most
+//! 32 leases, and the leases of such a command that runs out of time again are renewed alone; a
+//! lease whose own command runs out of time stays alone until it is renewed. Three time limits in
+//! a row thus fit in a lease budget, and the leases of the other documents go on being renewed. The time limit also means that a renewal whose `$$NOW` was
 //! fixed before it waited cannot extend a lease that ended meanwhile: it is aborted before its
 //! leases' local deadlines. A lease inside a lease-checked transaction of its own holder is
 //! renewed by that transaction only, never by the loop (its document is the transaction's).
@@ -58,7 +59,7 @@
 //! [`LockOptions::lost_deadline`]: crate::LockOptions
 //! [`LockOptions::max_hold`]: crate::LockOptions::max_hold
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -150,7 +151,7 @@ pub(crate) fn start(
         in_flight,
         next_renewal: clock::now(),
         releases: JoinSet::new(),
-        alone: HashSet::new(),
+        limits: HashMap::new(),
         clock: None,
     };
     runtime.spawn(renewals.run(receiver));
@@ -161,8 +162,14 @@ pub(crate) fn start(
 /// nears MongoDB's 16 MiB limit whatever the number or size of the names.
 const RENEWAL_COMMAND_BYTES: usize = 2 << 20;
 
+/// The most leases in the command that retries those of a larger one that ran out of time.
+const SPLIT_COMMAND_LEASES: usize = 32;
+
 /// MaxTimeMSExpired: the command ran out of its server-side time limit.
 const MAX_TIME_MS_EXPIRED: i32 = 50;
+
+/// The largest `maxTimeMS` a server accepts (a 32-bit count of milliseconds).
+const MAX_TIME_LIMIT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// NotAReplicaSet: the server is a standalone.
 const NOT_A_REPLICA_SET: i32 = 123;
@@ -224,17 +231,18 @@ struct RenewalLoop {
     next_renewal: clock::Instant,
     /// Releases under way.
     releases: JoinSet<()>,
-    /// Leases renewed by a command of their own: their last command ran out of time (their
-    /// document may be held back by a transaction), so they must not hold the others back.
-    alone: HashSet<String>,
+    /// Leases renewed in small commands (of at most this many leases): their last command ran
+    /// out of time (their document may be held back by a transaction), so they must not hold
+    /// the others back. A lease leaves this map once a command renewing it succeeds.
+    limits: HashMap<String, usize>,
     /// The last reading of the server's clock.
     clock: Option<ServerClock>,
 }
 
 impl Drop for RenewalLoop {
     /// However the loop ends (its runtime shut down, a panic), nobody renews its leases any
-    /// more: their guards must know at once. The leases stay in the table, so a shutdown of the
-    /// family can still release them.
+    /// more: their guards must know at once. The leases stay in the table, so that the family's
+    /// shutdown (or its next lease, which finds the loop gone) can still release them.
     fn drop(&mut self) {
         for lease in self.leases.lock().values() {
             lease.mark_lost(Loss::LoopEnded);
@@ -261,6 +269,10 @@ impl RenewalLoop {
                     .min();
                 (overdue_at, leases.values().any(renewable))
             };
+            if !renew_due {
+                // Nothing to renew: the next reading of the server's clock starts afresh.
+                self.clock = None;
+            }
             let renew_at = in_flight
                 .iter()
                 .map(|renewal| self.suspect_at(renewal))
@@ -355,13 +367,13 @@ impl RenewalLoop {
                 };
             }
             Command::Forget { lock_id } => {
-                self.alone.remove(&lock_id);
+                self.limits.remove(&lock_id);
                 if let Some(lease) = self.leases.lock().remove(&lock_id) {
                     lease.state.mark_released();
                 }
             }
             Command::Release { lock_id, reply } => {
-                self.alone.remove(&lock_id);
+                self.limits.remove(&lock_id);
                 let lease = self.leases.lock().remove(&lock_id);
                 match lease {
                     Some(lease) => {
@@ -395,7 +407,8 @@ impl RenewalLoop {
     }
 
     /// Sends one round of renewal commands: a `findAndModify` for one lease (it reads the
-    /// server's clock) and for each lease renewed alone, `update` commands for the others.
+    /// server's clock) and for each lease renewed alone, `update` commands for the others (the
+    /// leases with a limit in commands of that many at most).
     fn start_round(&mut self) -> Vec<Renewal> {
         let sent_at = clock::now();
         self.next_renewal = sent_at + self.place.options.extension_cadence();
@@ -405,11 +418,17 @@ impl RenewalLoop {
             let mut batch: Vec<(Bson, String, clock::Instant)> = Vec::new();
             let mut batch_bytes = 0;
             let mut batched: Vec<&Lease> = Vec::new();
+            let mut limited: HashMap<usize, Vec<(Bson, String, clock::Instant)>> = HashMap::new();
             for lease in leases.values().filter(|lease| renewable(lease)) {
-                if self.alone.contains(&lease.lock_id) {
-                    chunks.push(vec![entry(lease)]);
-                } else {
-                    batched.push(lease);
+                match self.limits.get(&lease.lock_id) {
+                    Some(&limit) => limited.entry(limit).or_default().push(entry(lease)),
+                    None => batched.push(lease),
+                }
+            }
+            for (limit, entries) in limited {
+                let mut entries = entries.into_iter().peekable();
+                while entries.peek().is_some() {
+                    chunks.push(entries.by_ref().take(limit.max(1)).collect());
                 }
             }
             // The first lease of the batch goes alone: its reply reads the server's clock.
@@ -437,10 +456,12 @@ impl RenewalLoop {
     }
 
     /// Renews `chunk` (`_id`, lock id and current deadline of each lease) in a spawned task,
-    /// with a server-side time limit: at most half of what the lease budget leaves after a
-    /// cadence, and never past the earliest deadline it serves (a renewal that waited on the
-    /// server beyond that could not save that lease, and must not extend it with a `$$NOW`
-    /// fixed before the wait).
+    /// with a server-side time limit: at most a third of what the lease budget leaves after a
+    /// cadence (so a command, its split into smaller ones and their split into single leases
+    /// fit), and never past the earliest deadline it serves (a renewal that waited on the server
+    /// beyond that could not save that lease, and must not extend it with a `$$NOW` fixed
+    /// before the wait). With a cadence close to the lease's lifetime, that leaves little time:
+    /// a renewal that waits on the server is given up soon.
     fn send_renewal(
         &self,
         sent_at: clock::Instant,
@@ -448,12 +469,15 @@ impl RenewalLoop {
     ) -> Renewal {
         let options = &self.place.options;
         let earliest = chunk.iter().map(|(_, _, deadline)| *deadline).min();
-        let budget = (options.lease_lifetime() - options.extension_cadence()) / 2;
+        let budget = options
+            .lease_lifetime()
+            .saturating_sub(options.extension_cadence())
+            / 3;
         let time_limit = earliest
             .map_or(budget, |deadline| {
                 budget.min(deadline.saturating_duration_since(sent_at))
             })
-            .max(Duration::from_millis(1));
+            .clamp(Duration::from_millis(1), MAX_TIME_LIMIT);
         let (ids, lock_ids): (Vec<Bson>, Vec<String>) = chunk
             .into_iter()
             .map(|(id, lock_id, _)| (id, lock_id))
@@ -487,8 +511,8 @@ impl RenewalLoop {
         );
         let failure = match result {
             Ok(Ok(reply)) => {
-                if let [lock_id] = renewal.lock_ids.as_slice() {
-                    self.alone.remove(lock_id);
+                for lock_id in &renewal.lock_ids {
+                    self.limits.remove(lock_id);
                 }
                 if let Some(millis) = reply.server_millis
                     && self.server_clock_jumped(renewal.sent_at, millis, reply.received_at)
@@ -514,14 +538,28 @@ impl RenewalLoop {
                 return;
             }
             Ok(Err(Failure::TimeLimit)) => {
-                // Held back on the server: each of its leases goes alone from now on, at once,
-                // so that one held-back document cannot hold the others back.
-                self.alone.extend(renewal.lock_ids.iter().cloned());
-                if renewal.lock_ids.len() > 1 {
+                // Held back on the server: its leases go again at once in smaller commands (of
+                // 32 leases, then alone), so that one held-back document cannot hold the
+                // others back.
+                let count = renewal.lock_ids.len();
+                let limit = if count > SPLIT_COMMAND_LEASES {
+                    SPLIT_COMMAND_LEASES
+                } else {
+                    1
+                };
+                let leases = self.leases.lock();
+                for lock_id in &renewal.lock_ids {
+                    if leases.contains_key(lock_id) {
+                        self.limits.insert(lock_id.clone(), limit);
+                    }
+                }
+                drop(leases);
+                if count > 1 {
                     tracing::debug!(
                         collection = %self.place.collection.name(),
-                        leases = renewal.lock_ids.len(),
-                        "a renewal ran out of its time limit; renewing its leases one by one"
+                        leases = count,
+                        at_most = limit,
+                        "a renewal ran out of its time limit; renewing its leases in smaller commands"
                     );
                     self.next_renewal = clock::now();
                     return;
@@ -556,6 +594,12 @@ impl RenewalLoop {
         }
         self.clock = Some(reading);
         let options = &self.place.options;
+        if sent_at.saturating_duration_since(last.sent_at) > options.lease_lifetime() {
+            // Readings further apart than a lease lasts (the rounds between failed) cannot tell
+            // whether a jump came before or after the leases held now were written, and slow
+            // drift adds up: start afresh.
+            return false;
+        }
         let local = received_at.saturating_duration_since(last.sent_at)
             + options.max_clock_skew()
             + options.safety_margin();
@@ -789,6 +833,55 @@ fn write_failure(reply: &Document) -> Option<Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loop that never runs (its client never connects), to call its decisions directly.
+    async fn idle_loop(options: crate::LockOptions) -> RenewalLoop {
+        let client = mongodb::Client::with_uri_str("mongodb://127.0.0.1:9")
+            .await
+            .unwrap();
+        RenewalLoop {
+            runtime: Handle::current(),
+            place: Place {
+                collection: client.database("d").collection("c"),
+                layout: super::super::schema::Layout::LockDocument,
+                options,
+            },
+            kind: "lock",
+            leases: Arc::default(),
+            in_flight: Arc::default(),
+            next_renewal: clock::now(),
+            releases: JoinSet::new(),
+            limits: HashMap::new(),
+            clock: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_clock_jump_is_judged_only_between_readings_a_lease_apart() {
+        let options = crate::LockOptions::builder()
+            .expiry(Duration::from_secs(30))
+            .extension_cadence(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let allowed = options.max_clock_skew() + options.safety_margin();
+        let lifetime = options.lease_lifetime();
+        let mut renewals = idle_loop(options).await;
+        let millis = |duration: Duration| i64::try_from(duration.as_millis()).unwrap();
+        let t0 = clock::now();
+        assert!(!renewals.server_clock_jumped(t0, 0, t0), "a first reading");
+        // A cadence later, the server advanced a cadence plus what is allowed: no jump.
+        let t1 = t0 + Duration::from_secs(10);
+        let server1 = millis(Duration::from_secs(10) + allowed);
+        assert!(!renewals.server_clock_jumped(t1, server1, t1));
+        // Readings further apart than a lease lasts tell nothing: not a jump, a new start.
+        let t2 = t1 + lifetime + Duration::from_secs(1);
+        let server2 = server1 + millis(lifetime + Duration::from_secs(60));
+        assert!(!renewals.server_clock_jumped(t2, server2, t2));
+        // A cadence later again, the server jumped by a minute: a jump.
+        let t3 = t2 + Duration::from_secs(10);
+        let server3 = server2 + millis(Duration::from_secs(70));
+        assert!(renewals.server_clock_jumped(t3, server3, t3));
+    }
 
     #[test]
     fn write_errors_and_time_limits_in_update_replies_are_failures() {

@@ -28,6 +28,26 @@ pub(crate) struct Undo {
     pub(crate) name: String,
 }
 
+#[cfg(test)]
+impl Undo {
+    /// An undo for a server nobody listens on: sending it takes its whole `patience`.
+    pub(crate) async fn unanswered(patience: Duration) -> Undo {
+        let client =
+            mongodb::Client::with_uri_str("mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=60000")
+                .await
+                .expect("a valid URI");
+        Undo {
+            collection: client.database("d").collection("c"),
+            filter: mongodb::bson::doc! { "lockId": "a" },
+            update: vec![mongodb::bson::doc! { "$set": { "x": 1 } }],
+            write_concern: WriteConcern::default(),
+            patience,
+            many: false,
+            name: "n".into(),
+        }
+    }
+}
+
 impl Undo {
     /// Sends the update and waits at most its `patience` for the reply; whether it ended a
     /// lease. Failures are logged: the lease, if any, ends at its expiry.
