@@ -232,20 +232,31 @@ def _write_filters(context):
     return None
 
 
-async def _blocked_by_open_transaction(client, context, filters):
+async def _documents_held_back(client, context, filters):
+    """The _ids of the documents that open transactions have written and that the write's
+    statements match, read once when the write arrives: its `$$NOW` stays fixed while it waits,
+    so the documents it matched then are the ones it waits for, as on MongoDB."""
     collection = client[context.db_name][context.command_document[context.command_name]]
     written = _written_by_open_transactions(
         client._engine, context.db_name, collection.name, context.session
     )
     if not written:
-        return False
+        return set()
+    held_back = set()
     for statement_filter in filters:
         matched = collection.find(
             {"$and": [statement_filter, {"_id": {"$in": written}}]}, {"_id": 1}
         )
-        if await matched.to_list(None):
-            return True
-    return False
+        held_back.update(repr(document["_id"]) for document in await matched.to_list(None))
+    return held_back
+
+
+def _still_written(client, context, held_back):
+    collection_name = context.command_document[context.command_name]
+    written = _written_by_open_transactions(
+        client._engine, context.db_name, collection_name, context.session
+    )
+    return any(repr(document_id) in held_back for document_id in written)
 
 
 _original_execute_prepared = WireCommandExecutor.execute_prepared
@@ -257,9 +268,11 @@ async def _execute_prepared(self, context):
     if filters and not in_transaction:
         max_time_ms = context.raw_body.get("maxTimeMS")
         give_up = None if not max_time_ms else time.monotonic() + max_time_ms / 1000
-        while True:
+        _end_transactions_past_their_lifetime()
+        held_back = await _documents_held_back(self._client, context, filters)
+        while held_back:
             _end_transactions_past_their_lifetime()
-            if not await _blocked_by_open_transaction(self._client, context, filters):
+            if not _still_written(self._client, context, held_back):
                 break
             if give_up is not None and time.monotonic() >= give_up:
                 return {

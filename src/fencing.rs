@@ -16,8 +16,9 @@ use crate::{Error, Result};
 /// `fencing` example.
 ///
 /// Tokens are `max(previous + 1, server time in ms × 1000)`, so they also keep increasing after
-/// the lock document was deleted by the TTL index, provided the server clock never steps back and
-/// every writer of the lock collection uses this crate.
+/// the lock document was deleted by the TTL index, provided no server clock steps back by more
+/// than a day (how long a lock document is kept after its lease ended) and every writer of the
+/// lock collection uses this crate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(i64);
 

@@ -530,3 +530,104 @@ async fn the_cleanup_after_an_unknown_outcome_is_a_multi_document_update() {
         "{statement}"
     );
 }
+
+/// Before MongoDB 7.0, a `findAndModify` on a sharded collection must carry the shard key in its
+/// filter (<https://www.mongodb.com/docs/v6.0/reference/command/findAndModify/#sharded-collections>),
+/// and a document lock's collection may be sharded on a key other than `_id`. The renewals,
+/// which filter on the locked document's `_id`, must keep the lease alive there. The proxy
+/// answers every `findAndModify` on the collection after the locking one as such a server does
+/// (ShardKeyNotFound, 61). Fails when a single lease is always renewed with a `findAndModify`:
+/// the lease is lost at its first deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_document_lock_keeps_renewing_on_a_collection_sharded_on_another_key() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let name = common::unique("jobs");
+    let jobs = client.database(common::DATABASE).collection::<Job>(&name);
+    jobs.insert_one(job("s")).await.unwrap();
+    let guard = DocumentLock::new(&jobs)
+        .with_options(common::options(1_500, 300))
+        .lock(doc! { "_id": "s" })
+        .await
+        .unwrap();
+    let refused = proxy.add_rule(
+        common::proxy::Rule::new(
+            "findAndModify",
+            common::proxy::Action::Reply(common::proxy::replies::command_error(
+                61,
+                "ShardKeyNotFound",
+            )),
+        )
+        .on(&name)
+        .times(usize::MAX),
+    );
+    // Three lease lifetimes: held throughout only if renewals keep succeeding.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    assert!(
+        proxy.hits(refused) >= 1,
+        "a renewal was tried as a findAndModify first"
+    );
+    assert!(!guard.is_lost(), "the lease was renewed throughout");
+    let stored = raw(&jobs)
+        .find_one(doc! { "_id": "s" })
+        .await
+        .unwrap()
+        .unwrap();
+    let expires_at = stored
+        .get_document("lock")
+        .unwrap()
+        .get_datetime("expiresAt")
+        .unwrap();
+    assert!(
+        expires_at.timestamp_millis() > mongodb::bson::DateTime::now().timestamp_millis(),
+        "the stored lease is live"
+    );
+    guard.release().await.unwrap();
+}
+
+/// A checkpoint that gets no reply within `expiry` returns `Error::Timeout` then, and its update
+/// is not cut off mid-flight: the driver's manual warns against dropping its futures midway, so
+/// the write runs to its reply in a task of its own, like every other write whose outcome
+/// matters. Fails when the checkpoint drops the driver's future at its limit: the command is
+/// never answered (its started event has no succeeded or failed event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_without_a_reply_in_time_times_out_and_its_update_runs_to_its_reply() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let (database, commands) = common::counting_database_on(
+        &format!("mongodb://{}/?directConnection=true", proxy.address()),
+        |_| {},
+    )
+    .await;
+    drop(client);
+    let name = common::unique("jobs");
+    let jobs = database.collection::<Job>(&name);
+    jobs.insert_one(job("p")).await.unwrap();
+    let guard = DocumentLock::new(&jobs)
+        .with_options(common::options(1_500, 300))
+        .lock(doc! { "_id": "p" })
+        .await
+        .unwrap();
+    let delay = Duration::from_secs(6);
+    proxy.add_rule(
+        common::proxy::Rule::new("update", common::proxy::Action::DelayReply(delay)).on(&name),
+    );
+    let started = std::time::Instant::now();
+    let outcome = guard.checkpoint(doc! { "$set": { "progress": 50 } }).await;
+    let returned_after = started.elapsed();
+    assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
+    assert!(
+        returned_after < delay,
+        "bounded by expiry, not by the reply: {returned_after:?}"
+    );
+    let answered = common::eventually(Duration::from_secs(15), || async {
+        commands.in_flight() == 0
+    })
+    .await;
+    assert!(answered, "the checkpoint's update ran to its reply");
+    let stored = raw(&jobs)
+        .find_one(doc! { "_id": "p" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.get_i32("progress"), Ok(50), "{stored}");
+    guard.release().await.unwrap();
+}

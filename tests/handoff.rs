@@ -443,6 +443,55 @@ async fn a_waiter_whose_deadline_passes_during_its_transfer_gets_the_lock_not_a_
     handed.release().await.unwrap();
 }
 
+/// The same, when the waiter's last attempt fails with a transient error at its deadline (the
+/// proxy answers every acquisition attempt with MaxTimeMSExpired once the waiter has queued):
+/// the lock handed over is still what the caller gets, not the error. Fails when a failed last
+/// attempt returns its error without looking at the transfer under way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_last_attempt_fails_during_its_transfer_gets_the_lock_not_the_error() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let database = client.database(common::DATABASE);
+    let (lock, collection) = sleepy_lock(&database, "late-transfer-error");
+    let guard = lock.acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire_timeout(Duration::from_secs(1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // it has queued, with its offer
+    let transfer = proxy.add_rule(
+        Rule::new("findAndModify", Action::Delay(Duration::from_millis(1_500)))
+            .where_present("query.lockId.$in"),
+    );
+    let failing = proxy.add_rule(
+        Rule::new(
+            "findAndModify",
+            Action::Reply(common::proxy::replies::command_error(
+                50,
+                "MaxTimeMSExpired",
+            )),
+        )
+        .on(collection.name())
+        .where_field("upsert", true)
+        .times(usize::MAX),
+    );
+    let release = tokio::spawn(guard.release());
+    let outcome = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter returns")
+        .unwrap();
+    assert_eq!(proxy.hits(transfer), 1, "the transfer was delayed");
+    assert!(proxy.hits(failing) >= 1, "the last attempt failed");
+    release.await.unwrap().unwrap();
+    let handed = outcome.expect("the lock handed over is returned, not the attempt's error");
+    let stored = stored(&collection, lock.name()).await;
+    assert_eq!(
+        stored.get_i64("fencingToken").unwrap(),
+        handed.fencing_token().get(),
+        "the waiter holds the stored lease"
+    );
+    handed.release().await.unwrap();
+}
+
 /// A release whose runtime shuts down while it hands the lock to a waiter on another runtime
 /// leaves no lease behind: the waiter hears that the transfer's outcome is unknown, ends both
 /// leases (the releasing one and its own) from its own runtime, and then acquires the lock
@@ -505,4 +554,92 @@ fn a_transfer_cut_short_by_its_runtimes_end_leaves_no_lease_behind() {
     });
     let guard = outcome.expect("acquired");
     main.block_on(guard.release()).unwrap();
+}
+
+/// The same cut short, with the waiter on the releasing runtime too: nobody is left to hear
+/// that the transfer's outcome is unknown, so ending both leases falls to the family's next
+/// lease, won on a live runtime (or to its shutdown). Fails when only a shutdown sends the undo
+/// of work whose runtime was dropped: the name stays taken for the leases' 30 s.
+#[test]
+fn a_transfer_cut_short_with_its_waiter_on_the_same_runtime_leaves_no_lease_behind() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dying = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(30))
+        .busy_wait_sleep_time(Duration::from_millis(50), Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let collection = common::unique("locks");
+    let (proxy, provider) = main.block_on(async {
+        let (proxy, client) = common::proxy::proxied_client().await;
+        let provider = distributed_lock_mongodb::Provider::new(&client.database(common::DATABASE))
+            .with_collection(collection.as_str())
+            .with_options(options);
+        (proxy, provider)
+    });
+    let name = common::unique("cut-short");
+    let guard = dying
+        .block_on(provider.create_lock(name.as_str()).acquire())
+        .unwrap();
+    let holder = main.block_on(stored_lock_id(&collection, &name));
+    let _waiter = dying.spawn({
+        let lock = provider.create_lock(name.as_str());
+        async move { lock.acquire_timeout(Duration::from_secs(20)).await }
+    });
+    let transfer = proxy.add_rule(
+        Rule::new("findAndModify", Action::Delay(Duration::from_millis(1_000)))
+            .where_present("query.lockId.$in"),
+    );
+    // The waiter queues and offers to take the lease over; the release then hands it over.
+    main.block_on(async { tokio::time::sleep(Duration::from_millis(300)).await });
+    dying.spawn(guard.release());
+    main.block_on(async {
+        let sent = common::eventually(Duration::from_secs(10), || async {
+            proxy.hits(transfer) == 1
+        })
+        .await;
+        assert!(sent, "the release hands the lock over");
+    });
+    dying.shutdown_background();
+    main.block_on(async {
+        // The transfer, held back by the proxy, went with its runtime's connection: the
+        // releasing lease is still stored.
+        assert_eq!(
+            stored_lock_id(&collection, &name).await,
+            holder,
+            "left behind"
+        );
+        let next = provider
+            .create_lock(common::unique("next").as_str())
+            .acquire()
+            .await
+            .unwrap();
+        let other = MongoDistributedLock::new(name.as_str(), &common::database().await)
+            .with_collection(collection.as_str());
+        let freed = common::eventually(Duration::from_secs(10), || async {
+            other.try_acquire().await.unwrap().is_some()
+        })
+        .await;
+        assert!(freed, "both leases of the cut-short transfer were ended");
+        next.release().await.unwrap();
+    });
+}
+
+/// The lock id stored in lock `name`'s document, if any.
+async fn stored_lock_id(collection: &str, name: &str) -> Option<String> {
+    common::database()
+        .await
+        .collection::<Document>(collection)
+        .find_one(doc! { "_id": name })
+        .await
+        .unwrap()
+        .and_then(|stored| stored.get_str("lockId").ok().map(str::to_owned))
 }

@@ -207,6 +207,61 @@ async fn a_write_to_a_document_an_open_transaction_wrote_waits_until_it_ends() {
     );
 }
 
+/// The same pages: a held-back write waits for the documents its statement matched when it
+/// arrived, by its own `$$NOW`, fixed for the whole command. A renewal filtered on "the lease is
+/// live" therefore keeps waiting after the lease ended by the current clock, and once the
+/// transaction ends it is applied by its old `$$NOW` (which is why the crate's renewals carry a
+/// time limit shorter than their leases' budget). Fails when the shim re-reads the filter with the
+/// current clock while the write waits: the write then goes on before the transaction ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_write_waits_for_what_it_matched_by_its_own_now() {
+    let (uri, _server) = server_with(&[]);
+    let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
+    let collection = client
+        .database(common::DATABASE)
+        .collection::<Document>(&common::unique("fixed-now"));
+    collection
+        .insert_one(doc! { "_id": "a", "n": 0 })
+        .await
+        .unwrap();
+    collection
+        .update_one(
+            doc! { "_id": "a" },
+            vec![doc! { "$set": { "until": { "$add": ["$$NOW", 300] } } }],
+        )
+        .await
+        .unwrap();
+    let mut session = open_transaction_writing_a(&client, &collection).await;
+    let other = mongodb::Client::with_uri_str(&uri).await.unwrap();
+    let others = other
+        .database(common::DATABASE)
+        .collection::<Document>(collection.name());
+    let waiting = tokio::spawn(async move {
+        others
+            .update_one(
+                doc! { "_id": "a", "$expr": { "$gt": ["$until", "$$NOW"] } },
+                doc! { "$set": { "renewed": true } },
+            )
+            .await
+    });
+    // Past `until` by the current clock: the write still waits for the transaction.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the write waits for the transaction, whatever the current clock says"
+    );
+    session.abort_transaction().await.unwrap();
+    let written = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the write goes on once the transaction ended")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        written.matched_count, 1,
+        "applied by the $$NOW it arrived with, before `until`"
+    );
+}
+
 /// On a server of its own whose transactions live at most 1 s: a collection holding
 /// `{_id: "a", n: 0}`, and an open transaction that wrote `{n: 1}` to it.
 async fn transaction_with_a_lifetime_of_one_second() -> (

@@ -276,14 +276,21 @@ where
                 Ok(None) => failing_since = None,
                 // An election or a busy primary: wait and try again like for a busy lock,
                 // within the caller's deadline and for at most `expiry` in a row.
-                Err(error) if error.is_transient() => {
-                    let since = *failing_since.get_or_insert(attempt_started);
-                    if out_of_time || now - since >= options.expiry() {
-                        return Err(error);
-                    }
+                Err(error)
+                    if error.is_transient()
+                        && !out_of_time
+                        && now - *failing_since.get_or_insert(attempt_started)
+                            < options.expiry() =>
+                {
                     tracing::debug!(%error, "transient failure of an acquisition attempt; retrying");
                 }
-                Err(error) => return Err(error),
+                // The caller gets the error, unless a release is handing it the lock right now.
+                Err(error) => {
+                    return match last_transfer(ticket.as_ref(), offered, options).await {
+                        Some(guard) => Ok(Some(guard)),
+                        None => Err(error),
+                    };
+                }
             }
             if out_of_time {
                 return Ok(last_transfer(ticket.as_ref(), offered, options).await);
@@ -448,9 +455,9 @@ where
     received
 }
 
-/// The outcome of a waiter's standing offer when its deadline has passed: a guard if the lock
-/// was handed over to it (a transfer taken before the deadline is waited for, at most as long
-/// as an attempt is), `None` otherwise (the offer is withdrawn).
+/// The outcome of a waiter's standing offer when it stops waiting (its deadline passed, or its
+/// attempt failed for good): a guard if the lock was handed over to it (a transfer taken before
+/// is waited for, at most as long as an attempt is), `None` otherwise (the offer is withdrawn).
 async fn last_transfer<G>(
     ticket: Option<&Ticket>,
     offered: Option<oneshot::Receiver<Result<Option<G>>>>,

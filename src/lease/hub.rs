@@ -112,7 +112,8 @@ impl RenewalHub {
     /// Starts renewing `lease` (just won) with the loop for `runtime` and `place`, starting the
     /// loop if there is none (or its runtime shut down). Returns the channel for later release
     /// requests. If no loop can take the lease, it is marked lost at once; after a shutdown it is
-    /// also released at once.
+    /// also released at once. Leases and work that a dropped runtime left behind in the family
+    /// are released or undone from `runtime`.
     pub(crate) fn hold(
         &self,
         runtime: &Handle,
@@ -141,6 +142,11 @@ impl RenewalHub {
             }
             false
         });
+        // Work whose runtime was dropped before it finished (a release, a transfer, a cleanup)
+        // may have left leases behind: undo it from this live runtime.
+        for undo in self.in_flight.take_abandoned() {
+            self.in_flight.spawn_undo(runtime, undo);
+        }
         let running = loops
             .entry(LoopKey::new(runtime, place))
             .or_insert_with(|| {
@@ -167,8 +173,10 @@ impl RenewalHub {
             })
             .is_err()
         {
-            // The runtime is shutting down: nobody will renew this lease.
-            if let Some(lease) = running.leases.lock().remove(&lock_id) {
+            // The runtime is shutting down: nobody will renew this lease. It stays in the table
+            // of the loop that is gone, so that the family's shutdown, or its next lease (which
+            // finds the loop gone), releases it.
+            if let Some(lease) = running.leases.lock().get(&lock_id) {
                 lease.mark_lost(Loss::LoopEnded);
             }
         }
@@ -277,6 +285,49 @@ mod tests {
             due.undo.len(),
             1,
             "the undo it had not finished sending is due again"
+        );
+    }
+
+    /// A lease won while its runtime shuts down has no loop to renew it: it is lost at once, and
+    /// left where the family's shutdown (or its next lease) finds and releases it. Fails when the
+    /// lease is dropped from the table: it stays stored until its expiry.
+    #[test]
+    fn a_lease_won_as_its_runtime_shuts_down_is_left_for_the_shutdown_to_release() {
+        let runtime = runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dead = runtime.handle().clone();
+        let options = crate::LockOptions::default();
+        let place = runtime.block_on(async {
+            let client = mongodb::Client::with_uri_str("mongodb://127.0.0.1:9")
+                .await
+                .unwrap();
+            Place {
+                collection: client.database("d").collection("c"),
+                layout: Layout::LockDocument,
+                options: options.clone(),
+            }
+        });
+        drop(runtime);
+        let hub = RenewalHub::default();
+        let lease = Lease {
+            id: "n".into(),
+            name: "n".into(),
+            kind: "exclusive",
+            lock_id: "won".into(),
+            state: super::super::lost::LeaseState::starting(&options, clock::now()),
+            waiters: None,
+            holding: None,
+        };
+        let state = Arc::clone(&lease.state);
+        let _commands = hub.hold(&dead, &place, lease);
+        assert!(state.is_lost(), "nobody renews it");
+        assert!(
+            hub.loops()
+                .values()
+                .any(|running| running.leases.lock().contains_key("won")),
+            "left for the shutdown or the next lease to release"
         );
     }
 

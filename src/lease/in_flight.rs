@@ -121,6 +121,18 @@ impl InFlight {
         self.work().pieces.is_empty()
     }
 
+    /// Takes the undo of every piece whose task ended unfinished (its runtime was dropped),
+    /// forgetting those pieces: for a family that goes on without a shutdown to send them.
+    pub(crate) fn take_abandoned(&self) -> Vec<Undo> {
+        let mut work = self.work();
+        let abandoned = std::mem::take(&mut work.abandoned);
+        abandoned
+            .into_iter()
+            .filter_map(|id| work.pieces.remove(&id))
+            .flat_map(|piece| piece.undo)
+            .collect()
+    }
+
     /// Takes the undo of every piece that is due at `now` (forgetting those pieces) and tells
     /// when the next one will be.
     pub(crate) fn take_due(&self, now: clock::Instant) -> Due {

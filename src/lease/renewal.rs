@@ -12,7 +12,10 @@
 //! server's clock (its new `expiresAt` minus `expiry`), and the others by `update` commands of
 //! at most 2 MiB of ids each, so no command nears MongoDB's size limit. When an `update` matches
 //! fewer documents than it renews leases, an `aggregate` reads back which are still ours (the
-//! readers of one reader-writer lock share a document, so counts alone cannot tell).
+//! readers of one reader-writer lock share a document, so counts alone cannot tell). A document
+//! lock's collection may be sharded on a key other than `_id`, and before MongoDB 7.0 a
+//! `findAndModify` there needs the shard key: when the server says so, the loop renews with
+//! `update` commands only (they accept a filter on `_id`), without reading the server's clock.
 //!
 //! # Writes held back by transactions
 //! On MongoDB a write to a document that an open transaction has written waits until that
@@ -153,6 +156,7 @@ pub(crate) fn start(
         releases: JoinSet::new(),
         limits: HashMap::new(),
         clock: None,
+        reads_clock: true,
     };
     runtime.spawn(renewals.run(receiver));
     commands
@@ -173,6 +177,10 @@ const MAX_TIME_LIMIT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// NotAReplicaSet: the server is a standalone.
 const NOT_A_REPLICA_SET: i32 = 123;
+
+/// ShardKeyNotFound: a `findAndModify` on a sharded collection without the shard key in its
+/// filter (before MongoDB 7.0).
+const SHARD_KEY_NOT_FOUND: i32 = 61;
 
 /// One renewal command in flight: the lock ids it covers, when it was sent, and its task.
 struct Renewal {
@@ -201,15 +209,19 @@ enum Failure {
     /// It ran out of its server-side time limit: a document of it is held back (by a
     /// transaction), or the server is very slow.
     TimeLimit,
+    /// The server refused a `findAndModify` filtered on `_id` alone: the collection is sharded
+    /// on another key (a document lock's collection) and the server is older than 7.0, which
+    /// needs the shard key in a `findAndModify`'s filter.
+    ShardKeyRequired,
     Other(String),
 }
 
 impl From<mongodb::error::Error> for Failure {
     fn from(error: mongodb::error::Error) -> Failure {
-        if error_code(&error) == Some(MAX_TIME_MS_EXPIRED) {
-            Failure::TimeLimit
-        } else {
-            Failure::Other(error.to_string())
+        match error_code(&error) {
+            Some(MAX_TIME_MS_EXPIRED) => Failure::TimeLimit,
+            Some(SHARD_KEY_NOT_FOUND) => Failure::ShardKeyRequired,
+            _ => Failure::Other(error.to_string()),
         }
     }
 }
@@ -237,6 +249,11 @@ struct RenewalLoop {
     limits: HashMap<String, usize>,
     /// The last reading of the server's clock.
     clock: Option<ServerClock>,
+    /// Whether a single lease is renewed with a `findAndModify`, which reads the server's clock.
+    /// Turned off for good when the server refuses one because the collection is sharded on a
+    /// key other than `_id`; the loop then renews with `update` commands only (which accept a
+    /// filter on `_id` on every version) and cannot see the server's clock jump.
+    reads_clock: bool,
 }
 
 impl Drop for RenewalLoop {
@@ -484,11 +501,13 @@ impl RenewalLoop {
             .unzip();
         let place = self.place.clone();
         let renewing = lock_ids.clone();
+        let reads_clock = self.reads_clock;
         let call = self.runtime.spawn(async move {
-            if let ([id], [lock_id]) = (ids.as_slice(), renewing.as_slice()) {
-                renew_one(&place, id, lock_id, time_limit).await
-            } else {
-                renew_many(&place, &ids, &renewing, time_limit).await
+            match (ids.as_slice(), renewing.as_slice()) {
+                ([id], [lock_id]) if reads_clock => {
+                    renew_one(&place, id, lock_id, time_limit).await
+                }
+                _ => renew_many(&place, &ids, &renewing, time_limit).await,
             }
         });
         Renewal {
@@ -567,6 +586,19 @@ impl RenewalLoop {
                 "it ran out of its time limit on the server (is its document held back by a \
                  transaction?)"
                     .to_owned()
+            }
+            Ok(Err(Failure::ShardKeyRequired)) => {
+                if self.reads_clock {
+                    self.reads_clock = false;
+                    tracing::info!(
+                        collection = %self.place.collection.name(),
+                        "the collection is sharded on a key other than _id: leases are renewed \
+                         with update commands only, without reading the server's clock"
+                    );
+                    self.next_renewal = clock::now();
+                    return;
+                }
+                "the server asks for the shard key".to_owned()
             }
             Ok(Err(Failure::Other(error))) => error,
             Err(join_error) => join_error.to_string(),
@@ -853,6 +885,7 @@ mod tests {
             releases: JoinSet::new(),
             limits: HashMap::new(),
             clock: None,
+            reads_clock: true,
         }
     }
 
