@@ -191,6 +191,17 @@ impl Fence {
         self
     }
 
+    /// Matches the documents of `filter` whose stored token is older than `token` (or equal, if
+    /// allowed), or not a number (never written by a fenced write).
+    pub(crate) fn fenced_filter(&self, filter: Document, token: FencingToken) -> Document {
+        let field = self.field.as_str();
+        let older = if self.allow_equal { "$lte" } else { "$lt" };
+        doc! { "$and": [filter, { "$or": [
+            { field: { older: token.get() } },
+            { field: { "$not": { "$type": "number" } } },
+        ] }] }
+    }
+
     /// Applies `update` (update operators) to the one document matching `filter` if `token` is
     /// newer than the one it stores, storing `token` in the same update.
     ///
@@ -223,11 +234,7 @@ impl Fence {
                 update.insert("$set", doc! { field: token.get() });
             }
         }
-        let older = if self.allow_equal { "$lte" } else { "$lt" };
-        let fenced = doc! { "$and": [filter.clone(), { "$or": [
-            { field: { older: token.get() } },
-            { field: { "$not": { "$type": "number" } } },
-        ] }] };
+        let fenced = self.fenced_filter(filter.clone(), token);
         let documents = collection.clone_with_type::<Document>();
         let result = documents.update_one(fenced, update).await?;
         if result.matched_count > 0 {

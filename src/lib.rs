@@ -38,6 +38,11 @@ pub mod memory;
 #[cfg(feature = "blocking")]
 pub mod blocking;
 
+// The protocol's decision functions, for the repository's model checker (not part of the API).
+#[doc(hidden)]
+#[path = "model_hooks.rs"]
+pub mod __model;
+
 /// How the lock works, what it guarantees under which assumptions, and how the code is laid out
 /// (the repository's `DESIGN.md`).
 #[doc = include_str!("../DESIGN.md")]

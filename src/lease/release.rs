@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mongodb::bson::doc;
 use mongodb::options::ReturnDocument;
 use mongodb::results::UpdateResult;
 use tokio::runtime::Handle;
@@ -343,10 +342,7 @@ async fn transfer(
         deliver: Some(deliver),
         releasing: lease.lock_id.clone(),
     };
-    let filter = doc! {
-        schema::ID: lease.id.clone(),
-        schema::LOCK_ID: { "$in": [&lease.lock_id, &lock_id] },
-    };
+    let filter = schema::transfer_filter(&lease.id, &lease.lock_id, &lock_id);
     let update = update(&lease.lock_id);
     let send = || {
         let (collection, filter, update) =

@@ -109,6 +109,13 @@ pub(crate) fn acquire_update(
     vec![doc! { "$set": set }]
 }
 
+/// The filter of a release that hands the lock document `id` over from the lease `releasing` to
+/// a waiter's `waiter` (run with [`acquire_update`] replacing `releasing`): the releasing lease,
+/// or the waiter's should an earlier try have applied.
+pub(crate) fn transfer_filter(id: &Bson, releasing: &str, waiter: &str) -> Document {
+    doc! { ID: id.clone(), LOCK_ID: { "$in": [releasing, waiter] } }
+}
+
 /// `value` as a constant inside an aggregation expression: strings starting with `$` and
 /// `$`-prefixed keys in application data must not be read as field paths or operators.
 pub(crate) fn literal(value: &Document) -> Bson {

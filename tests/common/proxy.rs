@@ -340,6 +340,11 @@ impl FaultProxy {
         self.rules.table().hits.get(&rule).copied().unwrap_or(0)
     }
 
+    /// Removes one rule (its hits stay counted).
+    pub fn remove_rule(&self, rule: RuleId) {
+        self.rules.table().live.retain(|(id, _)| *id != rule);
+    }
+
     /// Removes every rule (connections already hanging stay so), including those of
     /// [`FaultProxy::pose_as_replica_set_primary`].
     pub fn clear_rules(&self) {

@@ -1,0 +1,450 @@
+//! A small evaluator of the MongoDB query filters, aggregation expressions and update pipelines
+//! the lock sends, so that the model applies the crate's own commands to its model document.
+//!
+//! It covers what the exclusive lock's commands and the fence use, with MongoDB's semantics for
+//! them: BSON comparison order across types (a missing field sorts below everything), query
+//! comparisons that match only values of a comparable type ("type bracketing"), `$$NOW` fixed for
+//! the whole command, `$$REMOVE`. Anything else is refused with a panic naming it, so that a
+//! change in the crate's commands cannot be evaluated silently wrong.
+
+use std::cmp::Ordering;
+
+use mongodb::bson::{Bson, DateTime, Document};
+
+/// The value of a field or expression: `None` when missing.
+pub type Value = Option<Bson>;
+
+/// Whether `document` matches the query `filter`.
+pub fn matches(filter: &Document, document: &Document, now: DateTime) -> bool {
+    filter.iter().all(|(key, condition)| match key.as_str() {
+        "$and" => array(condition)
+            .iter()
+            .all(|each| matches(sub_document(each), document, now)),
+        "$or" => array(condition)
+            .iter()
+            .any(|each| matches(sub_document(each), document, now)),
+        "$expr" => truthy(&evaluate(condition, document, now)),
+        operator if operator.starts_with('$') => panic!("query operator {operator} not modelled"),
+        path => field_matches(&lookup(document, path), condition),
+    })
+}
+
+fn field_matches(value: &Value, condition: &Bson) -> bool {
+    let Bson::Document(operators) = condition else {
+        return equal(value, &Some(condition.clone()));
+    };
+    if !operators.keys().all(|key| key.starts_with('$')) {
+        return equal(value, &Some(condition.clone()));
+    }
+    operators
+        .iter()
+        .all(|(operator, argument)| match operator.as_str() {
+            "$eq" => equal(value, &Some(argument.clone())),
+            "$ne" => !equal(value, &Some(argument.clone())),
+            "$in" => array(argument)
+                .iter()
+                .any(|each| equal(value, &Some(each.clone()))),
+            "$lt" => bracketed(value, argument, |order| order == Ordering::Less),
+            "$lte" => bracketed(value, argument, |order| order != Ordering::Greater),
+            "$gt" => bracketed(value, argument, |order| order == Ordering::Greater),
+            "$gte" => bracketed(value, argument, |order| order != Ordering::Less),
+            "$exists" => value.is_some() == truthy(&Some(argument.clone())),
+            "$type" => value
+                .as_ref()
+                .is_some_and(|value| has_type(value, argument)),
+            "$not" => !field_matches(value, argument),
+            other => panic!("query operator {other} not modelled"),
+        })
+}
+
+/// A query comparison matches only values of the argument's type class.
+fn bracketed(value: &Value, argument: &Bson, accept: impl Fn(Ordering) -> bool) -> bool {
+    match value {
+        Some(value) if type_rank(value) == type_rank(argument) => {
+            accept(compare(&Some(value.clone()), &Some(argument.clone())))
+        }
+        _ => false,
+    }
+}
+
+fn has_type(value: &Bson, wanted: &Bson) -> bool {
+    match wanted.as_str() {
+        Some("number") => matches!(value, Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)),
+        Some("date") => matches!(value, Bson::DateTime(_)),
+        Some("string") => matches!(value, Bson::String(_)),
+        Some("object") => matches!(value, Bson::Document(_)),
+        other => panic!("$type {other:?} not modelled"),
+    }
+}
+
+/// Applies an update pipeline (`$set`/`$addFields`, `$unset`) to `document`.
+pub fn apply_pipeline(pipeline: &[Document], document: &Document, now: DateTime) -> Document {
+    pipeline.iter().fold(document.clone(), |current, stage| {
+        let (name, argument) = stage.iter().next().expect("a stage");
+        match name.as_str() {
+            "$set" | "$addFields" => {
+                let mut next = current.clone();
+                for (field, expression) in sub_document(argument) {
+                    assert!(!field.contains('.'), "dotted $set paths not modelled");
+                    match evaluate(expression, &current, now) {
+                        Some(value) => {
+                            next.insert(field, value);
+                        }
+                        None => {
+                            next.remove(field);
+                        }
+                    }
+                }
+                next
+            }
+            "$unset" => {
+                let mut next = current;
+                let fields = match argument {
+                    Bson::String(field) => vec![field.clone()],
+                    other => array(other)
+                        .iter()
+                        .map(|field| field.as_str().expect("a field name").to_owned())
+                        .collect(),
+                };
+                for field in fields {
+                    next.remove(&field);
+                }
+                next
+            }
+            other => panic!("pipeline stage {other} not modelled"),
+        }
+    })
+}
+
+/// Applies an update made of operators (only `$set` with constant values is modelled).
+pub fn apply_operators(update: &Document, document: &Document) -> Document {
+    let mut next = document.clone();
+    for (operator, fields) in update {
+        assert_eq!(operator, "$set", "update operator {operator} not modelled");
+        for (field, value) in sub_document(fields) {
+            next.insert(field, value.clone());
+        }
+    }
+    next
+}
+
+/// Evaluates an aggregation expression against `document`, with `$$NOW` = `now`.
+pub fn evaluate(expression: &Bson, document: &Document, now: DateTime) -> Value {
+    match expression {
+        Bson::String(text) if text == "$$NOW" => Some(Bson::DateTime(now)),
+        Bson::String(text) if text == "$$REMOVE" => None,
+        Bson::String(text) if text.starts_with("$$") => panic!("variable {text} not modelled"),
+        Bson::String(text) if text.starts_with('$') => lookup(document, &text[1..]),
+        Bson::Array(items) => Some(Bson::Array(
+            items
+                .iter()
+                .map(|item| evaluate(item, document, now).unwrap_or(Bson::Null))
+                .collect(),
+        )),
+        Bson::Document(fields) => match fields.iter().next() {
+            Some((operator, argument)) if operator.starts_with('$') => {
+                assert_eq!(fields.len(), 1, "an operator expression has one field");
+                operator_expression(operator, argument, document, now)
+            }
+            _ => {
+                let mut object = Document::new();
+                for (field, value) in fields {
+                    if let Some(value) = evaluate(value, document, now) {
+                        object.insert(field, value);
+                    }
+                }
+                Some(Bson::Document(object))
+            }
+        },
+        constant => Some(constant.clone()),
+    }
+}
+
+fn operator_expression(
+    operator: &str,
+    argument: &Bson,
+    document: &Document,
+    now: DateTime,
+) -> Value {
+    let arguments = || -> Vec<Value> {
+        array(argument)
+            .iter()
+            .map(|each| evaluate(each, document, now))
+            .collect()
+    };
+    let pair = || -> (Value, Value) {
+        let values = arguments();
+        assert_eq!(values.len(), 2, "{operator} takes two arguments");
+        (values[0].clone(), values[1].clone())
+    };
+    let boolean = |value: bool| Some(Bson::Boolean(value));
+    match operator {
+        "$literal" => Some(argument.clone()),
+        "$cond" => {
+            let (condition, then, otherwise) = match argument {
+                Bson::Array(items) => (&items[0], &items[1], &items[2]),
+                Bson::Document(form) => (
+                    form.get("if").expect("if"),
+                    form.get("then").expect("then"),
+                    form.get("else").expect("else"),
+                ),
+                other => panic!("$cond argument {other} not modelled"),
+            };
+            if truthy(&evaluate(condition, document, now)) {
+                evaluate(then, document, now)
+            } else {
+                evaluate(otherwise, document, now)
+            }
+        }
+        "$eq" => {
+            let (a, b) = pair();
+            boolean(equal(&a, &b))
+        }
+        "$ne" => {
+            let (a, b) = pair();
+            boolean(!equal(&a, &b))
+        }
+        "$lt" | "$lte" | "$gt" | "$gte" => {
+            let (a, b) = pair();
+            let order = compare(&a, &b);
+            boolean(match operator {
+                "$lt" => order == Ordering::Less,
+                "$lte" => order != Ordering::Greater,
+                "$gt" => order == Ordering::Greater,
+                _ => order != Ordering::Less,
+            })
+        }
+        "$and" => boolean(arguments().iter().all(truthy)),
+        "$or" => boolean(arguments().iter().any(truthy)),
+        "$not" => boolean(!truthy(&arguments()[0])),
+        "$ifNull" => arguments()
+            .into_iter()
+            .find(|value| !matches!(value, None | Some(Bson::Null)))
+            .unwrap_or(Some(Bson::Null)),
+        "$max" => arguments()
+            .into_iter()
+            .filter(|value| !matches!(value, None | Some(Bson::Null)))
+            .max_by(compare)
+            .unwrap_or(Some(Bson::Null)),
+        "$add" => {
+            let values = arguments();
+            let mut millis = 0_i64;
+            let mut date = false;
+            for value in &values {
+                match value {
+                    Some(Bson::DateTime(at)) => {
+                        date = true;
+                        millis += at.timestamp_millis();
+                    }
+                    None | Some(Bson::Null) => return Some(Bson::Null),
+                    Some(number) => millis += integer(number),
+                }
+            }
+            Some(if date {
+                Bson::DateTime(DateTime::from_millis(millis))
+            } else {
+                Bson::Int64(millis)
+            })
+        }
+        "$multiply" => Some(Bson::Int64(
+            arguments()
+                .iter()
+                .map(|value| integer(value.as_ref().expect("a number")))
+                .product(),
+        )),
+        "$toLong" => evaluate(argument, document, now).map(|value| Bson::Int64(long(&value))),
+        "$convert" => {
+            let form = sub_document(argument);
+            assert_eq!(form.get_str("to"), Ok("long"), "$convert to long only");
+            match evaluate(form.get("input").expect("input"), document, now) {
+                None | Some(Bson::Null) => {
+                    evaluate(form.get("onNull").expect("onNull"), document, now)
+                }
+                Some(value) => match value {
+                    Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::DateTime(_) => {
+                        Some(Bson::Int64(long(&value)))
+                    }
+                    _ => evaluate(form.get("onError").expect("onError"), document, now),
+                },
+            }
+        }
+        "$type" => Some(Bson::String(
+            match evaluate(argument, document, now) {
+                None => "missing",
+                Some(Bson::Document(_)) => "object",
+                Some(Bson::DateTime(_)) => "date",
+                Some(Bson::String(_)) => "string",
+                Some(Bson::Int64(_)) => "long",
+                Some(Bson::Int32(_)) => "int",
+                Some(Bson::Null) => "null",
+                Some(other) => panic!("$type of {other} not modelled"),
+            }
+            .to_owned(),
+        )),
+        other => panic!("expression operator {other} not modelled"),
+    }
+}
+
+fn lookup(document: &Document, path: &str) -> Value {
+    let mut current = document;
+    let mut parts = path.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let value = current.get(part)?;
+        if parts.peek().is_none() {
+            return Some(value.clone());
+        }
+        current = value.as_document()?;
+    }
+    None
+}
+
+fn array(value: &Bson) -> &Vec<Bson> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("expected an array, got {value}"))
+}
+
+fn sub_document(value: &Bson) -> &Document {
+    value
+        .as_document()
+        .unwrap_or_else(|| panic!("expected a document, got {value}"))
+}
+
+fn truthy(value: &Value) -> bool {
+    match value {
+        None | Some(Bson::Null) | Some(Bson::Boolean(false)) => false,
+        Some(Bson::Int32(0)) | Some(Bson::Int64(0)) => false,
+        Some(Bson::Double(number)) => *number != 0.0,
+        Some(_) => true,
+    }
+}
+
+fn integer(value: &Bson) -> i64 {
+    match value {
+        Bson::Int32(number) => i64::from(*number),
+        Bson::Int64(number) => *number,
+        other => panic!("integer expected, got {other}"),
+    }
+}
+
+fn long(value: &Bson) -> i64 {
+    match value {
+        Bson::DateTime(at) => at.timestamp_millis(),
+        Bson::Double(number) => *number as i64,
+        other => integer(other),
+    }
+}
+
+/// MongoDB's order of types: missing and null, numbers, strings, objects, arrays, booleans, dates.
+fn type_rank(value: &Bson) -> u8 {
+    match value {
+        Bson::Null => 1,
+        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => 2,
+        Bson::String(_) => 3,
+        Bson::Document(_) => 4,
+        Bson::Array(_) => 5,
+        Bson::Boolean(_) => 8,
+        Bson::DateTime(_) => 9,
+        other => panic!("comparison of {other} not modelled"),
+    }
+}
+
+fn compare(a: &Value, b: &Value) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(a), Some(b)) => {
+            let ranks = type_rank(a).cmp(&type_rank(b));
+            if ranks != Ordering::Equal {
+                return ranks;
+            }
+            match (a, b) {
+                (Bson::String(a), Bson::String(b)) => a.cmp(b),
+                (Bson::DateTime(a), Bson::DateTime(b)) => a.cmp(b),
+                (Bson::Boolean(a), Bson::Boolean(b)) => a.cmp(b),
+                (Bson::Null, Bson::Null) => Ordering::Equal,
+                (Bson::Double(_), _) | (_, Bson::Double(_)) => {
+                    panic!("comparison of doubles not modelled")
+                }
+                (a, b) => integer(a).cmp(&integer(b)),
+            }
+        }
+    }
+}
+
+fn equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) if type_rank(a) == type_rank(b) => {
+            compare(&Some(a.clone()), &Some(b.clone())) == Ordering::Equal
+        }
+        (None, None) => true,
+        // A missing field equals null in a query.
+        (None, Some(Bson::Null)) | (Some(Bson::Null), None) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::bson::doc;
+
+    fn at(millis: i64) -> DateTime {
+        DateTime::from_millis(millis)
+    }
+
+    #[test]
+    fn comparisons_follow_mongodbs_type_order_and_query_bracketing() {
+        let now = at(1_000);
+        let stored = doc! { "expiresAt": at(500), "token": 3_i64 };
+        assert!(truthy(&evaluate(
+            &Bson::from(doc! { "$lte": ["$expiresAt", "$$NOW"] }),
+            &stored,
+            now
+        )));
+        // A missing field sorts below every date: the lock is free.
+        assert!(truthy(&evaluate(
+            &Bson::from(doc! { "$lte": ["$missing", "$$NOW"] }),
+            &stored,
+            now
+        )));
+        // Queries compare within a type only: a missing token is not "less than 5".
+        assert!(matches(&doc! { "token": { "$lt": 5_i64 } }, &stored, now));
+        assert!(!matches(&doc! { "other": { "$lt": 5_i64 } }, &stored, now));
+        assert!(matches(
+            &doc! { "other": { "$not": { "$type": "number" } } },
+            &stored,
+            now
+        ));
+        assert!(matches(
+            &doc! { "token": { "$in": [1_i64, 3_i64] } },
+            &stored,
+            now
+        ));
+    }
+
+    #[test]
+    fn pipelines_set_and_unset_with_a_fixed_now() {
+        let now = at(2_000);
+        let stored = doc! { "_id": "n", "lockId": "a", "expiresAt": at(3_000) };
+        let ended = apply_pipeline(
+            &[
+                doc! { "$set": { "expiresAt": "$$NOW" } },
+                doc! { "$unset": "lockId" },
+            ],
+            &stored,
+            now,
+        );
+        assert_eq!(ended, doc! { "_id": "n", "expiresAt": at(2_000) });
+        let removed = apply_pipeline(
+            &[
+                doc! { "$set": { "x": { "$cond": [false, 1, "$$REMOVE"] }, "y": { "$add": ["$$NOW", 5_i64] } } },
+            ],
+            &stored,
+            now,
+        );
+        assert_eq!(removed.get("x"), None);
+        assert_eq!(removed.get_datetime("y"), Ok(&at(2_005)));
+    }
+}

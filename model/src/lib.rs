@@ -1,0 +1,12 @@
+//! A model of distributed-lock-mongodb's lease protocol for an exclusive lock, checked
+//! exhaustively with [`stateright`]: acquire, renew, release, the in-process transfer, the
+//! cleanup after an unknown outcome, a caller that stops waiting, a provider's shutdown; lost,
+//! delayed and duplicated messages; two routers whose clocks differ by `max_clock_skew`.
+//!
+//! The model runs the crate's own decision functions (`distributed_lock_mongodb::__model`): the
+//! local deadline arithmetic, the attempt's reply limit, and every command's filter and update
+//! pipeline, which [`eval`] applies to the model's lock document as MongoDB would. See
+//! `DESIGN.md`, "The model checker", and `tests/check.rs`.
+
+pub mod eval;
+pub mod protocol;

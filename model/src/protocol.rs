@@ -1,0 +1,1227 @@
+//! The exclusive lock's lease protocol as a [`stateright`] model.
+//!
+//! Three callers contend for one lock name: two tasks of one process (one family of locks, so a
+//! release can hand the lock to the other in one command) reach the server through router R0, a
+//! task of another process through router R1, whose clock is ahead of R0's by the whole
+//! `max_clock_skew`. Time advances in ticks of [`TICK_MS`]; every client reads the real time
+//! (its local clock runs at the real rate), every router its own clock.
+//!
+//! The servers apply the crate's own commands ([`distributed_lock_mongodb::__model`]) through
+//! [`crate::eval`]; the clients compute their local deadlines and reply limits with the crate's
+//! own functions. What the model adds is the network and the callers: a message stays in flight
+//! up to [`Config::max_delay`] ticks (so messages overtake each other), and within a budget of
+//! faults a message is lost (its sender sees an error: the outcome of its command is unknown) or
+//! a request is delivered twice; one caller may stop waiting during an attempt; the first process
+//! may be shut down.
+//!
+//! Clients act as soon as something is due (an attempt, a renewal, a deadline, a reply limit), and
+//! time advances only when nothing is; a holder releases after its `hold_ticks`. So every path
+//! makes progress, and liveness is checked up to [`Config::horizon`].
+
+use std::time::Duration;
+
+use distributed_lock_mongodb::__model as code;
+use distributed_lock_mongodb::LockOptions;
+use mongodb::bson::{Bson, DateTime, Document, doc};
+use stateright::{Model, Property};
+
+use crate::eval;
+
+/// One tick of model time.
+pub const TICK_MS: i64 = 100;
+/// A long holder releases this many ticks after it learned it acquired: longer than a lease
+/// lasts without renewal, so that a holder whose renewals fail still holds at its deadline.
+pub const LONG_HOLD_TICKS: u8 = 5;
+/// A caller that found the lock busy attempts again this many ticks later.
+pub const POLL_TICKS: u8 = 2;
+/// The lock's name.
+const NAME: &str = "lock";
+/// Router R1's clock is ahead of R0's by this much: the whole `max_clock_skew`.
+const R1_AHEAD_MS: i64 = 200;
+/// The epoch of the model's clocks, in ms: far from 0, as real clocks are.
+const EPOCH_MS: i64 = 1_700_000_000_000;
+
+/// The lock's options in the model: a lease of 600 ms renewed every 200 ms, clocks within 200 ms.
+pub fn options() -> LockOptions {
+    LockOptions::builder()
+        .expiry(Duration::from_millis(600))
+        .extension_cadence(Duration::from_millis(200))
+        .max_clock_skew(Duration::from_millis(R1_AHEAD_MS as u64))
+        .build()
+        .expect("valid options")
+}
+
+/// A mistake planted in the protocol, to show that the checker finds what it must find.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mistake {
+    /// The local deadline leaves no margin for router clocks that disagree:
+    /// `expiry − margin` instead of `expiry − margin − max_clock_skew`.
+    NoSkewMargin,
+    /// The local deadline is counted from the reply's arrival instead of the request's send.
+    DeadlineFromReply,
+    /// A release hands the lock to a local waiter although its lease is lost, without checking
+    /// on the server that the releasing lease is still the stored one (the transfer's filter and
+    /// its "free" test look at the name only).
+    TransferOfALostLease,
+    /// The cleanup after an attempt whose outcome is unknown is filtered by the lock's name
+    /// instead of the attempt's lock id.
+    CleanupByName,
+    /// A takeover keeps the stored fencing token instead of the next one.
+    TokenNotIncremented,
+}
+
+impl Mistake {
+    /// Every planted mistake.
+    pub const ALL: [Mistake; 5] = [
+        Mistake::NoSkewMargin,
+        Mistake::DeadlineFromReply,
+        Mistake::TransferOfALostLease,
+        Mistake::CleanupByName,
+        Mistake::TokenNotIncremented,
+    ];
+}
+
+/// A caller: its process (a process's callers are one family of locks, so a release hands the
+/// lock to a local waiter; process 0 reaches the server through router R0, the others through
+/// R1), and how many ticks it holds the lock once it learned it acquired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Caller {
+    pub process: u8,
+    pub hold_ticks: u8,
+}
+
+/// What the checker explores.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub mistake: Option<Mistake>,
+    pub callers: Vec<Caller>,
+    /// How many messages may be lost or duplicated in one run.
+    pub faults: u8,
+    /// How many ticks a request may stay in flight.
+    pub max_delay: u8,
+    /// Whether a reply may take a tick longer than the others.
+    pub slow_replies: bool,
+    /// The last tick: liveness must be reached by then.
+    pub horizon: u8,
+    /// Whether one caller may stop waiting during an attempt.
+    pub cancel: bool,
+    /// Whether the first process may shut its provider down.
+    pub shut_down: bool,
+}
+
+impl Default for Config {
+    /// Three callers: a long holder and a short one in process 0 (router R0), a short one in
+    /// process 1 (router R1).
+    fn default() -> Config {
+        Config {
+            mistake: None,
+            callers: vec![
+                Caller {
+                    process: 0,
+                    hold_ticks: LONG_HOLD_TICKS,
+                },
+                Caller {
+                    process: 0,
+                    hold_ticks: 1,
+                },
+                Caller {
+                    process: 1,
+                    hold_ticks: 1,
+                },
+            ],
+            faults: 1,
+            max_delay: 1,
+            slow_replies: false,
+            horizon: 30,
+            cancel: false,
+            shut_down: false,
+        }
+    }
+}
+
+impl Config {
+    /// Routers whose clocks differ, slow replies, and one fault: a long holder in process 0
+    /// (router R0) and a caller of process 1 (router R1). What the deadline arithmetic is for.
+    pub fn clocks_and_delays() -> Config {
+        Config {
+            callers: vec![
+                Caller {
+                    process: 0,
+                    hold_ticks: LONG_HOLD_TICKS,
+                },
+                Caller {
+                    process: 1,
+                    hold_ticks: 1,
+                },
+            ],
+            slow_replies: true,
+            ..Config::default()
+        }
+    }
+
+    /// Three callers (two of one process, so releases hand the lock over) and one fault: what
+    /// transfers and cleanups are for.
+    pub fn handoff_and_faults() -> Config {
+        Config::default()
+    }
+
+    /// Three callers, one of which stops waiting during an attempt.
+    pub fn a_caller_leaves() -> Config {
+        Config {
+            faults: 0,
+            cancel: true,
+            ..Config::default()
+        }
+    }
+
+    /// Three callers, and process 0 shuts its provider down at any moment.
+    pub fn a_provider_shuts_down() -> Config {
+        Config {
+            faults: 0,
+            shut_down: true,
+            ..Config::default()
+        }
+    }
+}
+
+/// The protocol under the [`Config`]'s conditions.
+#[derive(Clone, Debug)]
+pub struct LeaseProtocol {
+    pub config: Config,
+    options: LockOptions,
+    lifetime_ms: i64,
+    cadence_ms: i64,
+    reply_limit_ticks: u8,
+}
+
+impl LeaseProtocol {
+    pub fn new(config: Config) -> LeaseProtocol {
+        let options = options();
+        let mut lifetime = code::lease_lifetime(&options);
+        if config.mistake == Some(Mistake::NoSkewMargin) {
+            lifetime += options.max_clock_skew();
+        }
+        let millis = |duration: Duration| i64::try_from(duration.as_millis()).expect("small");
+        let reply_limit_ms = millis(code::attempt_reply_limit(&options));
+        LeaseProtocol {
+            lifetime_ms: millis(lifetime),
+            cadence_ms: millis(options.extension_cadence()),
+            reply_limit_ticks: u8::try_from((reply_limit_ms + TICK_MS - 1) / TICK_MS)
+                .expect("small"),
+            options,
+            config,
+        }
+    }
+
+    fn mistake(&self, mistake: Mistake) -> bool {
+        self.config.mistake == Some(mistake)
+    }
+}
+
+/// A caller.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    /// Its process: 0 (clients 0 and 1, one family of locks) or 1.
+    pub process: u8,
+    pub phase: Phase,
+    /// Acquisitions it still wants.
+    pub rounds: u8,
+    /// Whether it waits in line (an attempt of it found the lock busy): a local release may hand
+    /// the lock to it.
+    pub queued: bool,
+    /// The lock id of an attempt its caller stopped waiting for: if it wins, it is released.
+    pub abandoned: Option<u8>,
+    /// The lock id a release in flight is handing the lock over to it with (it keeps polling
+    /// meanwhile, as the crate's waiters do).
+    pub offer: Option<u8>,
+}
+
+/// What a caller is doing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Attempts at tick `at`.
+    Idle {
+        at: u8,
+    },
+    /// Sent an attempt with `lock_id` at tick `sent`; waits for its reply.
+    Attempting {
+        lock_id: u8,
+        sent: u8,
+    },
+    Holding(Hold),
+    /// Wants nothing more (or its process was shut down).
+    Done,
+}
+
+/// A held lease as its holder sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Hold {
+    pub lock_id: u8,
+    pub token: i64,
+    /// The local deadline, in ms of real time.
+    pub deadline_ms: i64,
+    /// The send tick of the last confirmed request (acquire or renew).
+    pub confirmed: u8,
+    /// The send tick of a renewal in flight.
+    pub renewing: Option<u8>,
+    pub since: u8,
+}
+
+/// A message in flight.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Message {
+    Attempt {
+        client: u8,
+        lock_id: u8,
+        sent: u8,
+    },
+    AttemptReply {
+        client: u8,
+        lock_id: u8,
+        won: Option<i64>,
+    },
+    Renew {
+        client: u8,
+        lock_id: u8,
+        sent: u8,
+    },
+    RenewReply {
+        client: u8,
+        lock_id: u8,
+        sent: u8,
+        live: bool,
+    },
+    /// A release, or the cleanup after an attempt whose outcome is unknown (the same update).
+    Release {
+        client: u8,
+        lock_id: u8,
+    },
+    Transfer {
+        releasing: u8,
+        waiter: u8,
+        lock_id: u8,
+        sent: u8,
+    },
+    TransferReply {
+        waiter: u8,
+        lock_id: u8,
+        sent: u8,
+        token: Option<i64>,
+    },
+    /// A fenced write to the protected resource.
+    Write {
+        client: u8,
+        token: i64,
+    },
+}
+
+impl Message {
+    fn has_reply(&self) -> bool {
+        matches!(
+            self,
+            Message::Attempt { .. } | Message::Renew { .. } | Message::Transfer { .. }
+        )
+    }
+
+    fn is_request(&self) -> bool {
+        !matches!(
+            self,
+            Message::AttemptReply { .. }
+                | Message::RenewReply { .. }
+                | Message::TransferReply { .. }
+        )
+    }
+}
+
+/// A message in flight: its age in ticks, and for a reply, at which age it arrives.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InFlight {
+    pub message: Message,
+    pub age: u8,
+    pub latency: u8,
+}
+
+/// The lock document as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LockDocument {
+    pub lock_id: Option<u8>,
+    pub expires_at_ms: Option<i64>,
+    pub token: Option<i64>,
+}
+
+/// The whole system at one instant.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    pub now: u8,
+    pub lock: Option<LockDocument>,
+    /// The token the protected resource stores (written by fenced writes).
+    pub resource: Option<i64>,
+    pub clients: Vec<Client>,
+    /// Messages in flight (kept sorted: one state per set).
+    pub network: Vec<InFlight>,
+    /// The latency of the replies the server sends now: 1 tick, or 2 for a slow reply.
+    reply_latency: u8,
+    pub faults_left: u8,
+    pub next_lock_id: u8,
+    pub may_cancel: bool,
+    pub may_shut_down: bool,
+    /// The largest token any holder has held so far.
+    pub max_token_held: Option<i64>,
+    /// False once a holder got a token not larger than every earlier holder's.
+    pub tokens_increase: bool,
+    /// False once the resource accepted a write with a token older than one it stored.
+    pub stale_writes_refused: bool,
+    /// For coverage: a release handed the lock to a local waiter; a lease was taken over after
+    /// it ended; a lease won by an attempt whose caller had left was released.
+    pub transferred: bool,
+    pub taken_over: bool,
+    pub abandoned_win_released: bool,
+}
+
+impl State {
+    fn now_ms(&self) -> i64 {
+        i64::from(self.now) * TICK_MS
+    }
+
+    /// Whether `client` holds the lock by its own account: a lease whose local deadline has not
+    /// passed.
+    pub fn believes_it_holds(&self, client: usize) -> bool {
+        matches!(&self.clients[client].phase, Phase::Holding(hold) if self.now_ms() < hold.deadline_ms)
+    }
+
+    fn send(&mut self, message: Message) {
+        let latency = if message.is_request() {
+            0
+        } else {
+            self.reply_latency
+        };
+        self.network.push(InFlight {
+            message,
+            age: 0,
+            latency,
+        });
+        self.network.sort();
+    }
+
+    /// The client is done with an acquisition: it wants another, or nothing more.
+    fn next_round(&mut self, client: usize) {
+        let now = self.now;
+        let caller = &mut self.clients[client];
+        caller.phase = if caller.rounds > 0 {
+            Phase::Idle { at: now + 1 }
+        } else {
+            Phase::Done
+        };
+    }
+}
+
+/// What can happen next. What a client must do at a given time (attempt, renew, presume its
+/// lease lost, give up on a reply, release after its `hold_ticks`) it does as the tick
+/// begins, in a fixed order: those steps are local and commute, and fixing their order keeps the
+/// state space small without losing behaviours.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Time advances one tick (only when no request has been in flight for `max_delay`); the
+    /// replies in flight arrive.
+    Tick,
+    /// A request reaches the server, which applies it and replies (a slow reply arrives a tick
+    /// later than the others).
+    Deliver { index: usize, slow: bool },
+    /// A fault: the message is lost; a request's sender, or a reply's receiver, sees an error.
+    Lose(usize),
+    /// A fault: the message is lost silently (a half-open connection): nobody hears of it.
+    Hang(usize),
+    /// A fault: the request is applied, and stays in flight to be applied again.
+    Duplicate(usize),
+    /// The caller stops waiting during its attempt.
+    Cancel(usize),
+    /// The first process shuts its provider down.
+    ShutDown,
+}
+
+impl LeaseProtocol {
+    fn server_now(&self, state: &State, router: u8) -> DateTime {
+        let ahead = if router == 1 { R1_AHEAD_MS } else { 0 };
+        DateTime::from_millis(EPOCH_MS + state.now_ms() + ahead)
+    }
+
+    fn router_of(state: &State, client: u8) -> u8 {
+        state.clients[usize::from(client)].process
+    }
+
+    fn stored(state: &State) -> Document {
+        let mut document = doc! { "_id": NAME };
+        if let Some(lock) = &state.lock {
+            if let Some(lock_id) = lock.lock_id {
+                document.insert("lockId", lock_id_name(lock_id));
+            }
+            if let Some(expires_at) = lock.expires_at_ms {
+                document.insert("expiresAt", DateTime::from_millis(expires_at));
+            }
+            if let Some(token) = lock.token {
+                document.insert("fencingToken", token);
+            }
+        }
+        document
+    }
+
+    fn store(state: &mut State, document: &Document) {
+        state.lock = Some(LockDocument {
+            lock_id: document
+                .get_str("lockId")
+                .ok()
+                .map(|name| name[1..].parse().expect("a model lock id")),
+            expires_at_ms: document
+                .get_datetime("expiresAt")
+                .ok()
+                .map(|at| at.timestamp_millis()),
+            token: document.get("fencingToken").map(|token| match token {
+                Bson::Int64(token) => *token,
+                Bson::Int32(token) => i64::from(*token),
+                other => panic!("token {other}"),
+            }),
+        });
+    }
+
+    /// Runs an update command (`findAndModify` returning the document after it, or `update`) on
+    /// the lock document: the new document if `filter` matched (or `upsert` created it).
+    fn update(
+        &self,
+        state: &mut State,
+        router: u8,
+        filter: &Document,
+        pipeline: &[Document],
+        upsert: bool,
+    ) -> Option<Document> {
+        let now = self.server_now(state, router);
+        let existing = state.lock.is_some().then(|| Self::stored(state));
+        let target = match existing {
+            Some(document) if eval::matches(filter, &document, now) => document,
+            Some(_) => return None,
+            None if upsert => doc! { "_id": NAME },
+            None => return None,
+        };
+        let updated = eval::apply_pipeline(pipeline, &target, now);
+        let expired_before = target
+            .get_datetime("expiresAt")
+            .is_ok_and(|expires_at| *expires_at <= now)
+            && target.contains_key("fencingToken");
+        if expired_before && updated.get("lockId") != target.get("lockId") {
+            state.taken_over = true;
+        }
+        Self::store(state, &updated);
+        Some(updated)
+    }
+
+    fn transfer_pipeline(&self, waiter: &str, releasing: &str) -> (Document, Vec<Document>) {
+        let filter = code::transfer_filter(NAME, releasing, waiter);
+        let update = code::transfer_update(waiter, &self.options, releasing);
+        if self.mistake(Mistake::TransferOfALostLease) {
+            return (code::attempt_filter(NAME), take_whatever_is_stored(update));
+        }
+        (filter, self.planted_token(update))
+    }
+
+    fn planted_token(&self, update: Vec<Document>) -> Vec<Document> {
+        if self.mistake(Mistake::TokenNotIncremented) {
+            keep_the_stored_token(update)
+        } else {
+            update
+        }
+    }
+
+    /// Applies a message that reached its destination.
+    fn deliver(&self, state: &mut State, message: Message) {
+        match message {
+            Message::Attempt {
+                client,
+                lock_id,
+                sent: _,
+            } => {
+                let id = lock_id_name(lock_id);
+                let update = self.planted_token(code::attempt_update(&id, &self.options));
+                let router = Self::router_of(state, client);
+                let document = self
+                    .update(state, router, &code::attempt_filter(NAME), &update, true)
+                    .expect("an upsert always returns the document");
+                let won =
+                    code::attempt_won(&document, &id).map(|token| token.expect("a numeric token"));
+                state.send(Message::AttemptReply {
+                    client,
+                    lock_id,
+                    won,
+                });
+            }
+            Message::AttemptReply {
+                client,
+                lock_id,
+                won,
+            } => self.attempt_answered(state, usize::from(client), lock_id, won),
+            Message::Renew {
+                client,
+                lock_id,
+                sent,
+            } => {
+                let id = lock_id_name(lock_id);
+                let router = Self::router_of(state, client);
+                let live = self
+                    .update(
+                        state,
+                        router,
+                        &code::renew_filter(NAME, &id),
+                        &code::renew_update(&self.options),
+                        false,
+                    )
+                    .is_some();
+                state.send(Message::RenewReply {
+                    client,
+                    lock_id,
+                    sent,
+                    live,
+                });
+            }
+            Message::RenewReply {
+                client,
+                lock_id,
+                sent,
+                live,
+            } => {
+                let client = usize::from(client);
+                let now_ms = state.now_ms();
+                let lifetime = self.lifetime_ms;
+                let Phase::Holding(hold) = &mut state.clients[client].phase else {
+                    return;
+                };
+                if hold.lock_id != lock_id || hold.renewing != Some(sent) {
+                    return;
+                }
+                hold.renewing = None;
+                let base = if self.mistake(Mistake::DeadlineFromReply) {
+                    now_ms
+                } else {
+                    i64::from(sent) * TICK_MS
+                };
+                // `LeaseState::extend`: only a lease whose deadline has not passed is extended.
+                if live && now_ms < hold.deadline_ms {
+                    hold.deadline_ms = hold.deadline_ms.max(base + lifetime);
+                    hold.confirmed = sent;
+                } else {
+                    self.lost(state, client);
+                }
+            }
+            Message::Release { client, lock_id } => {
+                let id = lock_id_name(lock_id);
+                let filter = if self.mistake(Mistake::CleanupByName) {
+                    code::attempt_filter(NAME)
+                } else {
+                    code::release_filter(NAME, &id)
+                };
+                let router = Self::router_of(state, client);
+                self.update(state, router, &filter, &code::release_update(&id), false);
+            }
+            Message::Transfer {
+                releasing,
+                waiter,
+                lock_id,
+                sent,
+            } => {
+                let (filter, update) =
+                    self.transfer_pipeline(&lock_id_name(lock_id), &lock_id_name(releasing));
+                let router = Self::router_of(state, waiter);
+                let token = self
+                    .update(state, router, &filter, &update, false)
+                    .and_then(|document| code::attempt_won(&document, &lock_id_name(lock_id)))
+                    .map(|token| token.expect("a numeric token"));
+                state.send(Message::TransferReply {
+                    waiter,
+                    lock_id,
+                    sent,
+                    token,
+                });
+            }
+            Message::TransferReply {
+                waiter,
+                lock_id,
+                sent,
+                token,
+            } => {
+                let waiter = usize::from(waiter);
+                if state.clients[waiter].offer != Some(lock_id) {
+                    return;
+                }
+                state.clients[waiter].offer = None;
+                if let Some(token) = token {
+                    state.transferred = true;
+                    // An attempt of its own still in flight is abandoned: if it wins after all,
+                    // it is released.
+                    if let Phase::Attempting { lock_id, .. } = state.clients[waiter].phase {
+                        state.clients[waiter].abandoned = Some(lock_id);
+                    }
+                    self.hold(state, waiter, lock_id, token, sent);
+                }
+            }
+            Message::Write { client: _, token } => {
+                let resource = match state.resource {
+                    Some(stored) => doc! { "_id": "resource", "fencingToken": stored },
+                    None => doc! { "_id": "resource" },
+                };
+                let fenced = code::fenced_filter(doc! { "_id": "resource" }, token);
+                if eval::matches(&fenced, &resource, DateTime::from_millis(EPOCH_MS)) {
+                    if state.resource.is_some_and(|stored| stored >= token) {
+                        state.stale_writes_refused = false;
+                    }
+                    let written = eval::apply_operators(
+                        &doc! { "$set": { "fencingToken": token } },
+                        &resource,
+                    );
+                    state.resource = written.get_i64("fencingToken").ok();
+                }
+            }
+        }
+    }
+
+    fn attempt_answered(&self, state: &mut State, client: usize, lock_id: u8, won: Option<i64>) {
+        let caller = &state.clients[client];
+        if caller.abandoned == Some(lock_id) {
+            // Won after its caller left: the guard is dropped undelivered, which releases it.
+            if won.is_some() {
+                state.abandoned_win_released = true;
+                state.send(Message::Release {
+                    client: u8::try_from(client).expect("small"),
+                    lock_id,
+                });
+            }
+            state.clients[client].abandoned = None;
+            return;
+        }
+        let Phase::Attempting {
+            lock_id: awaited,
+            sent,
+        } = caller.phase
+        else {
+            return;
+        };
+        if awaited != lock_id {
+            return;
+        }
+        match won {
+            Some(token) => {
+                let base = if self.mistake(Mistake::DeadlineFromReply) {
+                    state.now
+                } else {
+                    sent
+                };
+                self.hold(state, client, lock_id, token, base);
+            }
+            None => {
+                let now = state.now;
+                let caller = &mut state.clients[client];
+                caller.queued = true;
+                caller.phase = Phase::Idle {
+                    at: now + POLL_TICKS,
+                };
+            }
+        }
+    }
+
+    /// `client` holds the lease `lock_id` with `token`, confirmed by a request sent at tick
+    /// `sent`.
+    fn hold(&self, state: &mut State, client: usize, lock_id: u8, token: i64, sent: u8) {
+        if state.max_token_held.is_some_and(|max| token <= max) {
+            state.tokens_increase = false;
+        }
+        state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
+        let now = state.now;
+        let caller = &mut state.clients[client];
+        caller.rounds -= 1;
+        caller.queued = false;
+        caller.phase = Phase::Holding(Hold {
+            lock_id,
+            token,
+            deadline_ms: i64::from(sent) * TICK_MS + self.lifetime_ms,
+            confirmed: sent,
+            renewing: None,
+            since: now,
+        });
+        // The holder writes to the protected resource at once, with its token.
+        state.send(Message::Write {
+            client: u8::try_from(client).expect("small"),
+            token,
+        });
+    }
+
+    /// The holder presumes its lease lost: it stops, and its release goes out anyway.
+    fn lost(&self, state: &mut State, client: usize) {
+        if let Phase::Holding(hold) = &state.clients[client].phase {
+            let lock_id = hold.lock_id;
+            state.send(Message::Release {
+                client: u8::try_from(client).expect("small"),
+                lock_id,
+            });
+            state.next_round(client);
+        }
+    }
+
+    /// The outcome of `message` is unknown to its sender (lost, or its reply lost): what the
+    /// crate does then.
+    fn failed(&self, state: &mut State, message: &Message) {
+        match *message {
+            // The attempt's cleanup goes out at once, and the caller tries again.
+            Message::Attempt {
+                client, lock_id, ..
+            }
+            | Message::AttemptReply {
+                client, lock_id, ..
+            } => {
+                let caller = &state.clients[usize::from(client)];
+                let awaited = matches!(caller.phase, Phase::Attempting { lock_id: awaited, .. } if awaited == lock_id);
+                let abandoned = caller.abandoned == Some(lock_id);
+                if awaited || abandoned {
+                    state.send(Message::Release { client, lock_id });
+                }
+                if awaited {
+                    let now = state.now;
+                    state.clients[usize::from(client)].phase = Phase::Idle { at: now + 1 };
+                }
+                if abandoned {
+                    state.clients[usize::from(client)].abandoned = None;
+                }
+            }
+            // The renewal failed: the holder renews again (its deadline still stands).
+            Message::Renew {
+                client, lock_id, ..
+            }
+            | Message::RenewReply {
+                client, lock_id, ..
+            } => {
+                if let Phase::Holding(hold) = &mut state.clients[usize::from(client)].phase
+                    && hold.lock_id == lock_id
+                {
+                    hold.renewing = None;
+                }
+            }
+            // The waiter's lease, if the transfer took effect, is ended; it waits on.
+            Message::Transfer {
+                waiter, lock_id, ..
+            }
+            | Message::TransferReply {
+                waiter, lock_id, ..
+            } => {
+                if state.clients[usize::from(waiter)].offer == Some(lock_id) {
+                    state.clients[usize::from(waiter)].offer = None;
+                    state.send(Message::Release {
+                        client: waiter,
+                        lock_id,
+                    });
+                }
+            }
+            // A lost release leaves the lease to its expiry; a lost write is just not applied.
+            Message::Release { .. } | Message::Write { .. } => {}
+        }
+    }
+
+    /// Does what each client must do by now: attempt, give up on a reply, presume its lease lost,
+    /// renew, release after its `hold_ticks`.
+    fn run_due(&self, state: &mut State) {
+        for client in 0..state.clients.len() {
+            let now = state.now;
+            let now_ms = state.now_ms();
+            let id = u8::try_from(client).expect("small");
+            match state.clients[client].phase.clone() {
+                Phase::Idle { at } if at <= now => {
+                    let lock_id = state.next_lock_id;
+                    state.next_lock_id += 1;
+                    state.clients[client].phase = Phase::Attempting { lock_id, sent: now };
+                    state.send(Message::Attempt {
+                        client: id,
+                        lock_id,
+                        sent: now,
+                    });
+                }
+                Phase::Attempting { sent, .. } if now >= sent + self.reply_limit_ticks => {
+                    self.leave_attempt(state, client);
+                }
+                Phase::Holding(hold) if now_ms >= hold.deadline_ms => self.lost(state, client),
+                Phase::Holding(hold)
+                    if now >= hold.since + self.config.callers[client].hold_ticks =>
+                {
+                    self.release(state, client);
+                }
+                Phase::Holding(hold)
+                    if hold.renewing.is_none()
+                        && now_ms >= i64::from(hold.confirmed) * TICK_MS + self.cadence_ms =>
+                {
+                    if let Phase::Holding(hold) = &mut state.clients[client].phase {
+                        hold.renewing = Some(now);
+                    }
+                    state.send(Message::Renew {
+                        client: id,
+                        lock_id: hold.lock_id,
+                        sent: now,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The caller stops waiting for its attempt (its reply limit passed, or it was cancelled):
+    /// the cleanup goes out at once, and a late win is released.
+    fn leave_attempt(&self, state: &mut State, client: usize) {
+        if let Phase::Attempting { lock_id, .. } = state.clients[client].phase {
+            state.send(Message::Release {
+                client: u8::try_from(client).expect("small"),
+                lock_id,
+            });
+            state.clients[client].abandoned = Some(lock_id);
+            let now = state.now;
+            state.clients[client].phase = Phase::Idle { at: now + 1 };
+        }
+    }
+
+    /// The local waiter of `client`'s process a release would hand the lock to.
+    fn local_waiter(state: &State, client: usize) -> Option<usize> {
+        let process = state.clients[client].process;
+        (0..state.clients.len()).find(|&other| {
+            other != client
+                && state.clients[other].process == process
+                && state.clients[other].queued
+                && state.clients[other].offer.is_none()
+                && matches!(
+                    state.clients[other].phase,
+                    Phase::Idle { .. } | Phase::Attempting { .. }
+                )
+        })
+    }
+
+    fn release(&self, state: &mut State, client: usize) {
+        let Phase::Holding(hold) = state.clients[client].phase.clone() else {
+            return;
+        };
+        let lost = state.now_ms() >= hold.deadline_ms;
+        let transfers = !lost || self.mistake(Mistake::TransferOfALostLease);
+        match Self::local_waiter(state, client).filter(|_| transfers) {
+            Some(waiter) => {
+                let lock_id = state.next_lock_id;
+                state.next_lock_id += 1;
+                state.clients[waiter].offer = Some(lock_id);
+                let now = state.now;
+                state.send(Message::Transfer {
+                    releasing: hold.lock_id,
+                    waiter: u8::try_from(waiter).expect("small"),
+                    lock_id,
+                    sent: now,
+                });
+            }
+            None => state.send(Message::Release {
+                client: u8::try_from(client).expect("small"),
+                lock_id: hold.lock_id,
+            }),
+        }
+        state.next_round(client);
+    }
+
+    fn shut_down(&self, state: &mut State) {
+        state.may_shut_down = false;
+        for client in 0..state.clients.len() {
+            if state.clients[client].process != 0 {
+                continue;
+            }
+            let id = u8::try_from(client).expect("small");
+            match state.clients[client].phase.clone() {
+                Phase::Holding(hold) => state.send(Message::Release {
+                    client: id,
+                    lock_id: hold.lock_id,
+                }),
+                Phase::Attempting { lock_id, .. } => {
+                    state.send(Message::Release {
+                        client: id,
+                        lock_id,
+                    });
+                    state.clients[client].abandoned = Some(lock_id);
+                }
+                Phase::Idle { .. } | Phase::Done => {}
+            }
+            if let Some(lock_id) = state.clients[client].offer.take() {
+                state.send(Message::Release {
+                    client: id,
+                    lock_id,
+                });
+            }
+            state.clients[client].phase = Phase::Done;
+            state.clients[client].rounds = 0;
+        }
+    }
+}
+
+impl LeaseProtocol {
+    fn initial(&self) -> State {
+        let client = |caller: &Caller| Client {
+            process: caller.process,
+            phase: Phase::Idle { at: 0 },
+            rounds: 1,
+            queued: false,
+            abandoned: None,
+            offer: None,
+        };
+        State {
+            now: 0,
+            lock: None,
+            resource: None,
+            clients: self.config.callers.iter().map(client).collect(),
+            network: Vec::new(),
+            reply_latency: 1,
+            faults_left: self.config.faults,
+            next_lock_id: 0,
+            may_cancel: self.config.cancel,
+            may_shut_down: self.config.shut_down,
+            max_token_held: None,
+            tokens_increase: true,
+            stale_writes_refused: true,
+            transferred: false,
+            taken_over: false,
+            abandoned_win_released: false,
+        }
+    }
+}
+
+impl Model for LeaseProtocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let mut state = self.initial();
+        self.run_due(&mut state);
+        vec![state]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        let mut overdue = false;
+        for (index, in_flight) in state.network.iter().enumerate() {
+            if in_flight.message.is_request() {
+                actions.push(Action::Deliver { index, slow: false });
+                if self.config.slow_replies && in_flight.message.has_reply() {
+                    actions.push(Action::Deliver { index, slow: true });
+                }
+                overdue |= in_flight.age >= self.config.max_delay;
+            }
+            if state.faults_left > 0 {
+                actions.push(Action::Lose(index));
+                actions.push(Action::Hang(index));
+                if in_flight.message.is_request() {
+                    actions.push(Action::Duplicate(index));
+                }
+            }
+        }
+        for client in 0..state.clients.len() {
+            if matches!(state.clients[client].phase, Phase::Attempting { .. }) && state.may_cancel {
+                actions.push(Action::Cancel(client));
+            }
+        }
+        if state.may_shut_down {
+            actions.push(Action::ShutDown);
+        }
+        if !overdue && state.now < self.config.horizon {
+            actions.push(Action::Tick);
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        match action {
+            Action::Tick => {
+                state.now += 1;
+                // Replies arrive as their tick begins, in a fixed order: each changes only its
+                // receiver.
+                for in_flight in &mut state.network {
+                    in_flight.age += 1;
+                }
+                let (arrived, in_flight): (Vec<_>, Vec<_>) = std::mem::take(&mut state.network)
+                    .into_iter()
+                    .partition(|in_flight| {
+                        !in_flight.message.is_request() && in_flight.age >= in_flight.latency
+                    });
+                state.network = in_flight;
+                for reply in arrived {
+                    self.deliver(&mut state, reply.message);
+                }
+                self.run_due(&mut state);
+            }
+            Action::Deliver { index, slow } => {
+                let message = state.network.remove(index).message;
+                state.reply_latency = if slow { 2 } else { 1 };
+                self.deliver(&mut state, message);
+                state.reply_latency = 1;
+            }
+            Action::Lose(index) => {
+                state.faults_left -= 1;
+                let message = state.network.remove(index).message;
+                self.failed(&mut state, &message);
+            }
+            Action::Hang(index) => {
+                state.faults_left -= 1;
+                state.network.remove(index);
+            }
+            Action::Duplicate(index) => {
+                state.faults_left -= 1;
+                let message = state.network[index].message.clone();
+                self.deliver(&mut state, message);
+            }
+            Action::Cancel(client) => {
+                state.may_cancel = false;
+                self.leave_attempt(&mut state, client);
+            }
+            Action::ShutDown => self.shut_down(&mut state),
+        }
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("mutual exclusion", |_, state: &State| {
+                (0..state.clients.len())
+                    .filter(|&client| state.believes_it_holds(client))
+                    .count()
+                    <= 1
+            }),
+            Property::always(
+                "fencing tokens increase in acquisition order",
+                |_, state: &State| state.tokens_increase,
+            ),
+            Property::always("a stale fenced write is refused", |_, state: &State| {
+                state.stale_writes_refused
+            }),
+            Property::eventually("every caller is served", |_, state: &State| {
+                state
+                    .clients
+                    .iter()
+                    .all(|client| client.phase == Phase::Done)
+            }),
+            Property::sometimes(
+                "a release hands the lock to a local waiter",
+                |_, state: &State| state.transferred,
+            ),
+            Property::sometimes(
+                "a lease is taken over after it ended",
+                |_, state: &State| state.taken_over,
+            ),
+            Property::sometimes(
+                "a lease won after its caller left is released",
+                |_, state: &State| state.abandoned_win_released,
+            ),
+        ]
+    }
+}
+
+/// The model's lock ids, as stored: `L<n>`.
+fn lock_id_name(lock_id: u8) -> String {
+    format!("L{lock_id}")
+}
+
+/// The planted [`Mistake::TransferOfALostLease`]: every `$cond` of the pipeline takes its
+/// "free" branch.
+fn take_whatever_is_stored(pipeline: Vec<Document>) -> Vec<Document> {
+    fn rewrite(value: Bson) -> Bson {
+        match value {
+            Bson::Document(document) => {
+                if let Ok(branches) = document.get_array("$cond") {
+                    return rewrite(branches[1].clone());
+                }
+                Bson::Document(
+                    document
+                        .into_iter()
+                        .map(|(key, value)| (key, rewrite(value)))
+                        .collect(),
+                )
+            }
+            Bson::Array(items) => Bson::Array(items.into_iter().map(rewrite).collect()),
+            other => other,
+        }
+    }
+    pipeline
+        .into_iter()
+        .map(|stage| match rewrite(Bson::Document(stage)) {
+            Bson::Document(stage) => stage,
+            _ => unreachable!("a stage stays a document"),
+        })
+        .collect()
+}
+
+/// The planted [`Mistake::TokenNotIncremented`]: the fencing token written on a takeover is the
+/// stored one.
+fn keep_the_stored_token(pipeline: Vec<Document>) -> Vec<Document> {
+    pipeline
+        .into_iter()
+        .map(|mut stage| {
+            if let Ok(set) = stage.get_document_mut("$set")
+                && let Some(Bson::Document(token)) = set.get_mut("fencingToken")
+                && let Ok(branches) = token.get_array_mut("$cond")
+            {
+                branches[1] = Bson::Document(doc! { "$ifNull": ["$fencingToken", 0_i64] });
+            }
+            stage
+        })
+        .collect()
+}
+
+/// A counterexample (or example) as lines a person can follow: for each step, the time, what
+/// happened, the stored lease (as router R0 reads its expiry) and who believes it holds the lock.
+pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for window in path.windows(2) {
+        let ((before, action), (after, _)) = (&window[0], &window[1]);
+        let Some(action) = action else { continue };
+        let what = match action {
+            Action::Tick => format!("time passes to {} ms", after.now_ms()),
+            Action::Deliver { index, slow } => format!(
+                "{:?} reaches the server{}",
+                before.network[*index].message,
+                if *slow {
+                    " (its reply will be slow)"
+                } else {
+                    ""
+                }
+            ),
+            Action::Lose(index) => format!("{:?} is lost", before.network[*index].message),
+            Action::Hang(index) => format!(
+                "{:?} hangs (half-open connection)",
+                before.network[*index].message
+            ),
+            Action::Duplicate(index) => {
+                format!("{:?} is applied twice", before.network[*index].message)
+            }
+            Action::Cancel(client) => format!("client {client}'s caller stops waiting"),
+            Action::ShutDown => "process 0 shuts its provider down".to_owned(),
+        };
+        let stored = match &after.lock {
+            Some(LockDocument {
+                lock_id: Some(lock_id),
+                expires_at_ms: Some(expires_at),
+                token,
+            }) => format!(
+                "stored: L{lock_id} until {} ms, token {token:?}",
+                expires_at - EPOCH_MS
+            ),
+            _ => "stored: free".to_owned(),
+        };
+        let believing: Vec<String> = (0..after.clients.len())
+            .filter(|&client| after.believes_it_holds(client))
+            .map(|client| match &after.clients[client].phase {
+                Phase::Holding(hold) => {
+                    format!("client {client} (until {} ms)", hold.deadline_ms)
+                }
+                _ => unreachable!("a holder"),
+            })
+            .collect();
+        lines.push(format!(
+            "t={:>4} ms  {what}; {stored}; holding: {}",
+            before.now_ms(),
+            if believing.is_empty() {
+                "nobody".to_owned()
+            } else {
+                believing.join(", ")
+            }
+        ));
+    }
+    lines
+}

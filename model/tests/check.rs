@@ -1,0 +1,143 @@
+//! The model checker's verdicts: under every interleaving, delay and fault the model allows, the
+//! lease protocol keeps mutual exclusion, ordered fencing tokens and fenced writes, and serves
+//! every caller within the horizon; and each planted mistake yields a counterexample.
+//!
+//! `cargo test -p lease-model -- --nocapture` prints the state counts and each counterexample.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use lease_model::protocol::{Config, LeaseProtocol, Mistake, narrate};
+use stateright::{Checker, HasDiscoveries, Model};
+
+const SAFETY: [&str; 3] = [
+    "mutual exclusion",
+    "fencing tokens increase in acquisition order",
+    "a stale fenced write is refused",
+];
+const LIVENESS: &str = "every caller is served";
+
+/// Explores every state of `config` and asserts that no property has a counterexample, and that
+/// the run reached each of `examples` (so the model explores what it claims to).
+fn verify(name: &str, config: Config, examples: &[&'static str]) {
+    let started = Instant::now();
+    let checker = LeaseProtocol::new(config).checker().spawn_bfs().join();
+    println!(
+        "{name}: {} states ({} unique), depth {}, in {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    );
+    for property in SAFETY.into_iter().chain([LIVENESS]) {
+        if let Some(path) = checker.discovery(property) {
+            panic!(
+                "{name}: counterexample to {property:?}:\n{}",
+                narrate(&path.into_vec()).join("\n")
+            );
+        }
+    }
+    for example in examples {
+        assert!(
+            checker.discovery(example).is_some(),
+            "{name}: the model never reached {example:?}: it does not explore what it claims to"
+        );
+    }
+}
+
+#[test]
+fn routers_whose_clocks_differ_slow_replies_and_a_fault() {
+    verify(
+        "clocks and delays",
+        Config::clocks_and_delays(),
+        &["a lease is taken over after it ended"],
+    );
+}
+
+#[test]
+fn releases_handing_the_lock_over_and_a_fault() {
+    verify(
+        "handoff and faults",
+        Config::handoff_and_faults(),
+        &[
+            "a release hands the lock to a local waiter",
+            "a lease is taken over after it ended",
+        ],
+    );
+}
+
+#[test]
+fn a_caller_that_stops_waiting() {
+    verify(
+        "a caller leaves",
+        Config::a_caller_leaves(),
+        &["a lease won after its caller left is released"],
+    );
+}
+
+#[test]
+fn a_provider_that_shuts_down() {
+    verify(
+        "a provider shuts down",
+        Config::a_provider_shuts_down(),
+        &["a lease won after its caller left is released"],
+    );
+}
+
+#[test]
+fn each_planted_mistake_yields_a_counterexample() {
+    let expected = [
+        (
+            Mistake::NoSkewMargin,
+            Config::clocks_and_delays(),
+            "mutual exclusion",
+        ),
+        (
+            Mistake::DeadlineFromReply,
+            Config::clocks_and_delays(),
+            "mutual exclusion",
+        ),
+        (
+            Mistake::TransferOfALostLease,
+            Config::handoff_and_faults(),
+            "mutual exclusion",
+        ),
+        (
+            Mistake::CleanupByName,
+            Config::handoff_and_faults(),
+            "mutual exclusion",
+        ),
+        (
+            Mistake::TokenNotIncremented,
+            Config::clocks_and_delays(),
+            "fencing tokens increase in acquisition order",
+        ),
+    ];
+    assert_eq!(
+        expected.len(),
+        Mistake::ALL.len(),
+        "every planted mistake is checked"
+    );
+    for (mistake, config, property) in expected {
+        let started = Instant::now();
+        let checker = LeaseProtocol::new(Config {
+            mistake: Some(mistake),
+            ..config
+        })
+        .checker()
+        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
+        .spawn_bfs()
+        .join();
+        let path = checker
+            .discovery(property)
+            .unwrap_or_else(|| panic!("{mistake:?}: no counterexample to {property:?}"));
+        println!(
+            "\n{mistake:?}: counterexample to {property:?} after {} states, in {:.1?}:",
+            checker.unique_state_count(),
+            started.elapsed()
+        );
+        for line in narrate(&path.into_vec()) {
+            println!("  {line}");
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The decision functions of the exclusive lock's lease protocol, for the repository's model
+//! checker (`model/`): the local deadline arithmetic, the reply limit of an attempt, and the
+//! filters and update pipelines every command sends. The model runs these very functions (their
+//! pipelines through a small evaluator of MongoDB's expressions), so that it checks the code's
+//! protocol rather than a copy that could drift from it.
+//!
+//! Not part of the API: hidden from the docs, and free to change in any release.
+
+use std::time::Duration;
+
+use mongodb::bson::{Bson, Document};
+
+use crate::lease::{backoff, schema};
+use crate::{Fence, FencingToken, LockOptions};
+
+/// How long after sending a confirmed acquire or renew request the holder may rely on its lease:
+/// the local deadline is the send instant plus this (`expiry − margin − max_clock_skew`).
+pub fn lease_lifetime(options: &LockOptions) -> Duration {
+    options.lease_lifetime()
+}
+
+/// How long a caller without a deadline of its own waits for an attempt's reply before cleaning
+/// up after it.
+pub fn attempt_reply_limit(options: &LockOptions) -> Duration {
+    let started = tokio::time::Instant::now();
+    backoff::attempt_wait_limit(started, None, options.expiry()) - started
+}
+
+/// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document
+/// after the update).
+pub fn attempt_filter(name: &str) -> Document {
+    mongodb::bson::doc! { schema::ID: name }
+}
+
+/// The update pipeline of an acquisition attempt with `lock_id`.
+pub fn attempt_update(lock_id: &str, options: &LockOptions) -> Vec<Document> {
+    schema::acquire_update(lock_id, options.expiry_millis(), None, None)
+}
+
+/// What an attempt with `lock_id` learns from the document it returned: `Some(token)` if it won
+/// (`None` inside when the token is unreadable), `None` if the lock is busy.
+pub fn attempt_won(document: &Document, lock_id: &str) -> Option<Option<i64>> {
+    match schema::read_attempt_reply(document, lock_id) {
+        schema::AttemptReply::Acquired(token) => Some(token),
+        schema::AttemptReply::Busy => None,
+    }
+}
+
+/// The filter of a renewal of the lease `lock_id` (a `findAndModify`: no match means lost).
+pub fn renew_filter(name: &str, lock_id: &str) -> Document {
+    schema::Layout::LockDocument.renew_many_filter(&[Bson::from(name)], &[lock_id.to_owned()])
+}
+
+/// The update pipeline of a renewal.
+pub fn renew_update(options: &LockOptions) -> Vec<Document> {
+    schema::Layout::LockDocument.renew_update(options.expiry_millis(), &[])
+}
+
+/// The filter of a release of the lease `lock_id`, and of the cleanup after an attempt with
+/// `lock_id` whose outcome is unknown (the same update).
+pub fn release_filter(name: &str, lock_id: &str) -> Document {
+    schema::Layout::LockDocument.release_filter(&Bson::from(name), lock_id)
+}
+
+/// The update pipeline of a release and of a cleanup.
+pub fn release_update(lock_id: &str) -> Vec<Document> {
+    schema::Layout::LockDocument.release_update(lock_id)
+}
+
+/// The filter of a release that hands the lock over from `releasing` to a local waiter's
+/// `waiter` (a `findAndModify` returning the document after the update).
+pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
+    schema::transfer_filter(&Bson::from(name), releasing, waiter)
+}
+
+/// The update pipeline of that transfer.
+pub fn transfer_update(waiter: &str, options: &LockOptions, releasing: &str) -> Vec<Document> {
+    schema::acquire_update(waiter, options.expiry_millis(), None, Some(releasing))
+}
+
+/// The filter of a fenced write with `token` to the documents of `filter` ([`Fence::new`]).
+pub fn fenced_filter(filter: Document, token: i64) -> Document {
+    Fence::new().fenced_filter(filter, FencingToken::new(token))
+}

@@ -1,0 +1,581 @@
+//! The chaos run with a history checker: 4 worker processes × 8 tasks (`lock_worker chaos`)
+//! contend for one lock for a minute while a seeded nemesis injects faults, and every
+//! acquisition is recorded by its worker, on this machine's monotonic clock, as it happens. The
+//! history is then checked:
+//!
+//! - no two holders' intervals overlap in real time (an interval runs from the first to the last
+//!   instant at which its holder asked `is_lost()` and heard "no": at those instants the library
+//!   told it that it held the lock);
+//! - fencing tokens increase in acquisition order;
+//! - the fenced writes the resource accepted carry strictly increasing tokens, each the token of
+//!   a recorded acquisition, and every write a holder saw applied is among them.
+//!
+//! Two workers reach the server through router R0, two through router R1, whose clock is ahead
+//! by 300 ms (the embedded server's second port); each worker talks through a fault proxy of
+//! its own. The nemesis, every 200–600 ms: a wire fault on one worker's lock commands (lost
+//! replies, half-open connections, applied-but-unanswered writes, delays, error replies,
+//! write-concern errors, duplicate keys); a partition of the current holder's worker for 1–4 s;
+//! a stepdown (every connection cut, `NotWritablePrimary` for a second, then back with the
+//! clock stepped); a step of the server's clock (launcher shim 7) kept within `max_clock_skew`
+//! (600 ms) with R1's offset; SIGKILL of a worker (half the time the holder's), replaced by a
+//! new one. It prints its seed (`CHAOS_SEED=<n>` replays the nemesis's schedule) and counts.
+//!
+//! Against a real MongoDB (`MONGODB_URI`, and `MONGODB_URI_2` for a second router) the clock
+//! steps are left out; `scripts/real-cluster` adds real failovers.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::proxy::{Action, Fault, FaultProxy, Rule, RuleId, replies};
+use mongodb::Client;
+use mongodb::bson::{Document, doc};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tokio::process::Child;
+
+const WORKERS: usize = 4;
+const TASKS: usize = 8;
+/// R1's clock is this far ahead of R0's; with the clock steps below (at most 250 ms forward in
+/// all) that stays within the workers' `max_clock_skew` of 600 ms.
+const R1_AHEAD_MS: i64 = 300;
+const MAX_CLOCK_STEP_MS: i64 = 250;
+
+fn run_for() -> Duration {
+    let seconds = std::env::var("CHAOS_SECONDS")
+        .ok()
+        .and_then(|seconds| seconds.parse().ok())
+        .unwrap_or(60);
+    Duration::from_secs(seconds)
+}
+
+/// A wire fault on one worker's commands to the lock's collection.
+fn wire_fault(kind: usize, collection: &str) -> (&'static str, Rule) {
+    let on = |command: &str, action: Action| Rule::new(command, action).on(collection);
+    match kind {
+        0 => (
+            "acquire: reply lost",
+            on("findAndModify", Action::DropReplyAndClose),
+        ),
+        1 => (
+            "acquire: half-open",
+            on("findAndModify", Action::ApplyThenHang),
+        ),
+        2 => (
+            "acquire: NotWritablePrimary",
+            on(
+                "findAndModify",
+                Action::Reply(replies::command_error(10107, "NotWritablePrimary")),
+            ),
+        ),
+        3 => (
+            "acquire: duplicate key",
+            on(
+                "findAndModify",
+                Action::Reply(replies::duplicate_key(
+                    doc! { "_id": 1 },
+                    doc! { "_id": "x" },
+                )),
+            ),
+        ),
+        4 => (
+            "acquire: write concern error after applying",
+            on(
+                "findAndModify",
+                Action::ApplyThenMerge(replies::write_concern_error()),
+            ),
+        ),
+        5 => (
+            "acquire: delayed 300 ms",
+            on("findAndModify", Action::Delay(Duration::from_millis(300))),
+        ),
+        6 => (
+            "renew/release: reply lost",
+            on("update", Action::DropReplyAndClose),
+        ),
+        7 => (
+            "renew/release: half-open",
+            on("update", Action::ApplyThenHang),
+        ),
+        8 => (
+            "renew/release: InterruptedDueToReplStateChange",
+            on(
+                "update",
+                Action::Reply(replies::command_error(
+                    11602,
+                    "InterruptedDueToReplStateChange",
+                )),
+            ),
+        ),
+        9 => (
+            "renew/release: write concern error after applying",
+            on(
+                "update",
+                Action::ApplyThenMerge(replies::write_concern_error()),
+            ),
+        ),
+        _ => (
+            "renew/release: delayed 300 ms",
+            on("update", Action::Delay(Duration::from_millis(300))),
+        ),
+    }
+}
+const WIRE_FAULTS: usize = 11;
+
+/// A worker process and what the checker needs to know of it.
+struct Worker {
+    child: Child,
+    history: PathBuf,
+    proxy: usize,
+    /// When it was killed, on the monotonic clock the workers use.
+    killed_at: Option<i128>,
+}
+
+/// The run's shared setup.
+struct Run {
+    collection: String,
+    name: String,
+    resource: String,
+    proxies: Vec<FaultProxy>,
+    directory: PathBuf,
+}
+
+impl Run {
+    /// Starts worker `index` through `proxy`, to contend for `seconds`.
+    fn spawn(&self, index: usize, proxy: usize, seconds: u64) -> Worker {
+        let history = self.directory.join(format!("worker-{index}.history"));
+        let uri = format!(
+            "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=5000",
+            self.proxies[proxy].address()
+        );
+        let (tasks, seconds) = (TASKS.to_string(), seconds.max(1).to_string());
+        let child = common::workers::spawn_against(
+            &uri,
+            &[
+                "chaos",
+                &self.collection,
+                &self.name,
+                &self.resource,
+                &tasks,
+                &seconds,
+                history.to_str().expect("a UTF-8 path"),
+            ],
+        );
+        Worker {
+            child,
+            history,
+            proxy,
+            killed_at: None,
+        }
+    }
+}
+
+fn monotonic_nanos() -> i128 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` writes one `timespec` through a valid pointer.
+    let result = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    assert_eq!(result, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    i128::from(now.tv_sec) * 1_000_000_000 + i128::from(now.tv_nsec)
+}
+
+/// One acquisition as its worker recorded it.
+#[derive(Clone, Debug)]
+struct Hold {
+    worker: usize,
+    task: usize,
+    token: i64,
+    /// The first and last instants its lease was seen held (none: lost before it looked).
+    held: Option<(i128, i128)>,
+    write: Option<String>,
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|part| {
+            part.strip_prefix(key)
+                .and_then(|rest| rest.strip_prefix('='))
+        })
+        .unwrap_or_else(|| panic!("no {key} in history line {line:?}"))
+}
+
+fn instant(value: &str) -> Option<i128> {
+    (value != "-").then(|| value.parse().expect("an instant"))
+}
+
+/// Reads a worker's history. An acquisition without an end was cut short by SIGKILL: its
+/// holder held at most until it was killed.
+fn holds_of(worker: usize, history: &Path, killed_at: Option<i128>) -> Vec<Hold> {
+    let text = std::fs::read_to_string(history).unwrap_or_default();
+    let mut open: HashMap<(usize, i64), Hold> = HashMap::new();
+    let mut holds = Vec::new();
+    for line in text.lines() {
+        let task: usize = field(line, "task").parse().expect("a task");
+        let token: i64 = field(line, "token").parse().expect("a token");
+        if line.starts_with("acquired ") {
+            let first = instant(field(line, "held"));
+            open.insert(
+                (task, token),
+                Hold {
+                    worker,
+                    task,
+                    token,
+                    held: first.map(|at| (at, at)),
+                    write: None,
+                },
+            );
+        } else if line.starts_with("ended ") {
+            let mut hold = open
+                .remove(&(task, token))
+                .unwrap_or_else(|| panic!("an end without its acquisition: {line}"));
+            if let (Some((first, _)), Some(last)) = (hold.held, instant(field(line, "held"))) {
+                hold.held = Some((first, last));
+            }
+            hold.write = Some(field(line, "write").to_owned());
+            holds.push(hold);
+        }
+    }
+    for (_, mut hold) in open {
+        let killed_at = killed_at.unwrap_or_else(|| {
+            panic!("an acquisition without an end, by a worker that was not killed: {hold:?}")
+        });
+        if let Some((first, _)) = hold.held {
+            hold.held = Some((first, killed_at.max(first)));
+        }
+        holds.push(hold);
+    }
+    holds
+}
+
+impl std::fmt::Display for Hold {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            formatter,
+            "worker {} task {} (token {}, held {:?}, write {:?})",
+            self.worker, self.task, self.token, self.held, self.write
+        )
+    }
+}
+
+/// The worker whose history recorded the acquisition with `token`, if any.
+fn worker_with_token(workers: &[Worker], token: i64) -> Option<usize> {
+    let needle = format!(" token={token} ");
+    workers.iter().position(|worker| {
+        worker.killed_at.is_none()
+            && std::fs::read_to_string(&worker.history).is_ok_and(|text| {
+                text.lines()
+                    .any(|line| line.starts_with("acquired ") && line.contains(&needle))
+            })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap() {
+    let real = std::env::var("MONGODB_URI").ok();
+    let dedicated = real
+        .is_none()
+        .then(|| common::server::start_dedicated(Some(R1_AHEAD_MS)));
+    let (r0, r1) = match (&real, &dedicated) {
+        (Some(uri), _) => (
+            uri.clone(),
+            std::env::var("MONGODB_URI_2").unwrap_or_else(|_| uri.clone()),
+        ),
+        (None, Some(dedicated)) => (
+            dedicated.uri.clone(),
+            dedicated.skewed_uri.clone().expect("a skewed port"),
+        ),
+        (None, None) => unreachable!(),
+    };
+    let seed = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("chaos: seed {seed}");
+    let mut nemesis = StdRng::seed_from_u64(seed);
+
+    let mut proxies = Vec::new();
+    for index in 0..WORKERS {
+        let upstream = if index % 2 == 0 { &r0 } else { &r1 };
+        proxies.push(FaultProxy::start(common::proxy::address_of(upstream).await).await);
+    }
+    let directory = std::env::temp_dir().join(common::unique("chaos"));
+    std::fs::create_dir_all(&directory).unwrap();
+    let run = Run {
+        collection: common::unique("locks"),
+        name: common::unique("chaos"),
+        resource: common::unique("resource"),
+        proxies,
+        directory,
+    };
+    let direct = Client::with_uri_str(&r0).await.unwrap();
+    let database = direct.database(common::DATABASE);
+    database
+        .collection::<Document>(&run.resource)
+        .insert_one(doc! { "_id": "resource", "applied": [] })
+        .await
+        .unwrap();
+    let seconds = run_for().as_secs();
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|index| run.spawn(index, index, seconds))
+        .collect();
+
+    // The nemesis.
+    let mut faults: BTreeMap<&'static str, Vec<(usize, RuleId)>> = BTreeMap::new();
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut clock_offset_ms = 0_i64;
+    let mut partitioned: Vec<(usize, tokio::time::Instant)> = Vec::new();
+    let end = tokio::time::Instant::now() + run_for();
+    while tokio::time::Instant::now() < end {
+        let now = tokio::time::Instant::now();
+        partitioned.retain(|&(proxy, until)| {
+            let over = now >= until;
+            if over {
+                run.proxies[proxy].set(Fault::Pass);
+            }
+            !over
+        });
+        let holder = async {
+            let stored = database
+                .collection::<Document>(&run.collection)
+                .find_one(doc! { "_id": &run.name, "lockId": { "$exists": true } })
+                .await
+                .ok()
+                .flatten()?;
+            let token = stored.get_i64("fencingToken").ok()?;
+            worker_with_token(&workers, token)
+        }
+        .await;
+        let draw = nemesis.random_range(0..100);
+        match draw {
+            0..50 => {
+                let proxy = nemesis.random_range(0..WORKERS);
+                let (label, rule) =
+                    wire_fault(nemesis.random_range(0..WIRE_FAULTS), &run.collection);
+                faults
+                    .entry(label)
+                    .or_default()
+                    .push((proxy, run.proxies[proxy].add_rule(rule)));
+            }
+            50..62 => {
+                if let Some(worker) = holder {
+                    let proxy = workers[worker].proxy;
+                    run.proxies[proxy].set(Fault::Blackhole);
+                    let lasting = Duration::from_millis(nemesis.random_range(1_000..4_000));
+                    partitioned.push((proxy, now + lasting));
+                    *counts
+                        .entry("partition of the holder's worker")
+                        .or_default() += 1;
+                }
+            }
+            62..70 => {
+                // A stepdown: every connection cut, NotWritablePrimary for a second, then the
+                // new primary's clock.
+                let rules: Vec<(usize, RuleId)> = (0..WORKERS)
+                    .flat_map(|proxy| {
+                        run.proxies[proxy].cut_connections();
+                        ["findAndModify", "update"].map(|command| {
+                            (
+                                proxy,
+                                run.proxies[proxy].add_rule(
+                                    Rule::new(
+                                        command,
+                                        Action::Reply(replies::command_error(
+                                            10107,
+                                            "NotWritablePrimary",
+                                        )),
+                                    )
+                                    .times(usize::MAX),
+                                ),
+                            )
+                        })
+                    })
+                    .collect();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                for (proxy, rule) in rules {
+                    run.proxies[proxy].remove_rule(rule);
+                }
+                if dedicated.is_some() {
+                    let target = nemesis.random_range(0..=MAX_CLOCK_STEP_MS);
+                    step_clock(&database, target - clock_offset_ms).await;
+                    clock_offset_ms = target;
+                }
+                *counts.entry("stepdown").or_default() += 1;
+            }
+            70..85 => {
+                if dedicated.is_some() {
+                    let target = nemesis.random_range(0..=MAX_CLOCK_STEP_MS);
+                    step_clock(&database, target - clock_offset_ms).await;
+                    let label = if target > clock_offset_ms {
+                        "clock step forward"
+                    } else {
+                        "clock step back"
+                    };
+                    clock_offset_ms = target;
+                    *counts.entry(label).or_default() += 1;
+                }
+            }
+            _ => {
+                let victim = match holder {
+                    Some(worker) if nemesis.random_bool(0.5) => worker,
+                    _ => {
+                        let alive: Vec<usize> = (0..workers.len())
+                            .filter(|&worker| workers[worker].killed_at.is_none())
+                            .collect();
+                        alive[nemesis.random_range(0..alive.len())]
+                    }
+                };
+                workers[victim]
+                    .child
+                    .start_kill()
+                    .expect("SIGKILL a worker");
+                let _ = workers[victim].child.wait().await;
+                workers[victim].killed_at = Some(monotonic_nanos());
+                let proxy = workers[victim].proxy;
+                // The replacement contends until the end of the run.
+                let left = end.saturating_duration_since(tokio::time::Instant::now());
+                let replacement = run.spawn(workers.len(), proxy, left.as_secs());
+                workers.push(replacement);
+                *counts.entry("SIGKILL of a worker (replaced)").or_default() += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(nemesis.random_range(200..600))).await;
+    }
+    for proxy in &run.proxies {
+        proxy.set(Fault::Pass);
+        proxy.clear_rules();
+    }
+    for (label, rules) in &faults {
+        let applied: usize = rules
+            .iter()
+            .map(|&(proxy, rule)| run.proxies[proxy].hits(rule))
+            .sum();
+        counts.insert(label, applied);
+    }
+
+    let (mut acquisitions, mut busy, mut errors) = (0, 0, 0);
+    for worker in workers
+        .iter_mut()
+        .filter(|worker| worker.killed_at.is_none())
+    {
+        let summary = common::workers::summary(&mut worker.child, Duration::from_secs(90)).await;
+        let count = |key: &str| -> usize {
+            field(&summary, key)
+                .parse()
+                .unwrap_or_else(|_| panic!("{key} in {summary:?}"))
+        };
+        acquisitions += count("acquisitions");
+        busy += count("busy");
+        errors += count("errors");
+    }
+
+    // The checks.
+    let mut holds: Vec<Hold> = workers
+        .iter()
+        .enumerate()
+        .flat_map(|(index, worker)| holds_of(index, &worker.history, worker.killed_at))
+        .collect();
+    let recorded = holds.len();
+    holds.retain(|hold| hold.held.is_some());
+    holds.sort_by_key(|hold| hold.held.map(|(first, _)| first));
+    // Sorted by their first instants, intervals that overlap include two neighbours that do.
+    for pair in holds.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        let ((_, before_last), (after_first, _)) =
+            (before.held.expect("kept"), after.held.expect("kept"));
+        assert!(
+            before_last < after_first,
+            "two holders at once ({} µs of overlap; seed {seed}): {before} then {after}",
+            (before_last - after_first) / 1_000
+        );
+        assert!(
+            before.token < after.token,
+            "fencing tokens out of acquisition order (seed {seed}): {before} then {after}"
+        );
+    }
+    let stored = database
+        .collection::<Document>(&run.resource)
+        .find_one(doc! { "_id": "resource" })
+        .await
+        .unwrap()
+        .expect("the resource was written");
+    let applied: Vec<i64> = stored
+        .get_array("applied")
+        .unwrap()
+        .iter()
+        .map(|token| token.as_i64().expect("a token"))
+        .collect();
+    assert!(
+        applied.windows(2).all(|pair| pair[0] < pair[1]),
+        "the resource accepted fenced writes out of token order: {applied:?} (seed {seed})"
+    );
+    let tokens: std::collections::HashSet<i64> = holds.iter().map(|hold| hold.token).collect();
+    let all_tokens: std::collections::HashSet<i64> = workers
+        .iter()
+        .enumerate()
+        .flat_map(|(index, worker)| holds_of(index, &worker.history, worker.killed_at))
+        .map(|hold| hold.token)
+        .collect();
+    for token in &applied {
+        assert!(
+            all_tokens.contains(token),
+            "the resource accepted a write with token {token}, which no recorded acquisition had \
+             (seed {seed})"
+        );
+    }
+    let seen_applied: Vec<&Hold> = holds
+        .iter()
+        .filter(|hold| hold.write.as_deref() == Some("applied"))
+        .collect();
+    for hold in &seen_applied {
+        assert!(
+            applied.contains(&hold.token),
+            "a holder saw its fenced write applied, but the resource does not have it: {hold:?}"
+        );
+    }
+    let stale = holds
+        .iter()
+        .filter(|hold| hold.write.as_deref() == Some("stale"))
+        .count();
+    let killed = workers
+        .iter()
+        .filter(|worker| worker.killed_at.is_some())
+        .count();
+    let injected: usize = counts.values().sum();
+    println!(
+        "chaos: {WORKERS} workers ({killed} killed and replaced) × {TASKS} tasks for {:?}: \
+         {recorded} acquisitions recorded ({acquisitions} reported by the workers that were not \
+         killed; {} seen held and checked, {} tokens), {busy} waits of 5 s that found the lock busy, {errors} \
+         other errors; no two holders overlapped; tokens increase in acquisition order; {} \
+         fenced writes accepted in token order ({} seen applied by their holders, {stale} \
+         refused as stale); {injected} faults:",
+        run_for(),
+        holds.len(),
+        tokens.len(),
+        applied.len(),
+        seen_applied.len(),
+    );
+    for (label, count) in &counts {
+        println!("chaos:   {count:>4}  {label}");
+    }
+    assert!(
+        holds.len() >= 100,
+        "too few holds to check: {}",
+        holds.len()
+    );
+    assert!(injected >= 50, "too few faults: {counts:?}");
+    let _ = std::fs::remove_dir_all(&run.directory);
+}
+
+/// Steps the embedded server's clock by `millis` (launcher shim 7).
+async fn step_clock(database: &mongodb::Database, millis: i64) {
+    if millis != 0 {
+        database
+            .run_command(doc! { "mongoecoStepClock": millis })
+            .await
+            .expect("the embedded server steps its clock");
+    }
+}
