@@ -14,7 +14,8 @@
 //! by 300 ms (the embedded server's second port); each worker talks through a fault proxy of
 //! its own. The nemesis, every 200–600 ms: a wire fault on one worker's lock commands (lost
 //! replies, half-open connections, applied-but-unanswered writes, delays, error replies,
-//! write-concern errors, duplicate keys); a partition of the current holder's worker for 1–4 s;
+//! write-concern errors, duplicate keys); a partition of the current holder's worker for 3–5 s,
+//! during which its holders keep working until their lease is lost;
 //! a stepdown (every connection cut, `NotWritablePrimary` for a second, then back with the
 //! clock stepped); a step of the server's clock (launcher shim 7) kept within `max_clock_skew`
 //! (600 ms) with R1's offset; SIGKILL of a worker (half the time the holder's), replaced by a
@@ -143,6 +144,12 @@ struct Run {
 }
 
 impl Run {
+    /// While this file exists, the workers behind `proxy` are cut off, and their holders keep
+    /// working until their lease is lost (as a process in the middle of a long job does).
+    fn stay_file(&self, proxy: usize) -> PathBuf {
+        self.directory.join(format!("cut-off-{proxy}"))
+    }
+
     /// Starts worker `index` through `proxy`, to contend for `seconds`.
     fn spawn(&self, index: usize, proxy: usize, seconds: u64) -> Worker {
         let history = self.directory.join(format!("worker-{index}.history"));
@@ -161,6 +168,7 @@ impl Run {
                 &tasks,
                 &seconds,
                 history.to_str().expect("a UTF-8 path"),
+                self.stay_file(proxy).to_str().expect("a UTF-8 path"),
             ],
         );
         Worker {
@@ -208,7 +216,8 @@ fn instant(value: &str) -> Option<i128> {
 }
 
 /// Reads a worker's history. An acquisition without an end was cut short by SIGKILL: its
-/// holder held at most until it was killed.
+/// holder was last seen holding at its last recorded instant (it was killed before its next
+/// look, at most 20 ms later, and acted on nothing in between).
 fn holds_of(worker: usize, history: &Path, killed_at: Option<i128>) -> Vec<Hold> {
     let text = std::fs::read_to_string(history).unwrap_or_default();
     let mut open: HashMap<(usize, i64), Hold> = HashMap::new();
@@ -228,6 +237,13 @@ fn holds_of(worker: usize, history: &Path, killed_at: Option<i128>) -> Vec<Hold>
                     write: None,
                 },
             );
+        } else if line.starts_with("held ") {
+            if let (Some(hold), Some(at)) =
+                (open.get_mut(&(task, token)), instant(field(line, "held")))
+                && let Some((first, _)) = hold.held
+            {
+                hold.held = Some((first, at));
+            }
         } else if line.starts_with("ended ") {
             let mut hold = open
                 .remove(&(task, token))
@@ -239,13 +255,11 @@ fn holds_of(worker: usize, history: &Path, killed_at: Option<i128>) -> Vec<Hold>
             holds.push(hold);
         }
     }
-    for (_, mut hold) in open {
-        let killed_at = killed_at.unwrap_or_else(|| {
-            panic!("an acquisition without an end, by a worker that was not killed: {hold:?}")
-        });
-        if let Some((first, _)) = hold.held {
-            hold.held = Some((first, killed_at.max(first)));
-        }
+    for (_, hold) in open {
+        assert!(
+            killed_at.is_some(),
+            "an acquisition without an end, by a worker that was not killed: {hold:?}"
+        );
         holds.push(hold);
     }
     holds
@@ -335,6 +349,7 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
             let over = now >= until;
             if over {
                 run.proxies[proxy].set(Fault::Pass);
+                let _ = std::fs::remove_file(run.stay_file(proxy));
             }
             !over
         });
@@ -351,7 +366,7 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
         .await;
         let draw = nemesis.random_range(0..100);
         match draw {
-            0..50 => {
+            0..58 => {
                 let proxy = nemesis.random_range(0..WORKERS);
                 let (label, rule) =
                     wire_fault(nemesis.random_range(0..WIRE_FAULTS), &run.collection);
@@ -360,18 +375,24 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
                     .or_default()
                     .push((proxy, run.proxies[proxy].add_rule(rule)));
             }
-            50..62 => {
-                if let Some(worker) = holder {
+            58..68 => {
+                if let Some(worker) = holder.filter(|&worker| {
+                    partitioned
+                        .iter()
+                        .all(|&(proxy, _)| proxy != workers[worker].proxy)
+                }) {
+                    // Long enough for the holder's lease to run out while it keeps working.
                     let proxy = workers[worker].proxy;
+                    std::fs::write(run.stay_file(proxy), b"").unwrap();
                     run.proxies[proxy].set(Fault::Blackhole);
-                    let lasting = Duration::from_millis(nemesis.random_range(1_000..4_000));
+                    let lasting = Duration::from_millis(nemesis.random_range(3_000..5_000));
                     partitioned.push((proxy, now + lasting));
                     *counts
                         .entry("partition of the holder's worker")
                         .or_default() += 1;
                 }
             }
-            62..70 => {
+            68..74 => {
                 // A stepdown: every connection cut, NotWritablePrimary for a second, then the
                 // new primary's clock.
                 let rules: Vec<(usize, RuleId)> = (0..WORKERS)
@@ -405,7 +426,7 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
                 }
                 *counts.entry("stepdown").or_default() += 1;
             }
-            70..85 => {
+            74..96 => {
                 if dedicated.is_some() {
                     let target = nemesis.random_range(0..=MAX_CLOCK_STEP_MS);
                     step_clock(&database, target - clock_offset_ms).await;
@@ -444,9 +465,10 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
         }
         tokio::time::sleep(Duration::from_millis(nemesis.random_range(200..600))).await;
     }
-    for proxy in &run.proxies {
+    for (index, proxy) in run.proxies.iter().enumerate() {
         proxy.set(Fault::Pass);
         proxy.clear_rules();
+        let _ = std::fs::remove_file(run.stay_file(index));
     }
     for (label, rules) in &faults {
         let applied: usize = rules
@@ -561,11 +583,9 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
     for (label, count) in &counts {
         println!("chaos:   {count:>4}  {label}");
     }
-    assert!(
-        holds.len() >= 100,
-        "too few holds to check: {}",
-        holds.len()
-    );
+    // The run must have exercised the lock (an idle machine checks 100 to 250 holds; a loaded
+    // one, or an unlucky schedule of partitions and kills, fewer).
+    assert!(holds.len() >= 40, "too few holds to check: {}", holds.len());
     assert!(injected >= 50, "too few faults: {counts:?}");
     let _ = std::fs::remove_dir_all(&run.directory);
 }

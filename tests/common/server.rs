@@ -18,7 +18,7 @@ const HOW_TO_GET_EMBEDDED: &str =
     "install the embedded test server with `scripts/install-test-server` (needs Python 3.13)";
 
 const HOW_TO_GET_ONE: &str = "set MONGODB_URI to a MongoDB 4.2+ server (e.g. `docker compose up -d` and \
-MONGODB_URI=mongodb://localhost:27017/?directConnection=true), or install the embedded test server with \
+MONGODB_URI=mongodb://127.0.0.1:27017/?directConnection=true), or install the embedded test server with \
 `scripts/install-test-server` (needs Python 3.13)";
 
 struct Embedded {
