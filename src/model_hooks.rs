@@ -29,7 +29,7 @@ pub fn attempt_reply_limit(options: &LockOptions) -> Duration {
 /// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document
 /// after the update).
 pub fn attempt_filter(name: &str) -> Document {
-    mongodb::bson::doc! { schema::ID: name }
+    schema::attempt_filter(name)
 }
 
 /// The update pipeline of an acquisition attempt with `lock_id`.

@@ -19,7 +19,9 @@
 //! a stepdown (every connection cut, `NotWritablePrimary` for a second, then back with the
 //! clock stepped); a step of the server's clock (launcher shim 7) kept within `max_clock_skew`
 //! (600 ms) with R1's offset; SIGKILL of a worker (half the time the holder's), replaced by a
-//! new one. It prints its seed (`CHAOS_SEED=<n>` replays the nemesis's schedule) and counts.
+//! new one. It prints its seed and counts. `CHAOS_SEED=<n>` replays the nemesis's choices (each
+//! round draws the same values whichever fault it picks), not the run: the workers' timing, and
+//! so what each fault hits, differs from run to run.
 //!
 //! Against a real MongoDB (`MONGODB_URI`, and `MONGODB_URI_2` for a second router) the clock
 //! steps are left out; `scripts/real-cluster` adds real failovers.
@@ -57,22 +59,22 @@ fn wire_fault(kind: usize, collection: &str) -> (&'static str, Rule) {
     let on = |command: &str, action: Action| Rule::new(command, action).on(collection);
     match kind {
         0 => (
-            "acquire: reply lost",
+            "findAndModify (acquire, renew): reply lost",
             on("findAndModify", Action::DropReplyAndClose),
         ),
         1 => (
-            "acquire: half-open",
+            "findAndModify (acquire, renew): half-open",
             on("findAndModify", Action::ApplyThenHang),
         ),
         2 => (
-            "acquire: NotWritablePrimary",
+            "findAndModify (acquire, renew): NotWritablePrimary",
             on(
                 "findAndModify",
                 Action::Reply(replies::command_error(10107, "NotWritablePrimary")),
             ),
         ),
         3 => (
-            "acquire: duplicate key",
+            "findAndModify (acquire, renew): duplicate key",
             on(
                 "findAndModify",
                 Action::Reply(replies::duplicate_key(
@@ -82,26 +84,26 @@ fn wire_fault(kind: usize, collection: &str) -> (&'static str, Rule) {
             ),
         ),
         4 => (
-            "acquire: write concern error after applying",
+            "findAndModify (acquire, renew): write concern error after applying",
             on(
                 "findAndModify",
                 Action::ApplyThenMerge(replies::write_concern_error()),
             ),
         ),
         5 => (
-            "acquire: delayed 300 ms",
+            "findAndModify (acquire, renew): delayed 300 ms",
             on("findAndModify", Action::Delay(Duration::from_millis(300))),
         ),
         6 => (
-            "renew/release: reply lost",
+            "update (release, cleanup): reply lost",
             on("update", Action::DropReplyAndClose),
         ),
         7 => (
-            "renew/release: half-open",
+            "update (release, cleanup): half-open",
             on("update", Action::ApplyThenHang),
         ),
         8 => (
-            "renew/release: InterruptedDueToReplStateChange",
+            "update (release, cleanup): InterruptedDueToReplStateChange",
             on(
                 "update",
                 Action::Reply(replies::command_error(
@@ -111,14 +113,14 @@ fn wire_fault(kind: usize, collection: &str) -> (&'static str, Rule) {
             ),
         ),
         9 => (
-            "renew/release: write concern error after applying",
+            "update (release, cleanup): write concern error after applying",
             on(
                 "update",
                 Action::ApplyThenMerge(replies::write_concern_error()),
             ),
         ),
         _ => (
-            "renew/release: delayed 300 ms",
+            "update (release, cleanup): delayed 300 ms",
             on("update", Action::Delay(Duration::from_millis(300))),
         ),
     }
@@ -364,12 +366,19 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
             worker_with_token(&workers, token)
         }
         .await;
+        // Every round draws the same values, whichever fault it picks, so that a seed replays
+        // the nemesis's choices whatever the workers did.
         let draw = nemesis.random_range(0..100);
+        let proxy = nemesis.random_range(0..WORKERS);
+        let wire_kind = nemesis.random_range(0..WIRE_FAULTS);
+        let lasting = Duration::from_millis(nemesis.random_range(3_000..5_000));
+        let clock_target = nemesis.random_range(0..=MAX_CLOCK_STEP_MS);
+        let kill_the_holder = nemesis.random_bool(0.5);
+        let victim_draw = nemesis.random_range(0..usize::MAX);
+        let pause = Duration::from_millis(nemesis.random_range(200..600));
         match draw {
             0..58 => {
-                let proxy = nemesis.random_range(0..WORKERS);
-                let (label, rule) =
-                    wire_fault(nemesis.random_range(0..WIRE_FAULTS), &run.collection);
+                let (label, rule) = wire_fault(wire_kind, &run.collection);
                 faults
                     .entry(label)
                     .or_default()
@@ -385,7 +394,6 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
                     let proxy = workers[worker].proxy;
                     std::fs::write(run.stay_file(proxy), b"").unwrap();
                     run.proxies[proxy].set(Fault::Blackhole);
-                    let lasting = Duration::from_millis(nemesis.random_range(3_000..5_000));
                     partitioned.push((proxy, now + lasting));
                     *counts
                         .entry("partition of the holder's worker")
@@ -420,33 +428,31 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
                     run.proxies[proxy].remove_rule(rule);
                 }
                 if dedicated.is_some() {
-                    let target = nemesis.random_range(0..=MAX_CLOCK_STEP_MS);
-                    step_clock(&database, target - clock_offset_ms).await;
-                    clock_offset_ms = target;
+                    step_clock(&database, clock_target - clock_offset_ms).await;
+                    clock_offset_ms = clock_target;
                 }
                 *counts.entry("stepdown").or_default() += 1;
             }
             74..96 => {
                 if dedicated.is_some() {
-                    let target = nemesis.random_range(0..=MAX_CLOCK_STEP_MS);
-                    step_clock(&database, target - clock_offset_ms).await;
-                    let label = if target > clock_offset_ms {
+                    step_clock(&database, clock_target - clock_offset_ms).await;
+                    let label = if clock_target > clock_offset_ms {
                         "clock step forward"
                     } else {
                         "clock step back"
                     };
-                    clock_offset_ms = target;
+                    clock_offset_ms = clock_target;
                     *counts.entry(label).or_default() += 1;
                 }
             }
             _ => {
                 let victim = match holder {
-                    Some(worker) if nemesis.random_bool(0.5) => worker,
+                    Some(worker) if kill_the_holder => worker,
                     _ => {
                         let alive: Vec<usize> = (0..workers.len())
                             .filter(|&worker| workers[worker].killed_at.is_none())
                             .collect();
-                        alive[nemesis.random_range(0..alive.len())]
+                        alive[victim_draw % alive.len()]
                     }
                 };
                 workers[victim]
@@ -463,7 +469,7 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
                 *counts.entry("SIGKILL of a worker (replaced)").or_default() += 1;
             }
         }
-        tokio::time::sleep(Duration::from_millis(nemesis.random_range(200..600))).await;
+        tokio::time::sleep(pause).await;
     }
     for (index, proxy) in run.proxies.iter().enumerate() {
         proxy.set(Fault::Pass);
@@ -478,12 +484,15 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
         counts.insert(label, applied);
     }
 
+    // The workers stop on their own at the end of the run: one bound for all of them together.
     let (mut acquisitions, mut busy, mut errors) = (0, 0, 0);
+    let summaries_by = tokio::time::Instant::now() + Duration::from_secs(90);
     for worker in workers
         .iter_mut()
         .filter(|worker| worker.killed_at.is_none())
     {
-        let summary = common::workers::summary(&mut worker.child, Duration::from_secs(90)).await;
+        let left = summaries_by.saturating_duration_since(tokio::time::Instant::now());
+        let summary = common::workers::summary(&mut worker.child, left).await;
         let count = |key: &str| -> usize {
             field(&summary, key)
                 .parse()

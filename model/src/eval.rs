@@ -196,13 +196,14 @@ fn operator_expression(
                 evaluate(otherwise, document, now)
             }
         }
+        // Unlike a query's, an expression's equality tells a missing field from null.
         "$eq" => {
             let (a, b) = pair();
-            boolean(equal(&a, &b))
+            boolean(compare(&a, &b) == Ordering::Equal)
         }
         "$ne" => {
             let (a, b) = pair();
-            boolean(!equal(&a, &b))
+            boolean(compare(&a, &b) != Ordering::Equal)
         }
         "$lt" | "$lte" | "$gt" | "$gte" => {
             let (a, b) = pair();
@@ -264,6 +265,10 @@ fn operator_expression(
                     Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::DateTime(_) => {
                         Some(Bson::Int64(long(&value)))
                     }
+                    Bson::Boolean(flag) => Some(Bson::Int64(i64::from(flag))),
+                    Bson::String(text) if text.parse::<i64>().is_ok() => {
+                        Some(Bson::Int64(text.parse().expect("checked")))
+                    }
                     _ => evaluate(form.get("onError").expect("onError"), document, now),
                 },
             }
@@ -293,7 +298,11 @@ fn lookup(document: &Document, path: &str) -> Value {
         if parts.peek().is_none() {
             return Some(value.clone());
         }
-        current = value.as_document()?;
+        current = match value {
+            Bson::Document(inner) => inner,
+            Bson::Array(_) => panic!("a path through an array ({path}) is not modelled"),
+            _ => return None,
+        };
     }
     None
 }
@@ -422,6 +431,52 @@ mod tests {
             &stored,
             now
         ));
+    }
+
+    #[test]
+    fn expressions_tell_missing_from_null_where_queries_do_not() {
+        let now = at(1_000);
+        let stored = doc! { "nothing": Bson::Null };
+        assert!(matches(&doc! { "missing": Bson::Null }, &stored, now));
+        assert!(!truthy(&evaluate(
+            &Bson::from(doc! { "$eq": ["$missing", Bson::Null] }),
+            &stored,
+            now
+        )));
+        assert!(truthy(&evaluate(
+            &Bson::from(doc! { "$eq": ["$nothing", Bson::Null] }),
+            &stored,
+            now
+        )));
+        assert!(truthy(&evaluate(
+            &Bson::from(doc! { "$ne": ["$missing", "$nothing"] }),
+            &stored,
+            now
+        )));
+    }
+
+    #[test]
+    fn convert_to_long_reads_numbers_in_strings_and_booleans() {
+        let convert = |input: Bson| {
+            evaluate(
+                &Bson::from(doc! { "$convert": {
+                    "input": input, "to": "long", "onError": "error", "onNull": "null",
+                } }),
+                &doc! {},
+                at(0),
+            )
+        };
+        assert_eq!(convert(Bson::from("42")), Some(Bson::Int64(42)));
+        assert_eq!(convert(Bson::from("x")), Some(Bson::from("error")));
+        assert_eq!(convert(Bson::Boolean(true)), Some(Bson::Int64(1)));
+        assert_eq!(convert(Bson::Null), Some(Bson::from("null")));
+        assert_eq!(convert(Bson::from(doc! {})), Some(Bson::from("error")));
+    }
+
+    #[test]
+    #[should_panic(expected = "through an array")]
+    fn paths_through_arrays_are_refused() {
+        lookup(&doc! { "a": [{ "b": 1 }] }, "a.b");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! release can hand the lock to the other in one command) reach the server through router R0, a
 //! task of another process through router R1, whose clock is ahead of R0's by the whole
 //! `max_clock_skew`. Time advances in ticks of [`TICK_MS`]; every client reads the real time
-//! (its local clock runs at the real rate), every router its own clock.
+//! (its local clock runs at the real rate), every router its own clock. Every holder writes to a
+//! protected resource with a fenced write ([`distributed_lock_mongodb::Fence`]'s filter), which may
+//! stay in flight up to [`WRITE_MAX_DELAY`] ticks: long enough to arrive after a later holder's.
 //!
 //! The servers apply the crate's own commands ([`distributed_lock_mongodb::__model`]) through
 //! [`crate::eval`]; the clients compute their local deadlines and reply limits with the crate's
@@ -14,6 +16,17 @@
 //! a request is delivered twice; one caller may stop waiting during an attempt; the first process
 //! may be shut down.
 //!
+//! Modelling choices, each the crate's behaviour or a conservative stand-in for it:
+//! - A holder has at most one renewal in flight (the renewal loop awaits each command) and sends
+//!   the next one when the last failed or a cadence after the last confirmed one; a renewal whose
+//!   outcome is unknown is not counted as confirming anything.
+//! - Replies are not duplicated: the driver matches each reply to its request by id, so a reply
+//!   arrives once or not at all. Requests are duplicated (a retried write applied twice).
+//! - The runs with a cancelled caller or a shutdown ([`Config::a_caller_leaves`],
+//!   [`Config::a_provider_shuts_down`]) have no network faults: with both, the state space is
+//!   too large for CI's time budget. The faults' effect on cleanups is checked in
+//!   [`Config::handoff_and_faults`], where a reply limit abandons an attempt as a cancel does.
+//!
 //! Clients act as soon as something is due (an attempt, a renewal, a deadline, a reply limit), and
 //! time advances only when nothing is; a holder releases after its `hold_ticks`. So every path
 //! makes progress, and liveness is checked up to [`Config::horizon`].
@@ -21,7 +34,7 @@
 use std::time::Duration;
 
 use distributed_lock_mongodb::__model as code;
-use distributed_lock_mongodb::LockOptions;
+use distributed_lock_mongodb::{DEFAULT_FENCE_FIELD, LockOptions};
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use stateright::{Model, Property};
 
@@ -34,6 +47,9 @@ pub const TICK_MS: i64 = 100;
 pub const LONG_HOLD_TICKS: u8 = 5;
 /// A caller that found the lock busy attempts again this many ticks later.
 pub const POLL_TICKS: u8 = 2;
+/// A fenced write to the protected resource may stay in flight this many ticks: longer than a
+/// short hold, so that it can arrive after the next holder's write.
+pub const WRITE_MAX_DELAY: u8 = 4;
 /// The lock's name.
 const NAME: &str = "lock";
 /// Router R1's clock is ahead of R0's by this much: the whole `max_clock_skew`.
@@ -59,9 +75,10 @@ pub enum Mistake {
     NoSkewMargin,
     /// The local deadline is counted from the reply's arrival instead of the request's send.
     DeadlineFromReply,
-    /// A release hands the lock to a local waiter although its lease is lost, without checking
-    /// on the server that the releasing lease is still the stored one (the transfer's filter and
-    /// its "free" test look at the name only).
+    /// The server applies a transfer without checking that the releasing lease is still the
+    /// stored one (the transfer's filter and its "free" test look at the name only): a transfer
+    /// that arrives after the releasing lease ended, and after another caller acquired the lock,
+    /// takes the lock from that caller.
     TransferOfALostLease,
     /// The cleanup after an attempt whose outcome is unknown is filtered by the lock's name
     /// instead of the attempt's lock id.
@@ -371,6 +388,8 @@ pub struct State {
     pub tokens_increase: bool,
     /// False once the resource accepted a write with a token older than one it stored.
     pub stale_writes_refused: bool,
+    /// For coverage: the resource refused a write with a token older than the one it stored.
+    pub stale_write_refused: bool,
     /// For coverage: a release handed the lock to a local waiter; a lease was taken over after
     /// it ended; a lease won by an attempt whose caller had left was released.
     pub transferred: bool,
@@ -502,10 +521,11 @@ impl LeaseProtocol {
             None => return None,
         };
         let updated = eval::apply_pipeline(pipeline, &target, now);
-        let expired_before = target
-            .get_datetime("expiresAt")
-            .is_ok_and(|expires_at| *expires_at <= now)
-            && target.contains_key("fencingToken");
+        // A lease that ended by expiring (not by a release, which removes the lock id).
+        let expired_before = target.contains_key("lockId")
+            && target
+                .get_datetime("expiresAt")
+                .is_ok_and(|expires_at| *expires_at <= now);
         if expired_before && updated.get("lockId") != target.get("lockId") {
             state.taken_over = true;
         }
@@ -662,19 +682,22 @@ impl LeaseProtocol {
             }
             Message::Write { client: _, token } => {
                 let resource = match state.resource {
-                    Some(stored) => doc! { "_id": "resource", "fencingToken": stored },
+                    Some(stored) => doc! { "_id": "resource", DEFAULT_FENCE_FIELD: stored },
                     None => doc! { "_id": "resource" },
                 };
                 let fenced = code::fenced_filter(doc! { "_id": "resource" }, token);
+                let stale = state.resource.is_some_and(|stored| stored >= token);
                 if eval::matches(&fenced, &resource, DateTime::from_millis(EPOCH_MS)) {
-                    if state.resource.is_some_and(|stored| stored >= token) {
+                    if stale {
                         state.stale_writes_refused = false;
                     }
                     let written = eval::apply_operators(
-                        &doc! { "$set": { "fencingToken": token } },
+                        &doc! { "$set": { DEFAULT_FENCE_FIELD: token } },
                         &resource,
                     );
-                    state.resource = written.get_i64("fencingToken").ok();
+                    state.resource = written.get_i64(DEFAULT_FENCE_FIELD).ok();
+                } else if stale {
+                    state.stale_write_refused = true;
                 }
             }
         }
@@ -898,9 +921,9 @@ impl LeaseProtocol {
         let Phase::Holding(hold) = state.clients[client].phase.clone() else {
             return;
         };
-        let lost = state.now_ms() >= hold.deadline_ms;
-        let transfers = !lost || self.mistake(Mistake::TransferOfALostLease);
-        match Self::local_waiter(state, client).filter(|_| transfers) {
+        // Called only before the holder's deadline (`run_due` presumes a lease lost first): the
+        // holder believes its lease live; whether it still is, the server's filter decides.
+        match Self::local_waiter(state, client) {
             Some(waiter) => {
                 let lock_id = state.next_lock_id;
                 state.next_lock_id += 1;
@@ -978,6 +1001,7 @@ impl LeaseProtocol {
             max_token_held: None,
             tokens_increase: true,
             stale_writes_refused: true,
+            stale_write_refused: false,
             transferred: false,
             taken_over: false,
             abandoned_win_released: false,
@@ -1003,7 +1027,11 @@ impl Model for LeaseProtocol {
                 if self.config.slow_replies && in_flight.message.has_reply() {
                     actions.push(Action::Deliver { index, slow: true });
                 }
-                overdue |= in_flight.age >= self.config.max_delay;
+                let max_delay = match in_flight.message {
+                    Message::Write { .. } => WRITE_MAX_DELAY,
+                    _ => self.config.max_delay,
+                };
+                overdue |= in_flight.age >= max_delay;
             }
             if state.faults_left > 0 {
                 actions.push(Action::Lose(index));
@@ -1088,7 +1116,7 @@ impl Model for LeaseProtocol {
                 "fencing tokens increase in acquisition order",
                 |_, state: &State| state.tokens_increase,
             ),
-            Property::always("a stale fenced write is refused", |_, state: &State| {
+            Property::always("no stale fenced write is accepted", |_, state: &State| {
                 state.stale_writes_refused
             }),
             Property::eventually("every caller is served", |_, state: &State| {
@@ -1105,6 +1133,9 @@ impl Model for LeaseProtocol {
                 "a lease is taken over after it ended",
                 |_, state: &State| state.taken_over,
             ),
+            Property::sometimes("a stale fenced write is refused", |_, state: &State| {
+                state.stale_write_refused
+            }),
             Property::sometimes(
                 "a lease won after its caller left is released",
                 |_, state: &State| state.abandoned_win_released,

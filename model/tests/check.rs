@@ -13,7 +13,7 @@ use stateright::{Checker, HasDiscoveries, Model};
 const SAFETY: [&str; 3] = [
     "mutual exclusion",
     "fencing tokens increase in acquisition order",
-    "a stale fenced write is refused",
+    "no stale fenced write is accepted",
 ];
 const LIVENESS: &str = "every caller is served";
 
@@ -62,6 +62,7 @@ fn releases_handing_the_lock_over_and_a_fault() {
         &[
             "a release hands the lock to a local waiter",
             "a lease is taken over after it ended",
+            "a stale fenced write is refused",
         ],
     );
 }

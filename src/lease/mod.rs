@@ -39,7 +39,7 @@ pub(crate) mod undo;
 
 use std::sync::Arc;
 
-use mongodb::bson::{Document, doc};
+use mongodb::bson::Document;
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
@@ -196,7 +196,7 @@ impl Target {
     pub(crate) async fn upsert(&self, update: Vec<Document>) -> Result<Document> {
         let send = || {
             self.collection
-                .find_one_and_update(doc! { schema::ID: &self.name }, update.clone())
+                .find_one_and_update(schema::attempt_filter(self.name.as_str()), update.clone())
                 .upsert(true)
                 .return_document(ReturnDocument::After)
                 .write_concern(self.options.write_concern().clone())

@@ -109,6 +109,12 @@ pub(crate) fn acquire_update(
     vec![doc! { "$set": set }]
 }
 
+/// The filter of an acquisition attempt on the lock document `id` (an upsert run with
+/// [`acquire_update`]): the name alone, since the update decides whether the lock is free.
+pub(crate) fn attempt_filter(id: impl Into<Bson>) -> Document {
+    doc! { ID: id.into() }
+}
+
 /// The filter of a release that hands the lock document `id` over from the lease `releasing` to
 /// a waiter's `waiter` (run with [`acquire_update`] replacing `releasing`): the releasing lease,
 /// or the waiter's should an earlier try have applied.
