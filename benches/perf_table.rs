@@ -1,5 +1,8 @@
 //! Measures the lock and prints the table of PERFORMANCE.md:
-//! `cargo bench --bench perf_table` (against `MONGODB_URI`, or the embedded server).
+//! `cargo bench --bench perf_table` (against `MONGODB_URI`, or the embedded server);
+//! `cargo bench --bench perf_table -- handoff commands` runs only the groups of rows named
+//! (`uncontended`, `handoff`, `cross-process`, `commands`, `semaphore`, `reader`, `renewal`,
+//! `memory`; the round trip is always measured).
 //!
 //! Every figure is measured in this run, next to the raw driver calls it compares with; the
 //! machine is shared and noisy, so compare ratios rather than absolute times. Commands are
@@ -54,6 +57,9 @@ async fn main() -> Result<()> {
     if args.first().map(String::as_str) == Some("worker") {
         return worker(&args[1..]).await;
     }
+    // `cargo bench` passes `--bench`; any other argument names a group of rows to run.
+    let groups: Vec<&String> = args.iter().filter(|arg| !arg.starts_with("--")).collect();
+    let run = |group: &str| groups.is_empty() || groups.iter().any(|wanted| *wanted == group);
     let uri = server::uri();
     let (database, commands) = counting_database(&uri).await?;
     database.drop().await?;
@@ -65,23 +71,69 @@ async fn main() -> Result<()> {
         "| one round trip of the acquisition command (raw `find_one_and_update`, same pipeline), median | {} |",
         ms(rtt)
     );
-    uncontended(&database).await?;
-    same_process_handoff(&database, rtt).await?;
-    for adaptive in [false, true] {
-        cross_process(&uri, adaptive).await?;
+    if run("uncontended") {
+        uncontended(&database).await?;
     }
-    local_commands(&uri, "1 holder × 50 ms, 8 local waiters", 9, 5, 50).await?;
-    local_commands(&uri, "16 local contenders (hold 2 ms)", 16, 10, 2).await?;
-    for adaptive in [false, true] {
-        commands_per_acquisition(&uri, adaptive).await?;
+    if run("handoff") {
+        for sharing in [Sharing::Clones, Sharing::BuiltApart] {
+            same_process_handoff(&database, rtt, sharing).await?;
+        }
     }
-    semaphore_fill(&database, &commands, rtt).await?;
-    reader_wake_up(&database, &commands, rtt).await?;
-    for (locks, cadence) in [(1, 1_000), (100, 1_000), (1_000, 3_000)] {
-        renewals_per_cadence(&database, &commands, locks, cadence).await?;
+    if run("cross-process") {
+        for adaptive in [false, true] {
+            cross_process(&uri, adaptive).await?;
+        }
     }
-    memory_per_guard(&database).await?;
+    if run("commands") {
+        for sharing in [Sharing::Clones, Sharing::BuiltApart] {
+            let label = "1 holder × 50 ms, 8 local waiters";
+            local_commands(&uri, label, sharing, 9, 5, 50).await?;
+            local_commands(&uri, "16 local contenders (hold 2 ms)", sharing, 16, 10, 2).await?;
+        }
+        for adaptive in [false, true] {
+            commands_per_acquisition(&uri, adaptive).await?;
+        }
+    }
+    if run("semaphore") {
+        semaphore_fill(&database, &commands, rtt).await?;
+    }
+    if run("reader") {
+        reader_wake_up(&database, &commands, rtt).await?;
+    }
+    if run("renewal") {
+        for (locks, cadence) in [(1, 1_000), (100, 1_000), (1_000, 3_000)] {
+            renewals_per_cadence(&database, &commands, locks, cadence).await?;
+        }
+    }
+    if run("memory") {
+        memory_per_guard(&database).await?;
+    }
     Ok(())
+}
+
+/// How the tasks of a same-process row get their lock.
+#[derive(Clone, Copy, Debug)]
+enum Sharing {
+    /// Clones of one lock (one family).
+    Clones,
+    /// `MongoDistributedLock::new` in each task, as the README's first example does.
+    BuiltApart,
+}
+
+impl Sharing {
+    fn lock(self, lock: &MongoDistributedLock, database: &Database) -> MongoDistributedLock {
+        match self {
+            Sharing::Clones => lock.clone(),
+            Sharing::BuiltApart => MongoDistributedLock::new(lock.name(), database),
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Sharing::Clones => "clones of one lock",
+            Sharing::BuiltApart => "one lock object per task",
+        }
+    }
 }
 
 fn ms(duration: Duration) -> String {
@@ -188,14 +240,14 @@ async fn raw_cycle(raw: &Collection<Document>) -> mongodb::error::Result<()> {
 
 /// Time from `release()` being called to the next holder's `acquire` returning, with 8 waiters
 /// in this process.
-async fn same_process_handoff(database: &Database, rtt: Duration) -> Result<()> {
+async fn same_process_handoff(database: &Database, rtt: Duration, sharing: Sharing) -> Result<()> {
     const WAITERS: usize = 8;
     const ROUNDS: usize = 40;
-    let lock = MongoDistributedLock::new("perf-handoff", database);
+    let lock = MongoDistributedLock::new(format!("perf-handoff-{}", wall_micros()), database);
     let events = Arc::new(Mutex::new(Vec::<(Instant, bool)>::new())); // (when, is_release)
     let tasks: Vec<_> = (0..WAITERS)
         .map(|_| {
-            let (lock, events) = (lock.clone(), Arc::clone(&events));
+            let (lock, events) = (sharing.lock(&lock, database), Arc::clone(&events));
             tokio::spawn(async move {
                 for _ in 0..ROUNDS {
                     let guard = lock.acquire().await?;
@@ -215,7 +267,8 @@ async fn same_process_handoff(database: &Database, rtt: Duration) -> Result<()> 
     let latencies = handoff_latencies(events.into_iter());
     let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     println!(
-        "| same-process handoff, 8 waiters ({} handoffs): `release()` called → next `acquire` returns | p50 {} = **{:.2} round trips**, p99 {} = {:.2} round trips (round trip {}) |",
+        "| same-process handoff, 8 waiters, {} ({} handoffs): `release()` called → next `acquire` returns | p50 {} = **{:.2} round trips**, p99 {} = {:.2} round trips (round trip {}) |",
+        sharing.label(),
         latencies.len(),
         ms(p50),
         p50.as_secs_f64() / rtt.as_secs_f64(),
@@ -231,6 +284,7 @@ async fn same_process_handoff(database: &Database, rtt: Duration) -> Result<()> 
 async fn local_commands(
     uri: &str,
     label: &str,
+    sharing: Sharing,
     tasks: usize,
     rounds: usize,
     hold_ms: u64,
@@ -244,7 +298,7 @@ async fn local_commands(
     commands.reset();
     let workers: Vec<_> = (0..tasks)
         .map(|_| {
-            let lock = lock.clone();
+            let lock = sharing.lock(&lock, &database);
             tokio::spawn(async move {
                 for _ in 0..rounds {
                     let guard = lock.acquire().await?;
@@ -260,7 +314,8 @@ async fn local_commands(
     }
     let sent = commands.lock_commands();
     println!(
-        "| commands per acquisition, {label} | **{:.2}** ({sent} commands / {} acquisitions) |",
+        "| commands per acquisition, {label}, {} | **{:.2}** ({sent} commands / {} acquisitions) |",
+        sharing.label(),
         sent as f64 / (tasks * rounds) as f64,
         tasks * rounds
     );

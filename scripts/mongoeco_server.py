@@ -2,6 +2,7 @@
 
 Usage: python mongoeco_server.py [--port N] [--skewed-port-offset-ms N]
                                  [--transaction-lifetime-limit-seconds S]
+                                 [--no-change-streams] [--change-stream-history N]
 
 Prints the connection string on the first line of stdout once the server accepts connections,
 then serves until its standard input reaches end-of-file (the parent process exited or closed
@@ -11,8 +12,8 @@ never leaves a server behind.
 mongoeco 4.11.0 differs from a real server in ways the crate's code depends on; each shim below
 makes it behave like MongoDB at the wire boundary or in its engine, using mongoeco's own
 functions (see shared TEST-SERVER.md), and each but shim 4 (exercised by tests/transactions.rs)
-has a test of its own in tests/infra_test_server.rs that cites the MongoDB manual page it
-imitates:
+has a test of its own in tests/infra_test_server.rs (shim 8: tests/infra_change_streams.rs) that
+cites the MongoDB manual page it imitates:
 
 1. Int64 limit/skip/batchSize arguments decoded into plain integers.
 2. Cursor ids encoded as Int64.
@@ -22,6 +23,11 @@ imitates:
 6. A write outside a transaction to a document an open transaction has written waits until the
    transaction ends or the write's maxTimeMS runs out; transactions end at their lifetime limit.
 7. The server clock can be stepped forward and back at run time (command mongoecoStepClock).
+8. Change streams (`watch()`) as on a replica set: `$changeStream` aggregations, awaiting getMores,
+   resume tokens over a bounded history, and a command (mongoecoKillChangeStreams) that makes
+   every open stream's next getMore fail with CursorNotFound. Its tests are in
+   tests/infra_change_streams.rs. With --no-change-streams, `$changeStream` is refused (40573) as
+   by a standalone mongod; --change-stream-history N bounds the history (default 5000 events).
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
@@ -30,17 +36,25 @@ second line of stdout. See start_skewed_port below; tests/fault_clock_skew.rs us
 
 import argparse
 import asyncio
+import contextlib
+import copy
+import dataclasses
 import datetime
+import itertools
 import os
 import signal
 import sys
 import threading
 import time
 
-from mongoeco.api import AsyncMongoClient
+from mongoeco.api import AsyncCollection, AsyncMongoClient
+from mongoeco.api._async._collection_runtime import CollectionRuntimeCoordinator
+from mongoeco.change_streams import ChangeStreamHub
+from mongoeco.core.aggregation import apply_pipeline
 from mongoeco.core.bson_scalars import BsonInt64, utc_bson_now
 from mongoeco.engines.memory import MemoryEngine
 from mongoeco.errors import OperationFailure
+from mongoeco.types import Timestamp
 from mongoeco.wire import proxy as wire_proxy
 from mongoeco.wire import sessions as wire_sessions
 from mongoeco.wire.executor import WireCommandExecutor
@@ -350,6 +364,614 @@ def _purge_by_the_servers_clock(self, *args, now, **kwargs):
 MemoryEngine._purge_expired_documents_locked = _purge_by_the_servers_clock
 
 
+# Shim 8: change streams, as on a replica set (manual: "Change Streams", "Change Events", "Resume a
+# Change Stream"). mongoeco captures every committed write in process and hands it to its client's
+# change hub (a transaction's writes when it commits); over the wire it refuses `$changeStream`.
+# Here one hub, shared by every port, keeps those events in a bounded history (the oplog's part),
+# and the wire commands are answered from it:
+# - `aggregate` whose first stage is `$changeStream` (options fullDocument "default",
+#   "updateLookup" or "whenAvailable", resumeAfter, startAfter, startAtOperationTime,
+#   allChangesForCluster), followed by $match/$project/$addFields/$set/$unset/$replaceRoot/
+#   $replaceWith stages, on a collection, a database (`aggregate: 1`) or the cluster, opens a
+#   tailable-await cursor: Int64 id, firstBatch, postBatchResumeToken.
+# - `getMore` on it returns the events that arrived (at most batchSize), waiting up to its
+#   maxTimeMS (1 s by default, as awaitData cursors) for one; `killCursors` ends it.
+# - Events: _id (the resume token), operationType (insert, update, replace, delete; drop then
+#   invalidate when a watched collection is dropped, which closes the cursor), clusterTime (a
+#   Timestamp, shared by a transaction's events, which also carry lsid and txnNumber), wallTime,
+#   ns, documentKey, fullDocument (inserts and replacements; updates with updateLookup: the
+#   document as it is when the event is read, null if gone), updateDescription for updates
+#   (updatedFields, removedFields, truncatedArrays: the difference between the document before
+#   and after, which is also what MongoDB logs for pipeline updates).
+# - Resume token `{_data: "82" + clusterTime (16 hex digits) + event number (16) + flag (2: 01
+#   for an invalidate)}`: hex like MongoDB's, starting like them with the event's time. A token
+#   older than the history (the first stream of the server starts it; it keeps the last
+#   --change-stream-history events) gives ChangeStreamHistoryLost (286), a token of no retained
+#   event ChangeStreamFatalError (280), resumeAfter an invalidate InvalidResumeToken (260).
+# - `{mongoecoKillChangeStreams: 1}` ends every open change-stream cursor as killCursors from
+#   another client would: the next getMore of each (and one waiting) fails with CursorNotFound
+#   (43), which drivers resume from by its code alone (change streams spec, "Resumable Error").
+# - With --no-change-streams, `$changeStream` is refused as a standalone mongod refuses it (40573).
+# Nothing is recorded before the first stream opens (mongoeco then only counts gaps), so the shim
+# costs nothing to a server that never opens one; from then on the history is kept even with no
+# stream open, as an oplog is, so that a stream resumed later loses nothing. Not imitated: rename
+# events, dropDatabase events (a dropped database's collections each yield a drop, but a stream on
+# the database gets no dropDatabase and no invalidate), delete events of TTL deletions, pre- and
+# post-images, expanded events; see RELIABILITY.md.
+CHANGE_STREAMS = True  # --no-change-streams
+CHANGE_STREAM_HISTORY = 5_000  # --change-stream-history
+KILL_CHANGE_STREAMS_COMMAND = "mongoecoKillChangeStreams"
+_CURSOR_IDLE_SECONDS = 600  # cursorTimeoutMillis: idle cursors are ended after 10 minutes
+_ALLOWED_STAGES = frozenset(
+    ("$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith")
+)
+
+
+@dataclasses.dataclass(slots=True)
+class _Change:
+    """One entry of the history: a committed write, numbered from 1 in commit order."""
+
+    seq: int
+    cluster_time: Timestamp
+    wall_time: datetime.datetime
+    operation_type: str  # insert, update, replace, delete, drop
+    db: str
+    coll: str
+    document_key: dict | None
+    full_document: dict | None
+    update_description: dict | None
+    transaction: dict | None  # {lsid, txnNumber} for a transaction's writes
+
+
+@dataclasses.dataclass(slots=True)
+class _Stream:
+    """An open change-stream cursor: where it stands in the history and what it shows."""
+
+    ns: str
+    db: str | None  # None: the whole cluster
+    coll: str | None  # None: the whole database
+    pipeline: list | None
+    full_document: str
+    position: int  # the number of the last history entry it has read
+    not_before: Timestamp | None = None  # startAtOperationTime
+    invalidate_next: bool = False
+    ended: bool = False  # invalidated: the cursor closes with this batch
+    killed: bool = False  # by mongoecoKillChangeStreams
+    used: float = dataclasses.field(default_factory=time.monotonic)
+
+
+_history: list[_Change] = []
+_history_start: tuple | None = None  # (time, inc) when recording began; None: not recording
+_last_seq = 0
+_last_cluster_time = (0, 0)
+_committing: dict | None = None  # the transaction being committed: {lsid, txnNumber, ts}
+_streams: dict[int, _Stream] = {}
+_FIRST_CURSOR_ID = 1 << 48  # apart from mongoeco's own cursor ids (1, 2, ...)
+_cursor_ids = itertools.count(_FIRST_CURSOR_ID)
+_arrived: asyncio.Event | None = None  # set when an entry arrives, for getMores waiting
+
+
+class _Refused(Exception):
+    def __init__(self, code, code_name, message):
+        super().__init__(message)
+        self.reply = {"ok": 0.0, "errmsg": message, "code": code, "codeName": code_name}
+
+
+def _next_cluster_time():
+    """A new cluster time, after every earlier one, from the server's (stepped) clock."""
+    global _last_cluster_time
+    seconds = int(stepped_now().replace(tzinfo=datetime.UTC).timestamp())
+    last_seconds, last_inc = _last_cluster_time
+    _last_cluster_time = (seconds, 1) if seconds > last_seconds else (last_seconds, last_inc + 1)
+    return _last_cluster_time
+
+
+def _record(operation_type, db, coll, document_key, full_document, update_description):
+    global _last_seq, _arrived
+    if _committing is not None:  # one cluster time for all the writes of a transaction
+        _committing["ts"] = _committing["ts"] or _next_cluster_time()
+        cluster_time = _committing["ts"]
+        transaction = {"lsid": _committing["lsid"], "txnNumber": _committing["txnNumber"]}
+    else:
+        cluster_time, transaction = _next_cluster_time(), None
+    _last_seq += 1
+    _history.append(
+        _Change(
+            _last_seq, Timestamp(*cluster_time), stepped_now(), operation_type, db, coll,
+            document_key, full_document, update_description, transaction,
+        )
+    )
+    if len(_history) > CHANGE_STREAM_HISTORY + CHANGE_STREAM_HISTORY // 8:  # trimmed in steps
+        del _history[: len(_history) - CHANGE_STREAM_HISTORY]
+    # mongoeco runs every command on the event loop's thread, so the waiters can be woken here.
+    if _arrived is not None:
+        _arrived.set()
+        _arrived = None
+
+
+class _ChangeHistoryHub(ChangeStreamHub):
+    """The change hub of every port's client: what they commit goes into the history."""
+
+    def should_publish_events(self):
+        # False: mongoeco records only a gap per write, without copying any document.
+        return _history_start is not None and super().should_publish_events()
+
+    def publish(self, *, operation_type, db_name, coll_name, document_key, **kwargs):
+        if _history_start is not None:
+            _record(
+                operation_type, db_name, coll_name, document_key,
+                kwargs.get("full_document"), kwargs.get("update_description"),
+            )
+        super().publish(  # keeps the hub's own numbering (it retains one event)
+            operation_type=operation_type,
+            db_name=db_name,
+            coll_name=coll_name,
+            document_key=document_key,
+            **kwargs,
+        )
+
+
+CHANGE_HUB = _ChangeHistoryHub(max_retained_events=1)
+CHANGE_HUB.register_watcher()  # always "watched"; should_publish_events decides
+
+# A dropped collection. mongoeco numbers the writes it hands the hub by its engine's commit
+# sequence, and skips any whose number the hub has counted already; but it announces a drop (as
+# an "invalidate") to the hub directly, outside that sequence, which puts the hub's count one
+# ahead: the next write after every drop was skipped, lost to every stream. So the drop's own
+# announcement is left out, and the drop is recorded here, only when the collection existed (a
+# drop of a missing one writes no oplog entry on MongoDB).
+_publish_without_drops = CollectionRuntimeCoordinator.publish_change_event
+
+
+def _publish_change_event_but_drops(self, *, operation_type, **kwargs):
+    if operation_type == "invalidate" and self._collection._change_hub is CHANGE_HUB:
+        return
+    _publish_without_drops(self, operation_type=operation_type, **kwargs)
+
+
+CollectionRuntimeCoordinator.publish_change_event = _publish_change_event_but_drops
+_drop_without_its_event = AsyncCollection.drop
+
+
+async def _drop_with_its_event(self, *, session=None):
+    names = await self._engine.list_collections(self._db_name, context=session)
+    await _drop_without_its_event(self, session=session)
+    if _history_start is not None and self._collection_name in names:
+        _record("drop", self._db_name, self._collection_name, None, None, None)
+
+
+AsyncCollection.drop = _drop_with_its_event
+
+# A transaction's writes reach the hub during its commit: they get its lsid, txnNumber and one
+# cluster time, as the entries of its commit's applyOps have on MongoDB.
+_commit_without_change_events = wire_sessions.WireSessionStore.commit_transaction
+
+
+def _commit_transaction_with_its_change_events(self, body):
+    global _committing
+    _committing = {"lsid": body.get("lsid"), "txnNumber": body.get("txnNumber"), "ts": None}
+    try:
+        return _commit_without_change_events(self, body)
+    finally:
+        _committing = None
+
+
+wire_sessions.WireSessionStore.commit_transaction = _commit_transaction_with_its_change_events
+
+# updateDescription: mongoeco hands the hub an update's new document only. Its update path builds
+# the change from a local `original_document` (the document before the update); read it there.
+_change_payload_without_description = MemoryEngine._change_payload
+
+
+def _change_payload_with_description(**kwargs):
+    payload = _change_payload_without_description(**kwargs)
+    if _history_start is not None and kwargs.get("operation_type") == "update":
+        before = sys._getframe(1).f_locals.get("original_document")
+        after = payload.get("full_document")
+        if isinstance(before, dict) and isinstance(after, dict):
+            payload["update_description"] = _update_description(before, after)
+    return payload
+
+
+MemoryEngine._change_payload = staticmethod(_change_payload_with_description)
+
+
+def _same(left, right):
+    """Equal as BSON values: same types, same field order."""
+    if type(left) is not type(right):
+        return False
+    if isinstance(left, dict):
+        return list(left) == list(right) and all(_same(left[k], right[k]) for k in left)
+    if isinstance(left, list):
+        return len(left) == len(right) and all(map(_same, left, right))
+    return left == right
+
+
+def _update_description(before, after):
+    """What changed, as MongoDB's delta oplog entries report it: changed fields by dotted path
+    (into subdocuments and arrays), removed fields, and arrays cut to a new size."""
+    updated, removed, truncated = {}, [], []
+
+    def compare(old, new, path):
+        if isinstance(old, dict) and isinstance(new, dict):
+            if [k for k in new if k in old] != [k for k in old if k in new]:
+                updated[path] = new  # fields reordered: the whole subdocument
+                return
+            diff(old, new, path + ".")
+        elif isinstance(old, list) and isinstance(new, list):
+            if len(new) < len(old):
+                truncated.append({"field": path, "newSize": len(new)})
+            for index, item in enumerate(new):
+                if index >= len(old):
+                    updated[f"{path}.{index}"] = item
+                elif not _same(old[index], item):
+                    compare(old[index], item, f"{path}.{index}")
+        else:
+            updated[path] = new
+
+    def diff(old, new, prefix):
+        for key, value in new.items():
+            if key not in old:
+                updated[prefix + key] = value
+            elif not _same(old[key], value):
+                compare(old[key], value, prefix + key)
+        removed.extend(prefix + key for key in old if key not in new)
+
+    diff(before, after, "")
+    updated.pop("_id", None)
+    return {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated}
+
+
+def _token(cluster_time, seq, invalidate=False):
+    data = f"82{cluster_time.time:08X}{cluster_time.inc:08X}{seq:016X}{int(invalidate):02X}"
+    return {"_data": data}
+
+
+def _entry(seq):
+    """The history entry numbered `seq`, or None once trimmed or not yet there."""
+    index = seq - _history[0].seq if _history else -1
+    return _history[index] if 0 <= index < len(_history) else None
+
+
+def _position_token(stream):
+    """postBatchResumeToken: resuming from it continues after the stream's position."""
+    entry = _entry(stream.position)
+    if entry is None:  # nothing read yet, or read past what was trimmed
+        return _token(Timestamp(*_history_start), stream.position)
+    return _token(entry.cluster_time, entry.seq, stream.ended)
+
+
+def _history_lost():
+    return _Refused(
+        286,
+        "ChangeStreamHistoryLost",
+        "Resume of change stream was not possible, as the resume point may no longer be in the "
+        "oplog.",
+    )
+
+
+def _resume_position(token, start_after, stream):
+    """Sets where a stream resumed with `token` (resumeAfter or startAfter) starts."""
+    data = token.get("_data") if isinstance(token, dict) else None
+    if not (isinstance(data, str) and len(data) == 36 and data.startswith("82")):
+        raise _Refused(2, "BadValue", f"Bad resume token: {token!r}")
+    try:
+        cluster_time = (int(data[2:10], 16), int(data[10:18], 16))
+        seq, invalidate = int(data[18:34], 16), data[34:] == "01"
+    except ValueError:
+        raise _Refused(2, "BadValue", f"Bad resume token: {token!r}") from None
+    if invalidate and not start_after:
+        raise _Refused(
+            260,
+            "InvalidResumeToken",
+            "Attempting to resume a change stream using 'resumeAfter' is not allowed from an "
+            "invalidate notification.",
+        )
+    first = _history[0].seq if _history else _last_seq + 1
+    if cluster_time < _history_start or seq < first - 1:
+        raise _history_lost()
+    entry = _entry(seq)
+    if seq > _last_seq or (entry is not None and entry.cluster_time != Timestamp(*cluster_time)):
+        raise _Refused(
+            280, "ChangeStreamFatalError", "cannot resume stream; the resume token was not found."
+        )
+    stream.position = seq
+    # Resumed at a drop of its own collection: the invalidate that followed it comes next.
+    stream.invalidate_next = (
+        not invalidate
+        and entry is not None
+        and entry.operation_type == "drop"
+        and _shows(stream, entry)
+        and stream.coll is not None
+    )
+
+
+def _shows(stream, entry):
+    if stream.db is None:
+        return entry.db not in ("admin", "config", "local")
+    return entry.db == stream.db and (stream.coll is None or entry.coll == stream.coll)
+
+
+async def _event(client, stream, entry):
+    """The change event of `entry`, as `stream` shows it (before its own pipeline)."""
+    event = {
+        "_id": _token(entry.cluster_time, entry.seq),
+        "operationType": entry.operation_type,
+        "clusterTime": entry.cluster_time,
+        "wallTime": entry.wall_time,
+    }
+    full_document = entry.full_document
+    if entry.operation_type == "update":
+        full_document = None
+        if stream.full_document == "updateLookup":
+            lookup = client.get_database(entry.db).get_collection(entry.coll)
+            full_document = await lookup.find_one(entry.document_key)
+        if stream.full_document in ("updateLookup", "whenAvailable"):
+            event["fullDocument"] = full_document
+    elif full_document is not None:
+        event["fullDocument"] = full_document
+    event["ns"] = {"db": entry.db, "coll": entry.coll}
+    if entry.document_key is not None:
+        event["documentKey"] = entry.document_key
+    if entry.update_description is not None:
+        event["updateDescription"] = entry.update_description
+    if entry.transaction is not None:
+        event.update(entry.transaction)
+    if not stream.pipeline:
+        return event
+    shown = apply_pipeline([copy.deepcopy(event)], stream.pipeline)
+    if not shown:
+        return None
+    if not _same(shown[0].get("_id"), event["_id"]):
+        raise _Refused(
+            280,
+            "ChangeStreamFatalError",
+            "Encountered an event whose _id field, which contains the resume token, was modified "
+            "by the pipeline.",
+        )
+    return shown[0]
+
+
+async def _next_batch(client, stream, limit):
+    """The events after the stream's position that it shows, at most `limit`; moves it on."""
+    batch = []
+    while len(batch) < limit and not stream.ended:
+        if stream.invalidate_next:
+            entry = _entry(stream.position)
+            batch.append(
+                {
+                    "_id": _token(entry.cluster_time, entry.seq, invalidate=True),
+                    "operationType": "invalidate",
+                    "clusterTime": entry.cluster_time,
+                    "wallTime": entry.wall_time,
+                }
+            )
+            stream.ended = True
+            break
+        if stream.position >= _last_seq:
+            break
+        entry = _entry(stream.position + 1)
+        if entry is None:  # trimmed before this stream read it
+            raise _history_lost()
+        stream.position = entry.seq
+        if not _shows(stream, entry):
+            continue
+        if stream.not_before is not None and (entry.cluster_time.time, entry.cluster_time.inc) < (
+            stream.not_before.time,
+            stream.not_before.inc,
+        ):
+            continue
+        event = await _event(client, stream, entry)
+        if event is not None:
+            batch.append(event)
+        stream.invalidate_next = entry.operation_type == "drop" and stream.coll is not None
+    return batch
+
+
+def _batch_limit(value, default):
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return default
+
+
+async def _open_change_stream(client, body):
+    global _history_start
+    if not CHANGE_STREAMS:
+        raise _Refused(
+            40573, "Location40573", "The $changeStream stage is only supported on replica sets"
+        )
+    db, target = body.get("$db", "test"), body.get("aggregate")
+    options, *stages = body.get("pipeline")
+    options = options["$changeStream"]
+    if not isinstance(options, dict):
+        raise _Refused(14, "TypeMismatch", "the $changeStream stage takes a document")
+    for stage in stages:
+        if not (
+            isinstance(stage, dict) and len(stage) == 1 and next(iter(stage)) in _ALLOWED_STAGES
+        ):
+            raise _Refused(
+                20, "IllegalOperation", f"{stage!r} is not permitted in a $changeStream pipeline"
+            )
+    full_document = options.get("fullDocument", "default")
+    if full_document not in ("default", "updateLookup", "whenAvailable"):
+        raise _Refused(2, "BadValue", f"fullDocument {full_document!r} is not supported here")
+    if options.get("fullDocumentBeforeChange", "off") != "off":
+        raise _Refused(2, "BadValue", "fullDocumentBeforeChange is not supported here")
+    resume_options = ("resumeAfter", "startAfter", "startAtOperationTime")
+    if sum(option in options for option in resume_options) > 1:
+        raise _Refused(
+            40674,
+            "Location40674",
+            "Only one type of resume option is allowed, but multiple were found.",
+        )
+    if options.get("allChangesForCluster") and (db != "admin" or target != 1):
+        raise _Refused(
+            72, "InvalidOptions", "allChangesForCluster needs `aggregate: 1` on the admin database"
+        )
+    if _history_start is None:  # the first stream of this server: the history starts now
+        _history_start = _next_cluster_time()
+    if options.get("allChangesForCluster"):
+        scope, ns = (None, None), "admin.$cmd.aggregate"
+    elif target == 1:
+        scope, ns = (db, None), f"{db}.$cmd.aggregate"
+    else:
+        scope, ns = (db, target), f"{db}.{target}"
+    stream = _Stream(ns, *scope, stages or None, full_document, position=_last_seq)
+    if "resumeAfter" in options or "startAfter" in options:
+        start_after = "startAfter" in options
+        token = options["startAfter" if start_after else "resumeAfter"]
+        _resume_position(token, start_after, stream)
+    elif "startAtOperationTime" in options:
+        at = options["startAtOperationTime"]
+        if not isinstance(at, Timestamp):
+            raise _Refused(14, "TypeMismatch", "startAtOperationTime takes a timestamp")
+        if (at.time, at.inc) < _history_start:
+            raise _history_lost()
+        stream.not_before = at
+        stream.position = next(
+            (
+                entry.seq - 1
+                for entry in _history
+                if (entry.cluster_time.time, entry.cluster_time.inc) >= (at.time, at.inc)
+            ),
+            _last_seq,
+        )
+    batch_size = _batch_limit((body.get("cursor") or {}).get("batchSize"), 101)
+    batch = await _next_batch(client, stream, batch_size)
+    cursor_id = 0
+    if not stream.ended:
+        now = time.monotonic()
+        for stale in [i for i, s in _streams.items() if now - s.used > _CURSOR_IDLE_SECONDS]:
+            del _streams[stale]
+        cursor_id = next(_cursor_ids)
+        _streams[cursor_id] = stream
+    return {
+        "cursor": {
+            "firstBatch": batch,
+            "postBatchResumeToken": _position_token(stream),
+            "id": cursor_id,
+            "ns": stream.ns,
+        },
+        "ok": 1.0,
+    }
+
+
+async def _get_more(client, cursor_id, body):
+    stream = _streams.get(cursor_id)
+    try:
+        if stream is None or stream.killed:
+            raise _Refused(43, "CursorNotFound", f"cursor id {cursor_id} not found")
+        limit = body.get("batchSize") or sys.maxsize
+        deadline = time.monotonic() + (body.get("maxTimeMS") or 1000) / 1000
+        while True:
+            batch = await _next_batch(client, stream, limit)
+            remaining = deadline - time.monotonic()
+            if batch or stream.ended or remaining <= 0:
+                break
+            await _wait_for_entries(remaining)
+            if stream.killed:
+                raise _Refused(43, "CursorNotFound", f"cursor id {cursor_id} not found")
+    except _Refused:
+        _streams.pop(cursor_id, None)
+        raise
+    stream.used = time.monotonic()
+    if stream.ended:
+        _streams.pop(cursor_id, None)
+    return {
+        "cursor": {
+            "nextBatch": batch,
+            "postBatchResumeToken": _position_token(stream),
+            "id": 0 if stream.ended else cursor_id,
+            "ns": stream.ns,
+        },
+        "ok": 1.0,
+    }
+
+
+async def _wait_for_entries(timeout):
+    global _arrived
+    if _arrived is None:
+        _arrived = asyncio.Event()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_arrived.wait(), timeout)
+
+
+def _kill_cursors(body):
+    ids = body.get("cursors") or []
+    killed = [cursor_id for cursor_id in ids if _streams.pop(cursor_id, None) is not None]
+    return {
+        "cursorsKilled": killed,
+        "cursorsNotFound": [cursor_id for cursor_id in ids if cursor_id not in killed],
+        "cursorsAlive": [],
+        "cursorsUnknown": [],
+        "ok": 1.0,
+    }
+
+
+def _kill_change_streams():
+    global _arrived
+    for stream in _streams.values():
+        stream.killed = True
+    if _arrived is not None:  # getMores waiting fail now
+        _arrived.set()
+        _arrived = None
+    return {"ok": 1.0, "cursorsKilled": len(_streams)}
+
+
+def _ours(cursor_id):
+    return isinstance(cursor_id, int) and cursor_id >= _FIRST_CURSOR_ID
+
+
+async def _change_stream_command(client, body):
+    """The reply to a change-stream command, or None for any other command."""
+    name = next(iter(body), None)
+    pipeline = body.get("pipeline")
+    try:
+        if (
+            name == "aggregate"
+            and isinstance(pipeline, list)
+            and pipeline
+            and isinstance(pipeline[0], dict)
+            and "$changeStream" in pipeline[0]
+        ):
+            return await _open_change_stream(client, body)
+        if name == "getMore" and _ours(body["getMore"]):
+            return await _get_more(client, body["getMore"], body)
+        if name == "killCursors" and any(map(_ours, body.get("cursors") or [])):
+            return _kill_cursors(body)
+        if name == KILL_CHANGE_STREAMS_COMMAND:
+            return _kill_change_streams()
+    except _Refused as refused:
+        return refused.reply
+    return None
+
+
+_dispatch_without_change_streams = wire_proxy.AsyncMongoEcoProxyServer._dispatch_wire_request
+
+
+async def _dispatch_change_stream_commands(self, header, payload, *, connection):
+    # Cheap byte checks first: other commands pay nothing, and getMore and killCursors a second
+    # decoding only once this server has opened a change stream.
+    if header.op_code == wire_proxy.OP_MSG and (
+        b"$changeStream" in payload
+        or KILL_CHANGE_STREAMS_COMMAND.encode() in payload
+        or (_history_start is not None and (b"getMore" in payload or b"killCursors" in payload))
+    ):
+        try:
+            body = wire_proxy.decode_op_msg(header, payload).body
+        except Exception:
+            body = None  # mongoeco reports it
+        reply = await _change_stream_command(self._client, body) if isinstance(body, dict) else None
+        if reply is not None:
+            return wire_proxy.encode_op_msg_response(
+                reply, request_id=next(self._request_ids), response_to=header.request_id
+            )
+    return await _dispatch_without_change_streams(self, header, payload, connection=connection)
+
+
+wire_proxy.AsyncMongoEcoProxyServer._dispatch_wire_request = _dispatch_change_stream_commands
+
+
 # The skewed port. On a real cluster `$$NOW` is evaluated by the mongos (or primary) that runs the
 # command, so clients behind different routers can see different clocks. mongoeco takes an
 # operation's clock (`$$NOW`, `$currentDate`, ...) from its client's `now_factory`, and a wire
@@ -360,6 +982,7 @@ MemoryEngine._purge_expired_documents_locked = _purge_by_the_servers_clock
 async def serve(engine, host: str, port: int, shift: datetime.timedelta):
     """A wire server on `engine` whose clock is the server's (stepped) clock plus `shift`."""
     client = AsyncMongoClient(engine, now_factory=lambda: stepped_now() + shift)
+    client._change_hub = CHANGE_HUB  # shim 8: one change history for all ports (no argument for it)
     await client.__aenter__()  # connects the shared engine (it counts its users)
     server = wire_proxy.AsyncMongoEcoProxyServer(client=client, host=host, port=port)
     await server.start()
@@ -384,9 +1007,23 @@ async def main() -> None:
         metavar="S",
         help="abort transactions open longer than this (MongoDB's default: 60)",
     )
+    parser.add_argument(
+        "--no-change-streams",
+        action="store_true",
+        help="refuse $changeStream (error 40573) as a standalone mongod does",
+    )
+    parser.add_argument(
+        "--change-stream-history",
+        type=int,
+        default=5_000,
+        metavar="N",
+        help="change events kept for resuming streams (older tokens: ChangeStreamHistoryLost)",
+    )
     args = parser.parse_args()
-    global TRANSACTION_LIFETIME_LIMIT_SECONDS
+    global TRANSACTION_LIFETIME_LIMIT_SECONDS, CHANGE_STREAMS, CHANGE_STREAM_HISTORY
     TRANSACTION_LIFETIME_LIMIT_SECONDS = args.transaction_lifetime_limit_seconds
+    CHANGE_STREAMS = not args.no_change_streams
+    CHANGE_STREAM_HISTORY = max(1, args.change_stream_history)
 
     engine = MemoryEngine()
     ports = [await serve(engine, args.host, args.port, datetime.timedelta(0))]

@@ -22,9 +22,10 @@ pub const DEFAULT_LOCK_COLLECTION: &str = "distributed_locks";
 ///
 /// Cheap to clone (the clones share one lock definition); `Send + Sync`. Creating one talks to
 /// no server. Callers waiting for the lock in one process queue up (a release hands it to the
-/// longest-waiting one) when they use clones of one lock, or locks of one
-/// [`Provider`](crate::Provider); locks built apart with `new` each wait on their own, as if in
-/// different processes. See the [crate docs](crate) for what it guarantees and [`design`](crate::design) for how it works.
+/// longest-waiting one, in the release command itself): clones of one lock and locks of one
+/// [`Provider`](crate::Provider) at once, and locks built apart with `new` once one of their
+/// attempts found the other's lease stored (proof that they reach the same cluster; locks of one
+/// name on different clusters never hand over to each other). See the [crate docs](crate) for what it guarantees and [`design`](crate::design) for how it works.
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {

@@ -364,13 +364,86 @@ async fn only_the_first_local_waiter_polls_the_server() {
     }
 }
 
+/// Locks built apart (two clients, two lock objects: nothing tells the crate they reach one
+/// deployment) hand over as a provider's locks do, once the waiter's attempt has found the
+/// holder's lease stored: that lock id, a random UUID, proves they share the lock document.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn locks_built_apart_never_hand_over_to_each_other() {
-    // Two clients (for all the crate knows, of two clusters) and two locks built apart, with the
-    // same database, collection and name.
+async fn locks_built_apart_on_one_deployment_hand_over_in_one_command() {
     let (holder_database, holder_log) = common::counting_database().await;
     let (waiter_database, waiter_log) = common::counting_database().await;
     let (holder_lock, collection) = sleepy_lock(&holder_database, "apart");
+    let waiter_lock = MongoDistributedLock::new(holder_lock.name(), &waiter_database)
+        .with_collection(collection.name())
+        .with_options(sleepy_options());
+    let guard = holder_lock.acquire().await.unwrap();
+    let token = guard.fencing_token();
+    let waiter =
+        tokio::spawn(async move { waiter_lock.acquire_timeout(Duration::from_secs(60)).await });
+    // The waiter's first attempt finds the holder's lease, then it waits (20 s between polls).
+    let queued = common::eventually(Duration::from_secs(10), || async {
+        waiter_log.count("findAndModify") == 1 && waiter_log.in_flight() == 0
+    })
+    .await;
+    assert!(queued, "{:?}", waiter_log.started());
+    holder_log.clear();
+    guard.release().await.unwrap();
+    // One command on the holder's client released the lock and gave it to the waiter.
+    let commands: Vec<String> = holder_log
+        .started()
+        .into_iter()
+        .filter(|command| !command.ends_with("Indexes"))
+        .collect();
+    assert_eq!(commands, ["findAndModify"]);
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("handed over, not found by a poll 20 s later")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    assert_eq!(
+        stored(&collection, next.name())
+            .await
+            .get_i64("fencingToken"),
+        Ok(next.fencing_token().get())
+    );
+    assert_eq!(
+        waiter_log.count("findAndModify"),
+        1,
+        "no attempt of its own"
+    );
+    // The transferred lease is the waiter's: renewed and released by its own client.
+    assert!(!next.is_lost());
+    next.release().await.unwrap();
+    assert!(
+        !stored(&collection, holder_lock.name())
+            .await
+            .contains_key("lockId")
+    );
+}
+
+/// Locks of one database, collection and name on two deployments: a release on one never hands
+/// over to, nor wakes, a waiter on the other, which goes on polling its own server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_of_one_name_on_two_deployments_never_hand_over() {
+    let other_deployment = common::server::start_dedicated(None);
+    let (holder_database, holder_log) = common::counting_database().await;
+    let (waiter_database, waiter_log) =
+        common::counting_database_on(&other_deployment.uri, |_| {}).await;
+    let (holder_lock, collection) = sleepy_lock(&holder_database, "twoclusters");
+    // On the other deployment the lock is held by another process for a minute.
+    let in_a_minute = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() + 60_000,
+    );
+    let other_collection = waiter_database.collection::<Document>(collection.name());
+    other_collection
+        .insert_one(doc! {
+            "_id": holder_lock.name(),
+            "lockId": "remote",
+            "expiresAt": in_a_minute,
+            "fencingToken": 1_i64,
+        })
+        .await
+        .unwrap();
     let waiter_lock = MongoDistributedLock::new(holder_lock.name(), &waiter_database)
         .with_collection(collection.name())
         .with_options(
@@ -380,31 +453,46 @@ async fn locks_built_apart_never_hand_over_to_each_other() {
                 .unwrap(),
         );
     let guard = holder_lock.acquire().await.unwrap();
-    let token = guard.fencing_token();
     let waiter =
         tokio::spawn(async move { waiter_lock.acquire_timeout(Duration::from_secs(60)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued = common::eventually(Duration::from_secs(10), || async {
+        waiter_log.count("findAndModify") >= 2
+    })
+    .await;
+    assert!(queued, "the waiter polls its own server");
     holder_log.clear();
     guard.release().await.unwrap();
-    // A plain release on the holder's client; the waiter acquires with its own command, on its
-    // own client.
     assert_eq!(
         holder_log.count("findAndModify"),
         0,
-        "{:?}",
+        "no transfer: {:?}",
         holder_log.started()
     );
     assert_eq!(holder_log.count("update"), 1, "{:?}", holder_log.started());
+    // The waiter still waits for its own server's lock, polling it.
+    let polls = waiter_log.count("findAndModify");
+    let polling = common::eventually(Duration::from_secs(10), || async {
+        waiter_log.count("findAndModify") >= polls + 2
+    })
+    .await;
+    assert!(polling, "the waiter goes on polling");
+    assert!(!waiter.is_finished(), "nothing was handed to it");
+    assert_eq!(
+        stored(&other_collection, holder_lock.name())
+            .await
+            .get_str("lockId"),
+        Ok("remote")
+    );
+    // Its own server's lock is freed: it acquires there, by polling.
+    other_collection
+        .delete_one(doc! { "_id": holder_lock.name() })
+        .await
+        .unwrap();
     let next = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .expect("the waiter acquires by polling")
         .unwrap()
         .unwrap();
-    assert!(next.fencing_token() > token);
-    assert!(
-        waiter_log.count("findAndModify") >= 2,
-        "a failed attempt, then the winning one"
-    );
     next.release().await.unwrap();
 }
 

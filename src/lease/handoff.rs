@@ -16,12 +16,19 @@
 //!   waiter behind it up to the next exclusive one. A waiter that acquires a lock with room left
 //!   (a semaphore with free places, a reader) wakes the next waiter at once.
 //!
-//! The queue is process-wide, keyed by the locks' [`RenewalHub`](super::hub::RenewalHub)
-//! (the locks of one provider, or clones of one lock: one client, hence one cluster), database,
-//! collection and lock name. A `mongodb::Client` has no public identity, so locks built apart
-//! from each other never share a queue: they could talk to different clusters, where a transfer,
-//! a wake or a single poller would be wrong. A transfer also requires the releaser and the
-//! waiter to use the same write concern.
+//! The queue is process-wide, keyed by database, collection and lock name, and shared by every
+//! lock object of that name, whether they come from one provider or were built apart. Its
+//! waiters belong to *families* (the locks of one [`RenewalHub`](super::hub::RenewalHub): one
+//! provider's, or clones of one lock): a family talks to one deployment, but locks built apart
+//! could talk to different ones, where a transfer, a wake or a single poller would be wrong, and
+//! a `mongodb::Client` has no public identity to compare. So the queue serves each *group* of
+//! families on its own: the poller is the first waiter of its group, and a release transfers to
+//! and wakes waiters of its own group only. Families join a group on evidence that they reach
+//! the same lock document: an attempt of one found stored, as the holder, the lock id of a lease
+//! another holds in this process (lock ids are random UUIDs, so a document holding one is that
+//! lease's document). The groups live as long as the queue, so their memory is bounded by the
+//! locks in use. A transfer also requires the releaser and the waiter to use the same write
+//! concern.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,12 +40,20 @@ use tokio::sync::Notify;
 
 use crate::clock;
 
-/// Identifies one lock across the process: renewal hub, database, collection and name.
-pub(crate) type Key = Arc<str>;
+/// Identifies one lock across the process (database, collection and name: its queue) and the
+/// family of locks that uses it (its renewal hub's id).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    lock: Arc<str>,
+    family: u64,
+}
 
-pub(crate) fn key(hub: u64, database: &str, collection: &str, name: &str) -> Key {
+pub(crate) fn key(family: u64, database: &str, collection: &str, name: &str) -> Key {
     // Database and collection names cannot contain NUL (names are validated before use).
-    format!("{hub}\0{database}\0{collection}\0{name}").into()
+    Key {
+        lock: format!("{database}\0{collection}\0{name}").into(),
+        family,
+    }
 }
 
 /// After this many transfers in a row, a release of the lock is a plain one and does not wake
@@ -111,6 +126,7 @@ pub(crate) enum Handoff {
 
 struct Waiter {
     id: u64,
+    family: u64,
     wake: Arc<Notify>,
     /// What it was woken for, until it takes it.
     signal: Option<Wake>,
@@ -137,30 +153,80 @@ impl Waiter {
 #[derive(Default)]
 struct Queue {
     waiters: VecDeque<Waiter>,
-    /// Exclusive leases of this lock held in this process.
-    held_here: usize,
+    /// Exclusive leases of this lock held in this process: lock id and family.
+    held: Vec<(String, u64)>,
+    /// The groups of families known to reach the same deployment, as family → group (the
+    /// smallest family id of the group); a family not listed is a group of its own.
+    groups: HashMap<u64, u64>,
     transfers_in_a_row: u32,
+}
+
+/// The group of `family` in `groups`.
+fn group_of(groups: &HashMap<u64, u64>, family: u64) -> u64 {
+    groups.get(&family).copied().unwrap_or(family)
 }
 
 impl Queue {
     fn is_unused(&self) -> bool {
-        self.waiters.is_empty() && self.held_here == 0
+        self.waiters.is_empty() && self.held.is_empty()
     }
 
-    /// Tells the first waiter to poll (again) at the busy-wait pace.
-    fn poll_first(&mut self) {
-        if let Some(first) = self.waiters.front_mut() {
+    /// Puts the groups of families `a` and `b` together.
+    fn link(&mut self, a: u64, b: u64) {
+        let (group_a, group_b) = (group_of(&self.groups, a), group_of(&self.groups, b));
+        if group_a == group_b {
+            return;
+        }
+        let (kept, merged) = (group_a.min(group_b), group_a.max(group_b));
+        for group in self.groups.values_mut() {
+            if *group == merged {
+                *group = kept;
+            }
+        }
+        self.groups.insert(a, kept);
+        self.groups.insert(b, kept);
+    }
+
+    /// Whether an exclusive lease of the lock is held in this process by `family`'s group.
+    fn held_by_group_of(&self, family: u64) -> bool {
+        let group = group_of(&self.groups, family);
+        self.held
+            .iter()
+            .any(|&(_, holder)| group_of(&self.groups, holder) == group)
+    }
+
+    /// The waiters of `family`'s group, in order.
+    fn group_mut(&mut self, family: u64) -> impl Iterator<Item = &mut Waiter> {
+        let groups = &self.groups;
+        let group = group_of(groups, family);
+        self.waiters
+            .iter_mut()
+            .filter(move |waiter| group_of(groups, waiter.family) == group)
+    }
+
+    /// The id of the first waiter of `family`'s group (its poller).
+    fn first_of(&self, family: u64) -> Option<u64> {
+        let group = group_of(&self.groups, family);
+        self.waiters
+            .iter()
+            .find(|waiter| group_of(&self.groups, waiter.family) == group)
+            .map(|waiter| waiter.id)
+    }
+
+    /// Tells the first waiter of `family`'s group to poll (again) at the busy-wait pace.
+    fn poll_first(&mut self, family: u64) {
+        if let Some(first) = self.group_mut(family).next() {
             first.signal(Wake::Poll);
         }
     }
 
-    /// Wakes the first waiter not busy with an attempt and, if it shares the lock, the sharing
-    /// waiters behind it up to the next exclusive one; returns their ids. If every waiter is
-    /// busy, the first one attempts once more when it is back (its attempt may have been sent
-    /// before the release).
-    fn wake_first(&mut self) -> Vec<u64> {
+    /// Wakes the first waiter of `family`'s group not busy with an attempt and, if it shares
+    /// the lock, the sharing waiters behind it up to the next exclusive one; returns their ids.
+    /// If every waiter is busy, the first one attempts once more when it is back (its attempt
+    /// may have been sent before the release).
+    fn wake_first(&mut self, family: u64) -> Vec<u64> {
         let mut woken = Vec::new();
-        for waiter in self.waiters.iter_mut().filter(|waiter| !waiter.busy) {
+        for waiter in self.group_mut(family).filter(|waiter| !waiter.busy) {
             if !woken.is_empty() && !waiter.shared {
                 break;
             }
@@ -171,7 +237,7 @@ impl Queue {
             }
         }
         if woken.is_empty()
-            && let Some(first) = self.waiters.front_mut()
+            && let Some(first) = self.group_mut(family).next()
         {
             first.signal(Wake::Attempt);
             woken.push(first.id);
@@ -180,10 +246,10 @@ impl Queue {
     }
 }
 
-static QUEUES: LazyLock<Mutex<HashMap<Key, Queue>>> = LazyLock::new(Mutex::default);
+static QUEUES: LazyLock<Mutex<HashMap<Arc<str>, Queue>>> = LazyLock::new(Mutex::default);
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-fn queues() -> MutexGuard<'static, HashMap<Key, Queue>> {
+fn queues() -> MutexGuard<'static, HashMap<Arc<str>, Queue>> {
     QUEUES
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -192,10 +258,10 @@ fn queues() -> MutexGuard<'static, HashMap<Key, Queue>> {
 /// Runs `change` on `key`'s queue, if it exists, and removes the queue once unused.
 fn with_queue<R>(key: &Key, change: impl FnOnce(&mut Queue) -> R) -> Option<R> {
     let mut queues = queues();
-    let queue = queues.get_mut(key)?;
+    let queue = queues.get_mut(&key.lock)?;
     let result = change(queue);
     if queue.is_unused() {
-        queues.remove(key);
+        queues.remove(&key.lock);
     }
     Some(result)
 }
@@ -216,11 +282,12 @@ impl Ticket {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         queues()
-            .entry(Arc::clone(key))
+            .entry(Arc::clone(&key.lock))
             .or_default()
             .waiters
             .push_back(Waiter {
                 id,
+                family: key.family,
                 wake: Arc::clone(&wake),
                 signal: None,
                 busy: false,
@@ -228,19 +295,19 @@ impl Ticket {
                 offer: None,
             });
         Ticket {
-            key: Arc::clone(key),
+            key: key.clone(),
             id,
             wake,
             acquired: None,
         }
     }
 
-    /// Whether this waiter is the first one (the one that polls the server).
+    /// Whether this waiter is the first one of its group (the one that polls the server).
     pub(crate) fn is_first(&self) -> bool {
         queues()
-            .get(&self.key)
-            .and_then(|queue| queue.waiters.front())
-            .is_some_and(|first| first.id == self.id)
+            .get(&self.key.lock)
+            .and_then(|queue| queue.first_of(self.key.family))
+            == Some(self.id)
     }
 
     /// Whether an exclusive lease of this lock is held in this process.
@@ -254,7 +321,7 @@ impl Ticket {
         let replaced = {
             let mut queues = queues();
             let me = queues
-                .get_mut(&self.key)
+                .get_mut(&self.key.lock)
                 .and_then(|queue| queue.waiters.iter_mut().find(|w| w.id == self.id));
             match me {
                 Some(me) => me.offer.replace(offer),
@@ -315,30 +382,30 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let acquired = self.acquired;
-        let id = self.id;
+        let (id, family) = (self.id, self.key.family);
         let deliver = with_queue(&self.key, |queue| {
-            let was_first = queue.waiters.front().is_some_and(|first| first.id == id);
+            let was_first = queue.first_of(family) == Some(id);
             let position = queue.waiters.iter().position(|waiter| waiter.id == id)?;
             let me = queue.waiters.remove(position)?;
             if was_first {
                 match acquired {
                     // With room, the next may succeed too; without, it becomes the poller.
                     Some(true) => {
-                        queue.wake_first();
+                        queue.wake_first(family);
                     }
-                    Some(false) => queue.poll_first(),
+                    Some(false) => queue.poll_first(family),
                     // Someone must go on polling for releases by other processes.
                     None => {
-                        if let Some(next) = queue.waiters.front_mut() {
+                        if let Some(next) = queue.group_mut(family).next() {
                             next.signal(Wake::Attempt);
                         }
                     }
                 }
             } else if acquired == Some(true) {
-                queue.wake_first();
+                queue.wake_first(family);
             } else if acquired.is_none() && (me.busy || me.signal == Some(Wake::Attempt)) {
                 // Woken for a release it will not attempt for: the wake goes to the next.
-                queue.wake_first();
+                queue.wake_first(family);
             }
             me.offer.map(|offer| offer.deliver)
         });
@@ -350,15 +417,33 @@ impl Drop for Ticket {
     }
 }
 
-/// Whether an exclusive lease of `key` is held in this process.
+/// Whether an exclusive lease of `key`'s lock is held in this process by its family's group.
 pub(crate) fn held_here(key: &Key) -> bool {
-    queues().get(key).is_some_and(|queue| queue.held_here > 0)
+    queues()
+        .get(&key.lock)
+        .is_some_and(|queue| queue.held_by_group_of(key.family))
 }
 
-/// Wakes the first waiter of `key` not busy with an attempt (and the sharing ones behind it, for
-/// readers); returns their ids.
+/// Wakes the first waiter of `key`'s lock in its family's group not busy with an attempt (and
+/// the sharing ones behind it, for readers); returns their ids.
 pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
-    with_queue(key, Queue::wake_first).unwrap_or_default()
+    with_queue(key, |queue| queue.wake_first(key.family)).unwrap_or_default()
+}
+
+/// An attempt of `key`'s family found `lock_id` stored as the holder of `key`'s lock: if that
+/// is a lease another family holds in this process, the two reach the same deployment, and
+/// their waiters join one group from now on.
+pub(crate) fn saw_stored(key: &Key, lock_id: &str) {
+    with_queue(key, |queue| {
+        let holder = queue
+            .held
+            .iter()
+            .find(|(held, _)| held == lock_id)
+            .map(|&(_, family)| family);
+        if let Some(holder) = holder.filter(|&holder| holder != key.family) {
+            queue.link(holder, key.family);
+        }
+    });
 }
 
 /// What the release of a local holder of `key` with `write_concern` does: hand over to the
@@ -366,21 +451,27 @@ pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
 /// else a plain release that wakes waiters, or (at the bound) one that lets other processes in.
 pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern) -> Handoff {
     with_queue(key, |queue| {
-        let first = queue.waiters.iter_mut().find(|waiter| !waiter.busy);
-        let Some(first) = first.filter(|first| {
-            first
-                .offer
-                .as_ref()
-                .is_some_and(|offer| offer.write_concern == *write_concern)
-        }) else {
+        let offers = queue
+            .group_mut(key.family)
+            .find(|waiter| !waiter.busy)
+            .is_some_and(|first| {
+                first
+                    .offer
+                    .as_ref()
+                    .is_some_and(|offer| offer.write_concern == *write_concern)
+            });
+        if !offers {
             queue.transfers_in_a_row = 0;
             return Handoff::Wake;
-        };
+        }
         if queue.transfers_in_a_row >= MAX_TRANSFERS_IN_A_ROW {
             queue.transfers_in_a_row = 0;
             return Handoff::LetOthersIn;
         }
         queue.transfers_in_a_row += 1;
+        let Some(first) = queue.group_mut(key.family).find(|waiter| !waiter.busy) else {
+            return Handoff::Wake; // cannot happen: found above, under the same lock
+        };
         // Busy receiving: not woken for anything else until it waits again.
         first.busy = true;
         first.offer.take().map_or(Handoff::Wake, Handoff::Transfer)
@@ -393,29 +484,40 @@ pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern) -> Handoff {
 /// the lease ends here (released, transferred or lost).
 #[derive(Debug)]
 pub(crate) struct Holding {
-    key: Mutex<Option<Key>>,
+    /// The lock and the lease's lock id, until the lease ends here.
+    lease: Mutex<Option<(Key, String)>>,
 }
 
 impl Holding {
-    pub(crate) fn new(key: &Key) -> Holding {
-        queues().entry(Arc::clone(key)).or_default().held_here += 1;
+    pub(crate) fn new(key: &Key, lock_id: &str) -> Holding {
+        queues()
+            .entry(Arc::clone(&key.lock))
+            .or_default()
+            .held
+            .push((lock_id.to_owned(), key.family));
         Holding {
-            key: Mutex::new(Some(Arc::clone(key))),
+            lease: Mutex::new(Some((key.clone(), lock_id.to_owned()))),
         }
     }
 
     /// The lease ended here (idempotent).
     pub(crate) fn end(&self) {
-        let key = self
-            .key
+        let lease = self
+            .lease
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
-        if let Some(key) = key {
+        if let Some((key, lock_id)) = lease {
             with_queue(&key, |queue| {
-                queue.held_here -= 1;
-                if queue.held_here == 0 {
-                    queue.poll_first();
+                if let Some(position) = queue
+                    .held
+                    .iter()
+                    .position(|(held, family)| *held == lock_id && *family == key.family)
+                {
+                    queue.held.swap_remove(position);
+                }
+                if !queue.held_by_group_of(key.family) {
+                    queue.poll_first(key.family);
                 }
             });
         }
@@ -454,7 +556,10 @@ mod tests {
         assert_eq!(wake_first(&key), vec![second.id]);
         drop(second);
         assert_eq!(wake_first(&key), Vec::<u64>::new());
-        assert!(!queues().contains_key(&key), "empty queues are removed");
+        assert!(
+            !queues().contains_key(&key.lock),
+            "empty queues are removed"
+        );
     }
 
     #[tokio::test]
@@ -515,7 +620,7 @@ mod tests {
         assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
         assert_eq!(woken_within(&waiter, 20).await, None);
         drop(waiter);
-        assert!(!queues().contains_key(&key));
+        assert!(!queues().contains_key(&key.lock));
     }
 
     fn offer(lock_id: &str, outcome: Arc<Mutex<Option<Transfer>>>) -> Offer {
@@ -622,7 +727,7 @@ mod tests {
     async fn a_lease_held_here_slows_the_poller_and_its_end_tells_it_to_poll() {
         let key = key(0, "db", "coll", "holding");
         let waiter = Ticket::join(&key, false);
-        let holding = Holding::new(&key);
+        let holding = Holding::new(&key, "lease");
         assert!(waiter.held_here());
         holding.end();
         holding.end(); // idempotent
@@ -630,6 +735,58 @@ mod tests {
         assert_eq!(woken_within(&waiter, 1_000).await, Some(Wake::Poll));
         drop(holding);
         drop(waiter);
-        assert!(!queues().contains_key(&key));
+        assert!(!queues().contains_key(&key.lock));
+    }
+
+    fn has_offer(ticket: &Ticket) -> bool {
+        queues()[&ticket.key.lock]
+            .waiters
+            .iter()
+            .any(|waiter| waiter.id == ticket.id && waiter.offer.is_some())
+    }
+
+    #[tokio::test]
+    async fn families_share_a_queue_only_once_one_saw_the_others_lease_stored() {
+        // Families 1 and 2 (locks built apart) wait for one name; family 1 holds a lease.
+        let (one, two) = (key(1, "db", "coll", "apart"), key(2, "db", "coll", "apart"));
+        let holding = Holding::new(&one, "lease-of-one");
+        let first = Ticket::join(&two, false);
+        let second = Ticket::join(&two, false);
+        let outcome = Arc::new(Mutex::new(None));
+        second.offer(offer("second", Arc::clone(&outcome)));
+        // Not known to reach the same deployment: family 2 polls on its own and a release of
+        // family 1 neither hands over nor wakes it.
+        assert!(first.is_first());
+        assert!(!first.held_here());
+        assert!(matches!(
+            handoff(&one, &WriteConcern::default()),
+            Handoff::Wake
+        ));
+        assert_eq!(wake_first(&one), Vec::<u64>::new());
+        // Any other lock id stored proves nothing.
+        saw_stored(&two, "someone-else");
+        assert!(!first.held_here());
+        // Family 2 saw family 1's lease stored: one group from now on.
+        saw_stored(&two, "lease-of-one");
+        assert!(first.held_here(), "the lease held by family 1 counts");
+        let waiter_of_one = Ticket::join(&one, false);
+        assert!(first.is_first() && !waiter_of_one.is_first(), "one poller");
+        assert_eq!(wake_first(&one), vec![first.id]);
+        assert_eq!(woken_within(&first, 100).await, Some(Wake::Attempt));
+        // The first is busy attempting: the release of family 1 hands over to the second.
+        match handoff(&one, &WriteConcern::default()) {
+            Handoff::Transfer(offer) => assert_eq!(offer.lock_id, "second"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!has_offer(&second));
+        drop((holding, first, second, waiter_of_one));
+        assert!(
+            !queues().contains_key(&one.lock),
+            "the queue and its groups are gone with its last user"
+        );
+        // A new queue starts without groups.
+        let _holding = Holding::new(&one, "lease-of-one");
+        let ticket = Ticket::join(&two, false);
+        assert!(!ticket.held_here());
     }
 }

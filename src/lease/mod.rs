@@ -110,7 +110,7 @@ impl Problem {
 impl Target {
     pub(crate) fn new(name: String, database: &Database, collection: &str) -> Target {
         let mut target = Target {
-            waiters: handoff::Key::from(""),
+            waiters: handoff::key(0, "", "", ""),
             database: database.clone(),
             collection: database.collection(collection),
             options: LockOptions::default(),
@@ -207,7 +207,13 @@ impl Target {
             other => other,
         };
         match result {
-            Ok(Some(document)) => Ok(document),
+            Ok(Some(document)) => {
+                // Evidence that a family of locks holding it here reaches this same document.
+                if let Ok(holder) = document.get_str(schema::LOCK_ID) {
+                    handoff::saw_stored(&self.waiters, holder);
+                }
+                Ok(document)
+            }
             Ok(None) => Err(Error::UnexpectedReply(
                 "findAndModify with upsert returned no document".to_owned(),
             )),
@@ -230,12 +236,12 @@ impl Target {
             id: self.name.as_str().into(),
             name: self.name.clone(),
             kind,
-            lock_id,
             state: lost::LeaseState::starting(&self.options, sent_at),
-            waiters: Some(Arc::clone(&self.waiters)),
+            waiters: Some(self.waiters.clone()),
             // The whole lock, or its writer: nobody else can take it while this lease lasts.
             holding: (!matches!(layout, Layout::Members(_)))
-                .then(|| handoff::Holding::new(&self.waiters)),
+                .then(|| handoff::Holding::new(&self.waiters, &lock_id)),
+            lock_id,
         };
         if self.options.automatic_ttl_index() {
             ttl_index::ensure(runtime, &self.collection);
