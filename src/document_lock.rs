@@ -318,6 +318,7 @@ where
             shared: false,
             renews_while_waiting: false,
             family: &target.renewals,
+            push: None,
         };
         acquire::acquire(
             what,

@@ -222,6 +222,7 @@ impl MongoDistributedLock {
             shared: false,
             renews_while_waiting: false,
             family: &target.renewals,
+            push: Some(&target.collection),
         };
         let takeovers = |runtime: &Handle, lock_id: String| {
             takeover(Arc::clone(target), runtime.clone(), lock_id)

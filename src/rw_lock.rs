@@ -430,6 +430,7 @@ impl MongoDistributedReaderWriterLock {
             // A waiting writer's attempts renew its marker: every waiting writer polls.
             renews_while_waiting: mode == Mode::Write,
             family: &target.renewals,
+            push: None,
         }
     }
 }

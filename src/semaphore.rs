@@ -251,6 +251,7 @@ impl MongoDistributedSemaphore {
             shared: false,
             renews_while_waiting: false,
             family: &target.renewals,
+            push: None,
         };
         let layout = Layout::Members(HOLDERS.to_owned());
         let joined = acquire::acquire(

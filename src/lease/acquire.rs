@@ -8,6 +8,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mongodb::Collection;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
@@ -19,6 +20,7 @@ use super::handoff::{self, Offer, TakeoverUpdate, Ticket, Transfer, Wake};
 use super::hub::RenewalHub;
 use super::in_flight::InFlight;
 use super::metrics;
+use super::push;
 use super::schema::new_lock_id;
 use super::undo::Undo;
 use crate::clock;
@@ -95,6 +97,9 @@ pub(crate) struct Acquisition<'a> {
     /// The lock's family: when it is shut down acquisitions end with [`Error::ShutDown`], and
     /// its shutdown waits for (or undoes) the attempts under way.
     pub(crate) family: &'a RenewalHub,
+    /// The lock's collection, if a release of the lock can be pushed to its poller by a change
+    /// stream (see `push`).
+    pub(crate) push: Option<&'a Collection<Document>>,
 }
 
 /// How a waiter for an exclusive lock takes the lease over in a local holder's release command
@@ -174,6 +179,9 @@ where
             shared: what.shared,
             renews_while_waiting: what.renews_while_waiting,
             takeovers: takeovers.map(|takeovers| (takeovers, &runtime, in_flight)),
+            push: what
+                .push
+                .map(|collection| (collection, what.name, &runtime)),
         });
         let attempts = retry(options, deadline, queue, || {
             metrics::attempt(kind);
@@ -218,6 +226,8 @@ struct Queue<'a, G> {
     shared: bool,
     renews_while_waiting: bool,
     takeovers: Option<(Takeovers<'a, G>, &'a Handle, &'a Arc<InFlight>)>,
+    /// The lock's collection and name, and the runtime of the stream that pushes its releases.
+    push: Option<(&'a Collection<Document>, &'a str, &'a Handle)>,
 }
 
 /// What ended a wait between attempts.
@@ -253,6 +263,8 @@ where
     let mut offered: Option<oneshot::Receiver<Result<Option<G>>>> = None;
     // Since when every attempt has failed with a transient error.
     let mut failing_since: Option<Instant> = None;
+    // While this waiter polls for its group: releases pushed to it by a change stream.
+    let mut subscription: Option<push::Subscription> = None;
     // While an exclusive lease of the lock is held in this process, a caller that may wait
     // queues at once: an attempt could only fail, and the lease's end is a local event.
     let mut attempt_now = !(deadline.is_none_or(|deadline| Instant::now() < deadline)
@@ -318,12 +330,30 @@ where
             let renews = queue
                 .as_ref()
                 .is_some_and(|queue| queue.renews_while_waiting);
+            // The poller subscribes to pushed releases (not while the lock is held here: its
+            // release will be a local event); a waiter that stops polling leaves.
+            let polls = ticket.as_ref().is_some_and(Ticket::is_first);
+            match (&subscription, queue.as_ref().and_then(|queue| queue.push)) {
+                (None, Some((collection, name, runtime)))
+                    if polls && !ticket.as_ref().is_some_and(Ticket::held_here) =>
+                {
+                    let key = queue.as_ref().map(|queue| queue.key);
+                    subscription =
+                        key.map(|key| push::Subscription::new(runtime, collection, key, name));
+                }
+                (Some(_), _) if !polls => subscription = None,
+                _ => {}
+            }
+            let pushed = subscription
+                .as_ref()
+                .is_some_and(push::Subscription::is_healthy);
             let event = wait(
                 options,
                 failed_attempts,
                 deadline,
                 ticket.as_ref(),
                 renews,
+                pushed,
                 &mut offered,
             );
             match event.await {
@@ -357,6 +387,7 @@ async fn wait<G>(
     deadline: Option<Instant>,
     ticket: Option<&Ticket>,
     renews_while_waiting: bool,
+    pushed: bool,
     offered: &mut Option<oneshot::Receiver<Result<Option<G>>>>,
 ) -> Event<G> {
     let now = Instant::now();
@@ -366,9 +397,10 @@ async fn wait<G>(
             failed_attempts,
             rand::random(),
         )),
-        // While a lease of the lock is held here, its end comes as a local event; polling
-        // slowly is only a safety net.
-        Some(ticket) if ticket.is_first() && ticket.held_here() => {
+        // While a lease of the lock is held here, its end comes as a local event, and while
+        // a change stream pushes releases to this poller, so do other processes' releases:
+        // polling slowly is only a safety net.
+        Some(ticket) if ticket.is_first() && (pushed || ticket.held_here()) => {
             Some(options.busy_wait_sleep_time().1)
         }
         Some(ticket) if ticket.is_first() => Some(backoff::sleep_time(

@@ -48,6 +48,13 @@ pub(crate) struct Key {
     family: u64,
 }
 
+impl Key {
+    /// The family of locks (renewal hub) this key belongs to.
+    pub(crate) fn family(&self) -> u64 {
+        self.family
+    }
+}
+
 pub(crate) fn key(family: u64, database: &str, collection: &str, name: &str) -> Key {
     // Database and collection names cannot contain NUL (names are validated before use).
     Key {
@@ -159,6 +166,10 @@ struct Queue {
     /// smallest family id of the group); a family not listed is a group of its own.
     groups: HashMap<u64, u64>,
     transfers_in_a_row: u32,
+    /// Set by a release that let other processes in (the transfers in a row reached their
+    /// bound): the next pushed release, most likely that one, wakes nobody here. Cleared once
+    /// someone holds the lock again.
+    others_turn: bool,
 }
 
 /// The group of `family` in `groups`.
@@ -430,6 +441,29 @@ pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
     with_queue(key, |queue| queue.wake_first(key.family)).unwrap_or_default()
 }
 
+/// A change stream told `key`'s poller that its lock may be free now (`freed`: a release, a
+/// deletion) or that someone holds it. A free lock wakes the first waiter of the group to
+/// attempt, unless one of them is attempting already, or the release is the one that let other
+/// processes in (the first one pushed after it is skipped: those processes hear of it too, and
+/// the local waiters keep to their pace).
+pub(crate) fn pushed(key: &Key, freed: bool) {
+    with_queue(key, |queue| {
+        if !freed || queue.others_turn {
+            queue.others_turn = false;
+            return;
+        }
+        if !queue.group_mut(key.family).any(|waiter| waiter.busy) {
+            queue.wake_first(key.family);
+        }
+    });
+}
+
+/// Tells the first waiter of `key`'s lock in its family's group to poll at the busy-wait pace
+/// again (its wake-ups by push stopped).
+pub(crate) fn poll_first(key: &Key) {
+    with_queue(key, |queue| queue.poll_first(key.family));
+}
+
 /// An attempt of `key`'s family found `lock_id` stored as the holder of `key`'s lock: if that
 /// is a lease another family holds in this process, the two reach the same deployment, and
 /// their waiters join one group from now on.
@@ -466,6 +500,7 @@ pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern) -> Handoff {
         }
         if queue.transfers_in_a_row >= MAX_TRANSFERS_IN_A_ROW {
             queue.transfers_in_a_row = 0;
+            queue.others_turn = true;
             return Handoff::LetOthersIn;
         }
         queue.transfers_in_a_row += 1;
@@ -490,11 +525,12 @@ pub(crate) struct Holding {
 
 impl Holding {
     pub(crate) fn new(key: &Key, lock_id: &str) -> Holding {
-        queues()
-            .entry(Arc::clone(&key.lock))
-            .or_default()
-            .held
-            .push((lock_id.to_owned(), key.family));
+        {
+            let mut queues = queues();
+            let queue = queues.entry(Arc::clone(&key.lock)).or_default();
+            queue.held.push((lock_id.to_owned(), key.family));
+            queue.others_turn = false;
+        }
         Holding {
             lease: Mutex::new(Some((key.clone(), lock_id.to_owned()))),
         }
@@ -736,6 +772,31 @@ mod tests {
         drop(holding);
         drop(waiter);
         assert!(!queues().contains_key(&key.lock));
+    }
+
+    #[tokio::test]
+    async fn a_pushed_release_wakes_the_poller_unless_it_is_the_one_that_let_others_in() {
+        let key = key(0, "db", "coll", "pushed");
+        let waiter = Ticket::join(&key, false);
+        pushed(&key, false); // taken or renewed by someone: nothing to do
+        assert_eq!(woken_within(&waiter, 20).await, None);
+        pushed(&key, true);
+        assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
+        // Attempting already: another push wakes nobody.
+        pushed(&key, true);
+        assert!(queues()[&key.lock].waiters[0].signal.is_none());
+        assert_eq!(woken_within(&waiter, 20).await, None); // waiting again
+        // The release that let other processes in is skipped, once.
+        queues().get_mut(&key.lock).unwrap().others_turn = true;
+        pushed(&key, true);
+        assert_eq!(woken_within(&waiter, 20).await, None);
+        pushed(&key, true);
+        assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
+        // A lease taken here ends the others' turn too.
+        queues().get_mut(&key.lock).unwrap().others_turn = true;
+        let holding = Holding::new(&key, "local");
+        assert!(!queues()[&key.lock].others_turn);
+        drop(holding);
     }
 
     fn has_offer(ticket: &Ticket) -> bool {

@@ -30,6 +30,7 @@ pub(crate) mod hub;
 pub(crate) mod in_flight;
 pub(crate) mod lost;
 pub(crate) mod metrics;
+pub(crate) mod push;
 pub(crate) mod record;
 pub(crate) mod release;
 pub(crate) mod renewal;

@@ -1,0 +1,333 @@
+//! Push wake-ups across processes: while a family of locks has a waiter polling for a lock (the
+//! first waiter of its group, see `handoff`), it watches the lock's collection with one change
+//! stream, filtered to the names its pollers wait for, and a release of one of those names by
+//! anyone (another process, an administrator, the TTL monitor) wakes the poller at once. The
+//! poller then polls only at the slowest busy-wait pace, as a safety net.
+//!
+//! - **One stream per family and collection**, opened when its first poller subscribes and
+//!   closed (its cursor killed by the driver) when the last one leaves. Subscriptions are counted
+//!   per name, so memory is bounded by the names waited for.
+//! - **Which events wake**: a lock document deleted or replaced, or updated with its `lockId`
+//!   removed (a release, a cleanup or a forced release end the lease that way). Renewals and
+//!   acquisitions (which set `lockId`) wake nobody; a dropped collection wakes every subscriber.
+//! - **Failures**: the driver resumes a stream after a resumable error by itself. Any other
+//!   error, or the end of the stream (an `invalidate`), marks the stream unhealthy: pollers go
+//!   back to their busy-wait pace at once, and the stream is opened again after a pause, resuming
+//!   after the last event seen when it can (so no release in between is missed), afresh when
+//!   the token is refused. A server without change streams (a standalone `mongod`, error 40573)
+//!   is asked again only after [`NO_STREAMS_PAUSE`].
+//! - **Never relied upon for safety**: a wake only makes a waiter attempt, and a waiter that hears
+//!   nothing still polls.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
+
+use mongodb::Collection;
+use mongodb::bson::{Document, doc};
+use mongodb::change_stream::event::{ChangeStreamEvent, OperationType, ResumeToken};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::handoff::{self, Key};
+use super::schema;
+
+/// Pause before opening a stream again after it failed.
+const REOPEN_PAUSE: Duration = Duration::from_secs(1);
+/// Pause before asking again a server that has no change streams.
+pub(crate) const NO_STREAMS_PAUSE: Duration = Duration::from_secs(60);
+/// MongoDB's error for `$changeStream` on a standalone server.
+const NOT_A_REPLICA_SET: i32 = 40573;
+
+/// Identifies a family's stream: family id, database and collection.
+type WatcherKey = (u64, String, String);
+
+struct Watcher {
+    /// Subscribed names: how many pollers wait for each, and the key that wakes them.
+    names: HashMap<String, (usize, Key)>,
+    /// The names, for the stream's filter (changed when a name comes or goes).
+    filter: watch::Sender<Vec<String>>,
+    healthy: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+static WATCHERS: LazyLock<Mutex<HashMap<WatcherKey, Watcher>>> = LazyLock::new(Mutex::default);
+
+fn watchers() -> MutexGuard<'static, HashMap<WatcherKey, Watcher>> {
+    WATCHERS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A poller's subscription to releases of its lock; ends when dropped.
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    watcher: WatcherKey,
+    name: String,
+    healthy: Arc<AtomicBool>,
+}
+
+impl Subscription {
+    /// Subscribes the poller of `key`'s lock `name` in `collection` (whose family `key` names)
+    /// to releases of that name, opening the family's stream for the collection on `runtime` if
+    /// it has none.
+    pub(crate) fn new(
+        runtime: &Handle,
+        collection: &Collection<Document>,
+        key: &Key,
+        name: &str,
+    ) -> Subscription {
+        let watcher_key = (
+            key.family(),
+            collection.namespace().db,
+            collection.name().to_owned(),
+        );
+        let mut watchers = watchers();
+        let watcher = watchers.entry(watcher_key.clone()).or_insert_with(|| {
+            let (filter, names) = watch::channel(Vec::new());
+            let healthy = Arc::new(AtomicBool::new(false));
+            let task = runtime.spawn(run(
+                collection.clone(),
+                watcher_key.clone(),
+                names,
+                Arc::clone(&healthy),
+            ));
+            Watcher {
+                names: HashMap::new(),
+                filter,
+                healthy,
+                task,
+            }
+        });
+        // A stream whose runtime was dropped is started again on this one.
+        if watcher.task.is_finished() {
+            watcher.healthy.store(false, Ordering::Relaxed);
+            let names = watcher.filter.subscribe();
+            watcher.task = runtime.spawn(run(
+                collection.clone(),
+                watcher_key.clone(),
+                names,
+                Arc::clone(&watcher.healthy),
+            ));
+        }
+        let entry = watcher
+            .names
+            .entry(name.to_owned())
+            .or_insert_with(|| (0, key.clone()));
+        entry.0 += 1;
+        if entry.0 == 1 {
+            let names: Vec<String> = watcher.names.keys().cloned().collect();
+            watcher.filter.send_replace(names);
+        }
+        Subscription {
+            watcher: watcher_key,
+            name: name.to_owned(),
+            healthy: Arc::clone(&watcher.healthy),
+        }
+    }
+
+    /// Whether the stream is open and filtered to this subscription's name: a release will wake
+    /// the poller, which may poll slowly.
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut watchers = watchers();
+        let Some(watcher) = watchers.get_mut(&self.watcher) else {
+            return;
+        };
+        if let Some(entry) = watcher.names.get_mut(&self.name) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                watcher.names.remove(&self.name);
+                let names: Vec<String> = watcher.names.keys().cloned().collect();
+                watcher.filter.send_replace(names);
+            }
+        }
+        if watcher.names.is_empty() {
+            // Its task sees the watcher gone once its `getMore` is answered, and ends: dropping
+            // the stream kills its cursor on the server.
+            watchers.remove(&self.watcher);
+        }
+    }
+}
+
+/// Tells the pollers of `names` (all subscribed names when `None`) that their lock may be free
+/// (`freed`), or that someone holds it (see [`handoff::pushed`]).
+fn wake(watcher: &WatcherKey, names: Option<&[String]>, freed: bool) {
+    let keys: Vec<Key> = match watchers().get(watcher) {
+        Some(watcher) => watcher
+            .names
+            .iter()
+            .filter(|(name, _)| names.is_none_or(|names| names.contains(name)))
+            .map(|(_, (_, key))| key.clone())
+            .collect(),
+        None => return,
+    };
+    for key in keys {
+        handoff::pushed(&key, freed);
+    }
+}
+
+/// The stream stopped being healthy: its pollers go back to their busy-wait pace at once.
+fn unhealthy(watcher: &WatcherKey, healthy: &AtomicBool) {
+    if !healthy.swap(false, Ordering::Relaxed) {
+        return;
+    }
+    let keys: Vec<Key> = match watchers().get(watcher) {
+        Some(watcher) => watcher.names.values().map(|(_, key)| key.clone()).collect(),
+        None => return,
+    };
+    for key in keys {
+        handoff::poll_first(&key);
+    }
+}
+
+/// The lock an event is about, and whether it ends the lease stored there (a deletion, a
+/// replacement, an update that removes `lockId`) rather than renewing or taking it.
+fn freed(event: &ChangeStreamEvent<Document>) -> Option<(String, bool)> {
+    let name = event.document_key.as_ref()?.get_str(schema::ID).ok()?;
+    let ends = match event.operation_type {
+        OperationType::Delete | OperationType::Replace => true,
+        OperationType::Update => event
+            .update_description
+            .as_ref()
+            .is_some_and(|update| update.removed_fields.iter().any(|f| f == schema::LOCK_ID)),
+        _ => false,
+    };
+    Some((name.to_owned(), ends))
+}
+
+/// How long a `getMore` of the stream waits for events. The stream checks for a change of its
+/// subscribers between two `getMore`s only (a `getMore` is never cut short: the driver cannot
+/// resume a cursor whose request was dropped), so a new name waits this long at most for its
+/// stream, and the stream outlives its last subscriber by as much.
+const AWAIT_EVENTS: Duration = Duration::from_secs(1);
+
+/// The stream of one family and collection, for as long as it has subscribers.
+async fn run(
+    collection: Collection<Document>,
+    key: WatcherKey,
+    mut names: watch::Receiver<Vec<String>>,
+    healthy: Arc<AtomicBool>,
+) {
+    let mut resume: Option<ResumeToken> = None;
+    // The names the last stream was filtered to, when `resume` continues it.
+    let mut watched: Vec<String> = Vec::new();
+    loop {
+        // The watcher is gone (its last subscriber left): so is its stream.
+        if names.has_changed().is_err() {
+            return;
+        }
+        let filter = names.borrow_and_update().clone();
+        if filter.is_empty() {
+            unhealthy(&key, &healthy);
+            if names.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let pipeline = [doc! { "$match": {
+            "$or": [
+                { "documentKey._id": { "$in": &filter } },
+                { "operationType": { "$in": ["drop", "invalidate"] } },
+            ],
+        } }];
+        let watch = || {
+            collection
+                .watch()
+                .pipeline(pipeline.clone())
+                .max_await_time(AWAIT_EVENTS)
+        };
+        let opened = match &resume {
+            Some(token) => match watch().start_after(token.clone()).await {
+                Ok(stream) => Ok(stream),
+                // The token is gone from the oplog (or refused): afresh.
+                Err(_) => {
+                    resume = None;
+                    watch().await
+                }
+            },
+            None => watch().await,
+        };
+        let mut stream = match opened {
+            Ok(stream) => stream,
+            Err(error) => {
+                unhealthy(&key, &healthy);
+                let pause = if matches!(
+                    *error.kind,
+                    mongodb::error::ErrorKind::Command(ref command) if command.code == NOT_A_REPLICA_SET
+                ) {
+                    NO_STREAMS_PAUSE
+                } else {
+                    tracing::debug!(%error, "cannot open the change stream of a lock collection");
+                    REOPEN_PAUSE
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    changed = names.changed() => if changed.is_err() { return },
+                }
+                continue;
+            }
+        };
+        healthy.store(true, Ordering::Relaxed);
+        // A release of a name this stream did not watch until now may have come between its
+        // poller's last attempt and now: that poller attempts at once. (Resumed, the names
+        // watched before miss nothing.)
+        if resume.is_none() {
+            watched.clear();
+        }
+        let new: Vec<String> = filter
+            .iter()
+            .filter(|name| !watched.contains(name))
+            .cloned()
+            .collect();
+        wake(&key, Some(&new), true);
+        watched = filter;
+        loop {
+            match stream.next_if_any().await {
+                Ok(Some(event)) => {
+                    resume = Some(event.id.clone());
+                    if matches!(
+                        event.operation_type,
+                        OperationType::Drop | OperationType::Invalidate
+                    ) {
+                        // Every lock of the collection is gone: all are free.
+                        unhealthy(&key, &healthy);
+                        resume = None;
+                        wake(&key, None, true);
+                        break;
+                    }
+                    if let Some((name, ends)) = freed(&event) {
+                        wake(&key, Some(std::slice::from_ref(&name)), ends);
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "the change stream of a lock collection failed");
+                    unhealthy(&key, &healthy);
+                    resume = stream.resume_token().or(resume);
+                    tokio::time::sleep(REOPEN_PAUSE).await;
+                    break;
+                }
+            }
+            if !stream.is_alive() {
+                unhealthy(&key, &healthy);
+                resume = None;
+                break;
+            }
+            // Between two `getMore`s: the position is safe to read.
+            resume = stream.resume_token().or(resume);
+            match names.has_changed() {
+                Err(_) => return,
+                Ok(true) => break, // other names: open again from here
+                Ok(false) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Push wake-ups across processes: a waiter that polls for a lock held by another process
+//! watches the lock's collection with a change stream, and that process's release wakes it at
+//! once, however slowly it would poll. (On MongoDB, change streams need a replica set or a
+//! sharded cluster; the embedded server imitates them, launcher shim 8.)
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::CommandLog;
+use distributed_lock_mongodb::{LockGuard, LockOptions, MongoDistributedLock, Result};
+use mongodb::bson::{Document, doc};
+use mongodb::{Collection, Database};
+use tokio::task::JoinHandle;
+
+/// Waiters that would poll every 20 s: a wake-up sooner than that is the push.
+fn sleepy_options() -> LockOptions {
+    LockOptions::builder()
+        .expiry(Duration::from_secs(30))
+        .busy_wait_sleep_time(Duration::from_secs(20), Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// The lock document of a lock held by another process for a minute.
+async fn held_by_another_process(collection: &Collection<Document>, name: &str) {
+    let in_a_minute = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() + 60_000,
+    );
+    collection
+        .insert_one(doc! {
+            "_id": name,
+            "lockId": "remote",
+            "expiresAt": in_a_minute,
+            "fencingToken": 1_i64,
+        })
+        .await
+        .unwrap();
+}
+
+/// The other process releases its lease, as the crate's release does.
+async fn released_by_the_other_process(collection: &Collection<Document>, name: &str) {
+    collection
+        .update_one(
+            doc! { "_id": name, "lockId": "remote" },
+            vec![
+                doc! { "$set": { "expiresAt": "$$NOW" } },
+                doc! { "$unset": "lockId" },
+            ],
+        )
+        .await
+        .unwrap();
+}
+
+struct Setup {
+    lock: MongoDistributedLock,
+    collection: Collection<Document>,
+    log: Arc<CommandLog>,
+}
+
+fn setup(database: &Database, log: Arc<CommandLog>, options: LockOptions) -> Setup {
+    let collection = common::unique("locks");
+    let lock = MongoDistributedLock::new(common::unique("push"), database)
+        .with_collection(collection.as_str())
+        .with_options(options);
+    Setup {
+        lock,
+        collection: database.collection(&collection),
+        log,
+    }
+}
+
+impl Setup {
+    /// A waiter, once the lock is held by another process and the waiter's change stream is
+    /// open (the driver asks for its first batch of events).
+    async fn waiter_with_its_stream_open(&self) -> JoinHandle<Result<LockGuard>> {
+        held_by_another_process(&self.collection, self.lock.name()).await;
+        let lock = self.lock.clone();
+        let waiter =
+            tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await });
+        let open = common::eventually(Duration::from_secs(20), || async {
+            self.log.count("getMore") >= 1
+        })
+        .await;
+        assert!(open, "no change stream: {:?}", self.log.started());
+        waiter
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_by_another_process_wakes_the_poller_at_once() {
+    let (database, log) = common::counting_database().await;
+    let setup = setup(&database, log, sleepy_options());
+    let waiter = setup.waiter_with_its_stream_open().await;
+    released_by_the_other_process(&setup.collection, setup.lock.name()).await;
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken by the release, not by a poll 20 s later")
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token().get() > 1);
+    guard.release().await.unwrap();
+    // Nobody waits any more: the stream is closed, its cursor killed on the server.
+    let closed = common::eventually(Duration::from_secs(10), || async {
+        setup.log.count("killCursors") >= 1
+    })
+    .await;
+    assert!(closed, "{:?}", setup.log.started());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_and_acquisitions_by_others_wake_nobody() {
+    let (database, log) = common::counting_database().await;
+    let setup = setup(&database, log, sleepy_options());
+    let waiter = setup.waiter_with_its_stream_open().await;
+    // The stream's first opening made the poller attempt once (a release may have come just
+    // before it): wait for that attempt to be answered.
+    let settled = common::eventually(Duration::from_secs(10), || async {
+        setup.log.count("findAndModify") == 2 && setup.log.in_flight() <= 1
+    })
+    .await;
+    assert!(settled, "{:?}", setup.log.started());
+    let attempts_before = setup.log.count("findAndModify");
+    let name = setup.lock.name();
+    for _ in 0..3 {
+        // The other process renews its lease...
+        setup
+            .collection
+            .update_one(
+                doc! { "_id": name },
+                vec![doc! { "$set": { "expiresAt": { "$add": ["$$NOW", 60_000_i64] } } }],
+            )
+            .await
+            .unwrap();
+    }
+    // ...and hands it to a third one, which releases it. Events arrive in order: by the time the
+    // release wakes the poller, the renewals and the acquisition have been seen.
+    setup
+        .collection
+        .update_one(doc! { "_id": name }, doc! { "$set": { "lockId": "third" } })
+        .await
+        .unwrap();
+    setup
+        .collection
+        .update_one(
+            doc! { "_id": name },
+            vec![
+                doc! { "$set": { "expiresAt": "$$NOW" } },
+                doc! { "$unset": "lockId" },
+            ],
+        )
+        .await
+        .unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        setup.log.count("findAndModify") - attempts_before,
+        1,
+        "one attempt, for the release: {:?}",
+        setup.log.started()
+    );
+    guard.release().await.unwrap();
+}
+
+/// MongoDB manual, "Change Streams" (resumability): the driver resumes a stream whose cursor
+/// was killed; the lock's stream goes on pushing releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_killed_on_the_server_resumes_and_still_pushes() {
+    // The kill reaches every stream of a server: a server of its own.
+    let server = common::server::start_dedicated(None);
+    let (database, log) = common::counting_database_on(&server.uri, |_| {}).await;
+    let setup = setup(&database, log, sleepy_options());
+    let waiter = setup.waiter_with_its_stream_open().await;
+    let opened = setup.log.count("aggregate");
+    database
+        .client()
+        .database("admin")
+        .run_command(doc! { "mongoecoKillChangeStreams": 1 })
+        .await
+        .unwrap();
+    let resumed = common::eventually(Duration::from_secs(20), || async {
+        setup.log.count("aggregate") > opened
+    })
+    .await;
+    assert!(resumed, "{:?}", setup.log.started());
+    released_by_the_other_process(&setup.collection, setup.lock.name()).await;
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken by the release through the resumed stream")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Without change streams (a standalone server refuses `$changeStream` with 40573), waiters
+/// poll at their busy-wait pace, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_change_streams_the_poller_polls_at_its_pace() {
+    let server = common::server::start_dedicated_with(&["--no-change-streams".to_owned()]);
+    let (database, log) = common::counting_database_on(&server.uri, |_| {}).await;
+    let options = LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_millis(100), Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let setup = setup(&database, log, options);
+    held_by_another_process(&setup.collection, setup.lock.name()).await;
+    let lock = setup.lock.clone();
+    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await });
+    // It asked for a stream, was refused, and polls.
+    let polling = common::eventually(Duration::from_secs(20), || async {
+        setup.log.count("aggregate") >= 1 && setup.log.count("findAndModify") >= 4
+    })
+    .await;
+    assert!(polling, "{:?}", setup.log.started());
+    assert_eq!(setup.log.count("getMore"), 0, "no stream was opened");
+    released_by_the_other_process(&setup.collection, setup.lock.name()).await;
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("found free by a poll")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+}
