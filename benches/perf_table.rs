@@ -81,8 +81,9 @@ async fn main() -> Result<()> {
     }
     if run("cross-process") {
         for adaptive in [false, true] {
-            cross_process(&uri, adaptive).await?;
+            cross_process(&uri, adaptive, 1, 25, rtt).await?;
         }
+        cross_process(&uri, false, 8, 5, rtt).await?;
     }
     if run("commands") {
         for sharing in [Sharing::Clones, Sharing::BuiltApart] {
@@ -501,13 +502,26 @@ fn lock_options(adaptive: bool) -> LockOptions {
 }
 
 /// Workers in separate processes, one task each: handoff latency across processes.
-async fn cross_process(uri: &str, adaptive: bool) -> Result<()> {
+async fn cross_process(
+    uri: &str,
+    adaptive: bool,
+    tasks: usize,
+    rounds: usize,
+    rtt: Duration,
+) -> Result<()> {
     const PROCESSES: usize = 4;
-    let name = format!("perf-cross-{adaptive}-{}", wall_micros());
+    let name = format!("perf-cross-{adaptive}-{tasks}-{}", wall_micros());
+    let (tasks_arg, rounds_arg) = (tasks.to_string(), rounds.to_string());
     let outputs = run_workers(
         uri,
         PROCESSES,
-        &["handoff", &name, &adaptive.to_string(), "1", "25"],
+        &[
+            "handoff",
+            &name,
+            &adaptive.to_string(),
+            &tasks_arg,
+            &rounds_arg,
+        ],
     )
     .await?;
     let events = outputs.iter().flat_map(|output| {
@@ -517,12 +531,15 @@ async fn cross_process(uri: &str, adaptive: bool) -> Result<()> {
         })
     });
     let latencies = handoff_latencies(events);
+    let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     println!(
-        "| cross-process handoff, {PROCESSES} processes, {} backoff ({} handoffs) | p50 {}, p99 {} |",
+        "| cross-process handoff, {PROCESSES} processes × {tasks} tasks, {} backoff ({} handoffs) | p50 {} = {:.2} round trips, p99 {} = {:.2} round trips |",
         if adaptive { "adaptive" } else { "random" },
         latencies.len(),
-        ms(percentile(&latencies, 0.5)),
-        ms(percentile(&latencies, 0.99))
+        ms(p50),
+        p50.as_secs_f64() / rtt.as_secs_f64(),
+        ms(p99),
+        p99.as_secs_f64() / rtt.as_secs_f64(),
     );
     Ok(())
 }
