@@ -42,6 +42,9 @@ pub mod blocking;
 #[doc(hidden)]
 #[path = "model_hooks.rs"]
 pub mod __model;
+#[doc(hidden)]
+#[path = "testing_hooks.rs"]
+pub mod __testing;
 
 /// How the lock works, what it guarantees under which assumptions, and how the code is laid out
 /// (the repository's `DESIGN.md`).

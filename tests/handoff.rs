@@ -379,9 +379,14 @@ async fn locks_built_apart_on_one_deployment_hand_over_in_one_command() {
     let token = guard.fencing_token();
     let waiter =
         tokio::spawn(async move { waiter_lock.acquire_timeout(Duration::from_secs(60)).await });
-    // The waiter's first attempt finds the holder's lease, then it waits (20 s between polls).
+    // The waiter's first attempt finds the holder's lease, then it waits in line (20 s between
+    // polls) with an offer standing.
     let queued = common::eventually(Duration::from_secs(10), || async {
-        waiter_log.count("findAndModify") == 1 && waiter_log.in_flight() == 0
+        distributed_lock_mongodb::__testing::offers_standing(
+            common::DATABASE,
+            collection.name(),
+            holder_lock.name(),
+        ) == 1
     })
     .await;
     assert!(queued, "{:?}", waiter_log.started());
@@ -483,14 +488,15 @@ async fn locks_of_one_name_on_two_deployments_never_hand_over() {
             .get_str("lockId"),
         Ok("remote")
     );
-    // Its own server's lock is freed: it acquires there, by polling.
+    // Its own server's lock is freed: it acquires there (told by its own server's change
+    // stream, or by a poll).
     other_collection
         .delete_one(doc! { "_id": holder_lock.name() })
         .await
         .unwrap();
     let next = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
-        .expect("the waiter acquires by polling")
+        .expect("the waiter acquires on its own server")
         .unwrap()
         .unwrap();
     next.release().await.unwrap();

@@ -182,6 +182,16 @@ impl Queue {
         self.waiters.is_empty() && self.held.is_empty()
     }
 
+    /// Forgets `family`'s group once it has neither a waiter nor a lease here (its lock objects
+    /// may be gone for good): the groups stay as small as what uses the lock.
+    fn forget_if_gone(&mut self, family: u64) {
+        let here = self.waiters.iter().any(|waiter| waiter.family == family)
+            || self.held.iter().any(|&(_, holder)| holder == family);
+        if !here {
+            self.groups.remove(&family);
+        }
+    }
+
     /// Puts the groups of families `a` and `b` together.
     fn link(&mut self, a: u64, b: u64) {
         let (group_a, group_b) = (group_of(&self.groups, a), group_of(&self.groups, b));
@@ -398,6 +408,7 @@ impl Drop for Ticket {
             let was_first = queue.first_of(family) == Some(id);
             let position = queue.waiters.iter().position(|waiter| waiter.id == id)?;
             let me = queue.waiters.remove(position)?;
+            queue.forget_if_gone(family);
             if was_first {
                 match acquired {
                     // With room, the next may succeed too; without, it becomes the poller.
@@ -441,21 +452,47 @@ pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
     with_queue(key, |queue| queue.wake_first(key.family)).unwrap_or_default()
 }
 
-/// A change stream told `key`'s poller that its lock may be free now (`freed`: a release, a
-/// deletion) or that someone holds it. A free lock wakes the first waiter of the group to
-/// attempt, unless one of them is attempting already, or the release is the one that let other
-/// processes in (the first one pushed after it is skipped: those processes hear of it too, and
-/// the local waiters keep to their pace).
-pub(crate) fn pushed(key: &Key, freed: bool) {
-    with_queue(key, |queue| {
-        if !freed || queue.others_turn {
-            queue.others_turn = false;
-            return;
-        }
-        if !queue.group_mut(key.family).any(|waiter| waiter.busy) {
+/// What a change stream told a poller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// A lease of the lock ended (a release, a deletion, a dropped collection).
+    Freed,
+    /// Someone holds the lock (an acquisition, a renewal).
+    Taken,
+    /// The stream starts watching the lock: a release may have come since the last attempt.
+    MaybeMissed,
+}
+
+/// A change stream told `key`'s poller `what`. A lock that may be free wakes the first waiter of
+/// the group to attempt, as a local release does (if every waiter is attempting already, the
+/// first attempts once more: its attempt may have reached the server before the release);
+/// except the first release pushed after one that let other processes in (most likely that
+/// one: those processes hear of it too, and the local waiters keep to their pace), and a stream
+/// starting to watch meanwhile. Someone holding the lock ends the other processes' turn.
+pub(crate) fn pushed(key: &Key, what: Pushed) {
+    with_queue(key, |queue| match what {
+        Pushed::Taken => queue.others_turn = false,
+        Pushed::Freed if queue.others_turn => queue.others_turn = false,
+        // Whatever was missed, it is the other processes' turn.
+        Pushed::MaybeMissed if queue.others_turn => {}
+        Pushed::Freed | Pushed::MaybeMissed => {
             queue.wake_first(key.family);
         }
     });
+}
+
+/// How many waiters of the lock `name` of `collection` in `database` have an offer standing (a
+/// release would hand the lock to them): for tests that must wait until a waiter is in line.
+pub(crate) fn offers_standing(database: &str, collection: &str, name: &str) -> usize {
+    queues()
+        .get(&key(0, database, collection, name).lock)
+        .map_or(0, |queue| {
+            queue
+                .waiters
+                .iter()
+                .filter(|waiter| waiter.offer.is_some())
+                .count()
+        })
 }
 
 /// Tells the first waiter of `key`'s lock in its family's group to poll at the busy-wait pace
@@ -552,6 +589,7 @@ impl Holding {
                 {
                     queue.held.swap_remove(position);
                 }
+                queue.forget_if_gone(key.family);
                 if !queue.held_by_group_of(key.family) {
                     queue.poll_first(key.family);
                 }
@@ -778,21 +816,27 @@ mod tests {
     async fn a_pushed_release_wakes_the_poller_unless_it_is_the_one_that_let_others_in() {
         let key = key(0, "db", "coll", "pushed");
         let waiter = Ticket::join(&key, false);
-        pushed(&key, false); // taken or renewed by someone: nothing to do
+        pushed(&key, Pushed::Taken); // taken or renewed by someone: nothing to do
         assert_eq!(woken_within(&waiter, 20).await, None);
-        pushed(&key, true);
+        pushed(&key, Pushed::Freed);
         assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
-        // Attempting already: another push wakes nobody.
-        pushed(&key, true);
-        assert!(queues()[&key.lock].waiters[0].signal.is_none());
-        assert_eq!(woken_within(&waiter, 20).await, None); // waiting again
-        // The release that let other processes in is skipped, once.
+        // Attempting already: its attempt may have come before the release, so it attempts
+        // once more.
+        pushed(&key, Pushed::Freed);
+        assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
+        // The release that let other processes in is skipped, once; a stream starting to watch
+        // meanwhile wakes nobody either, and leaves the others' turn as it is.
         queues().get_mut(&key.lock).unwrap().others_turn = true;
-        pushed(&key, true);
+        pushed(&key, Pushed::MaybeMissed);
         assert_eq!(woken_within(&waiter, 20).await, None);
-        pushed(&key, true);
+        pushed(&key, Pushed::Freed);
+        assert_eq!(woken_within(&waiter, 20).await, None);
+        pushed(&key, Pushed::Freed);
         assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
-        // A lease taken here ends the others' turn too.
+        // Someone holding the lock ends the others' turn, here or elsewhere.
+        queues().get_mut(&key.lock).unwrap().others_turn = true;
+        pushed(&key, Pushed::Taken);
+        assert!(!queues()[&key.lock].others_turn);
         queues().get_mut(&key.lock).unwrap().others_turn = true;
         let holding = Holding::new(&key, "local");
         assert!(!queues()[&key.lock].others_turn);

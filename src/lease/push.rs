@@ -31,7 +31,7 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::handoff::{self, Key};
+use super::handoff::{self, Key, Pushed};
 use super::schema;
 
 /// Pause before opening a stream again after it failed.
@@ -128,8 +128,9 @@ impl Subscription {
         }
     }
 
-    /// Whether the stream is open and filtered to this subscription's name: a release will wake
-    /// the poller, which may poll slowly.
+    /// Whether the stream is open: a release will wake the poller, which may poll slowly. (A
+    /// name just subscribed joins the stream's filter at its next `getMore`, when the stream is
+    /// opened again from where it stood, or afresh with a wake of that name: nothing is missed.)
     pub(crate) fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
@@ -157,9 +158,9 @@ impl Drop for Subscription {
     }
 }
 
-/// Tells the pollers of `names` (all subscribed names when `None`) that their lock may be free
-/// (`freed`), or that someone holds it (see [`handoff::pushed`]).
-fn wake(watcher: &WatcherKey, names: Option<&[String]>, freed: bool) {
+/// Tells the pollers of `names` (all subscribed names when `None`) what the stream saw (see
+/// [`handoff::pushed`]).
+fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
     let keys: Vec<Key> = match watchers().get(watcher) {
         Some(watcher) => watcher
             .names
@@ -170,7 +171,7 @@ fn wake(watcher: &WatcherKey, names: Option<&[String]>, freed: bool) {
         None => return,
     };
     for key in keys {
-        handoff::pushed(&key, freed);
+        handoff::pushed(&key, event);
     }
 }
 
@@ -193,7 +194,13 @@ fn unhealthy(watcher: &WatcherKey, healthy: &AtomicBool) {
 fn freed(event: &ChangeStreamEvent<Document>) -> Option<(String, bool)> {
     let name = event.document_key.as_ref()?.get_str(schema::ID).ok()?;
     let ends = match event.operation_type {
-        OperationType::Delete | OperationType::Replace => true,
+        OperationType::Delete => true,
+        // Before MongoDB 5.0 a pipeline update is logged, and shown, as a replacement: the
+        // document after it tells whether the lease ended.
+        OperationType::Replace => event
+            .full_document
+            .as_ref()
+            .is_none_or(|document| !document.contains_key(schema::LOCK_ID)),
         OperationType::Update => event
             .update_description
             .as_ref()
@@ -201,6 +208,18 @@ fn freed(event: &ChangeStreamEvent<Document>) -> Option<(String, bool)> {
         _ => false,
     };
     Some((name.to_owned(), ends))
+}
+
+/// Marks a stream unhealthy when its task ends.
+struct Ending {
+    key: WatcherKey,
+    healthy: Arc<AtomicBool>,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        unhealthy(&self.key, &self.healthy);
+    }
 }
 
 /// How long a `getMore` of the stream waits for events. The stream checks for a change of its
@@ -216,6 +235,11 @@ async fn run(
     mut names: watch::Receiver<Vec<String>>,
     healthy: Arc<AtomicBool>,
 ) {
+    // However the task ends (its runtime dropped included), its pollers stop counting on it.
+    let _ending = Ending {
+        key: key.clone(),
+        healthy: Arc::clone(&healthy),
+    };
     let mut resume: Option<ResumeToken> = None;
     // The names the last stream was filtered to, when `resume` continues it.
     let mut watched: Vec<String> = Vec::new();
@@ -259,14 +283,27 @@ async fn run(
             Ok(stream) => stream,
             Err(error) => {
                 unhealthy(&key, &healthy);
-                let pause = if matches!(
-                    *error.kind,
-                    mongodb::error::ErrorKind::Command(ref command) if command.code == NOT_A_REPLICA_SET
-                ) {
-                    NO_STREAMS_PAUSE
-                } else {
-                    tracing::debug!(%error, "cannot open the change stream of a lock collection");
-                    REOPEN_PAUSE
+                // A server's refusal (no replica set, no `changeStream` privilege, no support
+                // for an option) will not change soon: ask again much later. Anything else (the
+                // network, an election) is retried soon.
+                let pause = match &*error.kind {
+                    mongodb::error::ErrorKind::Command(command)
+                        if command.code == NOT_A_REPLICA_SET =>
+                    {
+                        NO_STREAMS_PAUSE
+                    }
+                    mongodb::error::ErrorKind::Command(_) => {
+                        tracing::warn!(
+                            %error,
+                            collection = %collection.name(),
+                            "cannot watch a lock collection: waiters poll instead"
+                        );
+                        NO_STREAMS_PAUSE
+                    }
+                    _ => {
+                        tracing::debug!(%error, "cannot open the change stream of a lock collection");
+                        REOPEN_PAUSE
+                    }
                 };
                 tokio::select! {
                     () = tokio::time::sleep(pause) => {}
@@ -287,7 +324,7 @@ async fn run(
             .filter(|name| !watched.contains(name))
             .cloned()
             .collect();
-        wake(&key, Some(&new), true);
+        wake(&key, Some(&new), Pushed::MaybeMissed);
         watched = filter;
         loop {
             match stream.next_if_any().await {
@@ -300,11 +337,12 @@ async fn run(
                         // Every lock of the collection is gone: all are free.
                         unhealthy(&key, &healthy);
                         resume = None;
-                        wake(&key, None, true);
+                        wake(&key, None, Pushed::Freed);
                         break;
                     }
                     if let Some((name, ends)) = freed(&event) {
-                        wake(&key, Some(std::slice::from_ref(&name)), ends);
+                        let pushed = if ends { Pushed::Freed } else { Pushed::Taken };
+                        wake(&key, Some(std::slice::from_ref(&name)), pushed);
                     }
                 }
                 Ok(None) => {}
@@ -329,5 +367,44 @@ async fn run(
                 Ok(false) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::bson::{Bson, Timestamp};
+
+    fn event(operation: &str, more: Document) -> ChangeStreamEvent<Document> {
+        let mut event = doc! {
+            "_id": { "_data": "82" },
+            "operationType": operation,
+            "clusterTime": Bson::Timestamp(Timestamp { time: 1, increment: 1 }),
+            "ns": { "db": "db", "coll": "locks" },
+            "documentKey": { "_id": "job" },
+        };
+        event.extend(more);
+        mongodb::bson::from_document(event).expect("a change event")
+    }
+
+    #[test]
+    fn releases_deletions_and_replacements_without_a_holder_free_the_lock() {
+        let freed_by = |operation: &str, more: Document| freed(&event(operation, more));
+        let released = doc! { "updateDescription": {
+            "updatedFields": { "expiresAt": mongodb::bson::DateTime::now() },
+            "removedFields": ["lockId"],
+        } };
+        assert_eq!(freed_by("update", released), Some(("job".to_owned(), true)));
+        let renewed = doc! { "updateDescription": {
+            "updatedFields": { "expiresAt": mongodb::bson::DateTime::now() },
+            "removedFields": [],
+        } };
+        assert_eq!(freed_by("update", renewed), Some(("job".to_owned(), false)));
+        assert_eq!(freed_by("delete", doc! {}), Some(("job".to_owned(), true)));
+        // Before MongoDB 5.0 pipeline updates come as replacements: the document tells.
+        let held = doc! { "fullDocument": { "_id": "job", "lockId": "a", "fencingToken": 1_i64 } };
+        assert_eq!(freed_by("replace", held), Some(("job".to_owned(), false)));
+        let ended = doc! { "fullDocument": { "_id": "job", "fencingToken": 1_i64 } };
+        assert_eq!(freed_by("replace", ended), Some(("job".to_owned(), true)));
     }
 }

@@ -1,0 +1,11 @@
+//! Observations of the crate's in-process state for the repository's tests, so that they wait on
+//! state instead of sleeping. Not part of the API: hidden from the docs, and free to change in
+//! any release.
+
+use crate::lease::handoff;
+
+/// How many local waiters for the exclusive lock `name` of `collection` in `database` have left
+/// an offer a release would hand the lock to (they wait in line, with their offer standing).
+pub fn offers_standing(database: &str, collection: &str, name: &str) -> usize {
+    handoff::offers_standing(database, collection, name)
+}
