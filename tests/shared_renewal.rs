@@ -18,10 +18,12 @@ async fn a_thousand_held_locks_cost_two_renewal_commands_per_cadence() {
     let collection = common::unique("locks");
     let provider = Provider::new(&database)
         .with_collection(collection.as_str())
-        // A slow cadence: the embedded server needs seconds for one update over a thousand
-        // documents (a real server takes milliseconds), and no round may come while the
-        // thousand acquisitions are still under way (each round would renew all held so far).
-        .with_options(common::options(30_000, 20_000));
+        // A slow cadence and a long lease: the embedded server needs seconds for one update
+        // over a thousand documents (a real server takes milliseconds), over 8 s on a loaded
+        // machine, where the thousand acquisitions also take more than a cadence, so a round
+        // may renew several hundred leases while they go on. A 60 s lease leaves a round 38 s
+        // (expiry − margin − skew − cadence) before its leases count as lost.
+        .with_options(common::options(60_000, 20_000));
     let mut guards = Vec::with_capacity(LOCKS);
     for i in 0..LOCKS {
         guards.push(
