@@ -265,17 +265,14 @@ fn takeover(target: Arc<Target>, runtime: Handle, lock_id: String) -> Takeover<L
         target.options.expiry_millis(),
         target.details.clone(),
     );
-    let place = target.place(&Layout::LockDocument);
-    let (name, ours) = (target.name.clone(), lock_id.clone());
     Takeover {
+        layout: Layout::LockDocument,
         update: Box::new(move |replacing| {
             schema::acquire_update(&id, expiry, details.as_ref(), Some(replacing))
         }),
+        cleanup: target.cleanup(&Layout::LockDocument, &lock_id),
         finish: Box::new(move |document, sent_at| {
             won(&target, &runtime, &document, lock_id, sent_at)
-        }),
-        undo: Box::new(move |releasing| {
-            place.end_exclusive_leases_undo(&name.as_str().into(), &[releasing, &ours], &name)
         }),
     }
 }

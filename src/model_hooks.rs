@@ -70,7 +70,14 @@ pub fn release_update(lock_id: &str) -> Vec<Document> {
 /// The filter of a release that hands the lock over from `releasing` to a local waiter's
 /// `waiter` (a `findAndModify` returning the document after the update).
 pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
-    schema::transfer_filter(&Bson::from(name), releasing, waiter)
+    let exclusive = schema::Layout::LockDocument;
+    schema::transfer_filter(
+        &Bson::from(name),
+        &exclusive,
+        releasing,
+        &exclusive,
+        &[waiter],
+    )
 }
 
 /// The update pipeline of that transfer.

@@ -12,13 +12,14 @@ use tokio::task::JoinHandle;
 
 use crate::error::shown_name;
 use crate::fencing::read_i64;
-use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
+use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Takeover, Wait};
 use crate::lease::held::{self, HeldLease};
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::new_lock_id;
 use crate::lease::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, ID, Layout, READERS, RENEWED_AT,
-    WAITING_WRITER, WRITER, lease_end, literal, live_members, next_fencing_token, retain,
+    WAITING_WRITER, WRITER, lease_end, literal, live_members, member_ids, next_fencing_token,
+    retain,
 };
 use crate::lease::{Problem, Target, admin};
 use crate::{
@@ -360,7 +361,10 @@ impl MongoDistributedReaderWriterLock {
                 },
             }
         };
-        acquire::acquire(self.acquisition(Mode::Read), wait, read, None).await
+        let takeovers = |runtime: &Handle, lock_id: String| {
+            read_takeover(Arc::clone(target), runtime.clone(), lock_id)
+        };
+        acquire::acquire(self.acquisition(Mode::Read), wait, read, Some(&takeovers)).await
     }
 
     /// Write attempts until one takes the lock or the wait runs out. While it waits, the
@@ -430,7 +434,7 @@ impl MongoDistributedReaderWriterLock {
             // A waiting writer's attempts renew its marker: every waiting writer polls.
             renews_while_waiting: mode == Mode::Write,
             family: &target.renewals,
-            push: None,
+            push: Some(&target.collection),
         }
     }
 }
@@ -461,6 +465,46 @@ async fn attempt(
             "the acquired writer lease has no numeric fencingToken".to_owned(),
         )),
     }
+}
+
+/// Joining the readers in the release command of a local writer (see `lease::handoff`), with
+/// the readers waiting behind this one: the writer's lease ends, and the same pipeline as a read
+/// attempt admits this reader (unless another writer waits: writers are not starved).
+fn read_takeover(target: Arc<Target>, runtime: Handle, lock_id: String) -> Takeover<ReadGuard> {
+    let join = read_update(&target, &lock_id);
+    Takeover {
+        layout: layout(Mode::Read),
+        update: Box::new(move |releasing| {
+            let mut update = vec![end_writer(releasing)];
+            update.extend(join.iter().cloned());
+            update
+        }),
+        cleanup: target.cleanup(&layout(Mode::Read), &lock_id),
+        finish: Box::new(move |document, sent_at| {
+            if !holds_read(&document, &lock_id) {
+                return Ok(None);
+            }
+            let lease = target.hold(
+                &runtime,
+                Mode::Read.kind(),
+                &layout(Mode::Read),
+                lock_id,
+                sent_at,
+            );
+            Ok(lease.map(|lease| ReadGuard { lease }))
+        }),
+    }
+}
+
+/// Ends the writer's lease `releasing`, if it is still the writer's, keeping only its fencing
+/// token (as [`drop_expired`] does with a writer whose lease ended).
+fn end_writer(releasing: &str) -> Document {
+    let token_only = doc! { FENCING_TOKEN: format!("${WRITER}.{FENCING_TOKEN}") };
+    doc! { "$set": { WRITER: { "$cond": [
+        { "$eq": [format!("${WRITER}.{EMBEDDED_ID}"), releasing] },
+        token_only,
+        format!("${WRITER}"),
+    ] } } }
 }
 
 /// Where a reader's or the writer's lease lives in the document.
@@ -531,11 +575,13 @@ fn drop_expired() -> Document {
 }
 
 /// A read attempt: join the readers unless a writer holds the lock or waits for it (a missing or
-/// ended lease compares below `$$NOW`).
+/// ended lease compares below `$$NOW`), or this reader is among them already (a transfer sent
+/// again after it applied).
 fn read_update(lock: &Target, lock_id: &str) -> Vec<Document> {
     let may_read = doc! { "$and": [
         { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
         { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+        { "$eq": [{ "$in": [lock_id, member_ids(READERS)] }, false] },
     ] };
     let join = doc! { "$concatArrays": [format!("${READERS}"), [new_lease(lock, lock_id)]] };
     vec![

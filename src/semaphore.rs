@@ -10,7 +10,7 @@ use tokio::runtime::Handle;
 
 use crate::error::shown_name;
 use crate::fencing::read_i64;
-use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
+use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Takeover, Wait};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{
@@ -251,17 +251,21 @@ impl MongoDistributedSemaphore {
             shared: false,
             renews_while_waiting: false,
             family: &target.renewals,
-            push: None,
+            push: Some(&target.collection),
         };
-        let layout = Layout::Members(HOLDERS.to_owned());
+        let layout = places();
+        let max_count = self.max_count;
+        let takeovers = |runtime: &Handle, lock_id: String| {
+            takeover(Arc::clone(target), max_count, runtime.clone(), lock_id)
+        };
         let joined = acquire::acquire(
             what,
             wait,
             |runtime, lock_id| Attempt {
                 cleanup: target.cleanup(&layout, &lock_id),
-                work: attempt(Arc::clone(target), self.max_count, runtime.clone(), lock_id),
+                work: attempt(Arc::clone(target), max_count, runtime.clone(), lock_id),
             },
-            None,
+            Some(&takeovers),
         )
         .await?;
         Ok(joined.map(|joined| joined.guard))
@@ -290,6 +294,11 @@ impl Granted for Joined {
     }
 }
 
+/// Where the holders' leases are stored.
+fn places() -> Layout {
+    Layout::Members(HOLDERS.to_owned())
+}
+
 /// One attempt: join the holders if fewer than `max_count` hold a live lease, in one
 /// `findAndModify` (upsert) whose pipeline drops ended leases first.
 async fn attempt(
@@ -301,6 +310,42 @@ async fn attempt(
     let sent_at = clock::now();
     let update = join_update(&target, max_count, &lock_id);
     let document = target.upsert(update).await?;
+    joined(&target, max_count, &runtime, &document, lock_id, sent_at)
+}
+
+/// Taking a place over in the release command of a local holder (see `lease::handoff`): that
+/// holder's lease leaves the holders, and the same pipeline as an attempt admits this one.
+fn takeover(
+    target: Arc<Target>,
+    max_count: u32,
+    runtime: Handle,
+    lock_id: String,
+) -> Takeover<Joined> {
+    let join = join_update(&target, max_count, &lock_id);
+    Takeover {
+        layout: places(),
+        update: Box::new(move |releasing| {
+            let mut update = places().release_update(releasing);
+            update.extend(join.iter().cloned());
+            update
+        }),
+        cleanup: target.cleanup(&places(), &lock_id),
+        finish: Box::new(move |document, sent_at| {
+            joined(&target, max_count, &runtime, &document, lock_id, sent_at)
+        }),
+    }
+}
+
+/// The place, if `document` (returned by a command sent at `sent_at`) shows the lease
+/// `lock_id` among its holders.
+fn joined(
+    target: &Target,
+    max_count: u32,
+    runtime: &Handle,
+    document: &Document,
+    lock_id: String,
+    sent_at: clock::Instant,
+) -> Result<Option<Joined>> {
     let stored_count = document.get(MAX_COUNT).and_then(read_i64);
     if stored_count != Some(i64::from(max_count)) {
         let stored = document
@@ -322,8 +367,7 @@ async fn attempt(
         return Ok(None);
     };
     let token = ours.get(FENCING_TOKEN).and_then(read_i64);
-    let layout = Layout::Members(HOLDERS.to_owned());
-    let Some(lease) = target.hold(&runtime, "semaphore", &layout, lock_id, sent_at) else {
+    let Some(lease) = target.hold(runtime, "semaphore", &places(), lock_id, sent_at) else {
         return Ok(None);
     };
     let Some(token) = token else {
@@ -339,7 +383,8 @@ async fn attempt(
 }
 
 /// The pipeline of an attempt: drop ended leases; record `max_count` on first use; if the stored
-/// count is ours and a place is free, take the next fencing token and append our lease.
+/// count is ours, a place is free and our lease is not there yet (a transfer sent again after
+/// it applied), take the next fencing token and append our lease.
 fn join_update(lock: &Target, max_count: u32, lock_id: &str) -> Vec<Document> {
     let max_count = i64::from(max_count);
     let admitted = format!("${ADMITTED}");
@@ -361,6 +406,7 @@ fn join_update(lock: &Target, max_count: u32, lock_id: &str) -> Vec<Document> {
         doc! { "$set": { ADMITTED: { "$and": [
             { "$eq": [format!("${MAX_COUNT}"), max_count] },
             { "$lt": [{ "$size": format!("${HOLDERS}") }, max_count] },
+            { "$eq": [{ "$in": [lock_id, schema::member_ids(HOLDERS)] }, false] },
         ] } } },
         doc! { "$set": { FENCING_TOKEN: { "$cond": [
             &admitted,

@@ -177,30 +177,94 @@ async fn a_release_hands_the_lock_to_a_local_waiter_in_one_command() {
     again.expect("free after release").release().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transfers_stop_after_eight_in_a_row_to_let_another_process_in() {
-    const WAITERS: usize = 12;
-    let database = common::database().await;
-    let (lock, collection) = sleepy_lock(&database, "fairness");
-    let guard = lock.acquire().await.unwrap();
-    // The fencing tokens of the local acquisitions, in order.
-    let tokens = Arc::new(Mutex::new(vec![guard.fencing_token()]));
+/// Starts `count` waiters for `lock` (held here, so each queues at once with an offer), one
+/// after the other in line; each records its fencing token, holds the lock 10 ms and releases it.
+async fn waiters_in_line(
+    lock: &MongoDistributedLock,
+    collection: &str,
+    count: usize,
+    tokens: &Arc<Mutex<Vec<distributed_lock_mongodb::FencingToken>>>,
+) -> Vec<JoinHandle<()>> {
     let mut waiters = Vec::new();
-    for _ in 0..WAITERS {
-        let (lock, tokens) = (lock.clone(), Arc::clone(&tokens));
+    for queued in 1..=count {
+        let (waiter, tokens) = (lock.clone(), Arc::clone(tokens));
         waiters.push(tokio::spawn(async move {
-            let guard = lock.acquire_timeout(Duration::from_secs(60)).await.unwrap();
+            let guard = waiter
+                .acquire_timeout(Duration::from_secs(60))
+                .await
+                .unwrap();
             tokens.lock().unwrap().push(guard.fencing_token());
             tokio::time::sleep(Duration::from_millis(10)).await;
             guard.release().await.unwrap();
         }));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let in_line = common::eventually(Duration::from_secs(10), || async {
+            distributed_lock_mongodb::__testing::offers_standing(
+                common::DATABASE,
+                collection,
+                lock.name(),
+            ) == queued
+        })
+        .await;
+        assert!(in_line, "waiter {queued} did not queue");
     }
-    // Another process polls the server every 5 ms; the local waiters would sleep 20 s.
+    waiters
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_eight_transfers_a_plain_release_and_the_next_local_waiter_attempts_at_once() {
+    const WAITERS: usize = 12;
+    let (database, log) = common::counting_database().await;
+    let (lock, collection) = sleepy_lock(&database, "notail");
+    let guard = lock.acquire().await.unwrap();
+    let tokens = Arc::new(Mutex::new(vec![guard.fencing_token()]));
+    let waiters = waiters_in_line(&lock, collection.name(), WAITERS, &tokens).await;
+    log.clear();
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    for waiter in waiters {
+        // The waiters' pace is 20 s: a waiter that slept before attempting would miss this.
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("every waiter gets the lock without sleeping between attempts")
+            .unwrap();
+    }
+    let took = released.elapsed();
+    let tokens = tokens.lock().unwrap().clone();
+    assert_eq!(tokens.len(), WAITERS + 1);
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "{tokens:?}"
+    );
+    // Eight transfers, a plain release and an attempt by the ninth waiter, three transfers to the
+    // last ones, a plain release by the last.
+    assert_eq!(log.transfers(), WAITERS - 1, "{:?}", log.started());
+    assert_eq!(log.count("update"), 2, "{:?}", log.started());
+    println!("no tail: {WAITERS} local handoffs with one plain release among them in {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_eight_transfers_another_process_that_asks_first_gets_the_lock() {
+    const WAITERS: usize = 12;
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let database = client.database(common::DATABASE);
+    let (lock, collection) = sleepy_lock(&database, "fairness");
+    let guard = lock.acquire().await.unwrap();
+    let tokens = Arc::new(Mutex::new(vec![guard.fencing_token()]));
+    let waiters = waiters_in_line(&lock, collection.name(), WAITERS, &tokens).await;
+    // The local waiters' attempts (transfers are not upserts) reach the server half a second
+    // late, so the other process, which polls every 5 ms, asks first after the plain release.
+    proxy.add_rule(
+        Rule::new("findAndModify", Action::Delay(Duration::from_millis(500)))
+            .where_field("upsert", true)
+            .times(usize::MAX),
+    );
     let name = lock.name().to_owned();
+    let remote_collection = common::database()
+        .await
+        .collection::<Document>(collection.name());
     let remote = tokio::spawn(async move {
         loop {
-            let taken = collection
+            let taken = remote_collection
                 .find_one_and_update(
                     doc! { "_id": &name, "$expr": { "$lte": ["$expiresAt", "$$NOW"] } },
                     vec![doc! { "$set": {
@@ -219,7 +283,7 @@ async fn transfers_stop_after_eight_in_a_row_to_let_another_process_in() {
     guard.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(15), remote)
         .await
-        .expect("the other process gets its turn after eight transfers")
+        .expect("the other process gets the lock after eight transfers")
         .unwrap();
     let tokens = tokens.lock().unwrap().clone();
     // The first holder, then eight transfers; the ninth release was a plain one.

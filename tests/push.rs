@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::CommandLog;
-use distributed_lock_mongodb::{LockGuard, LockOptions, MongoDistributedLock, Result};
+use distributed_lock_mongodb::{
+    LockGuard, LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
+    MongoDistributedSemaphore, Result,
+};
 use mongodb::bson::{Document, doc};
 use mongodb::{Collection, Database};
 use tokio::task::JoinHandle;
@@ -224,4 +227,93 @@ async fn without_change_streams_the_poller_polls_at_its_pace() {
         .unwrap()
         .unwrap();
     guard.release().await.unwrap();
+}
+
+/// Waits until the change stream of `log`'s client is open (the driver asks for its first batch
+/// of events) and the `waiters` for lock `name` of `collection` wait idle: their first attempts,
+/// and those of the pollers woken as the stream starts to watch (a release may have come
+/// before), have been answered. A release from now on can only reach them by the stream.
+async fn stream_open(log: &CommandLog, collection: &str, name: &str, waiters: usize) {
+    let open = common::eventually(Duration::from_secs(20), || async {
+        log.count("getMore") >= 1
+            && distributed_lock_mongodb::__testing::waiters_idle(common::DATABASE, collection, name)
+                == waiters
+            && log.in_flight() <= 1
+    })
+    .await;
+    assert!(open, "no change stream: {:?}", log.started());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_released_by_another_process_wakes_the_semaphores_poller_at_once() {
+    let (database, log) = common::counting_database().await;
+    let (collection, name) = (common::unique("semaphores"), common::unique("push"));
+    // Another process (a client of its own: nothing links the two in this process).
+    let other = MongoDistributedSemaphore::new(name.as_str(), 1, &common::database().await)
+        .with_collection(collection.as_str());
+    let place = other.acquire().await.unwrap();
+    let semaphore = MongoDistributedSemaphore::new(name.as_str(), 1, &database)
+        .with_collection(collection.as_str())
+        .with_options(sleepy_options());
+    let waiter =
+        tokio::spawn(async move { semaphore.acquire_timeout(Duration::from_secs(60)).await });
+    stream_open(&log, &collection, &name, 1).await;
+    place.release().await.unwrap();
+    let place = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken by the release, not by a poll 20 s later")
+        .unwrap()
+        .unwrap();
+    place.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_released_by_another_process_wakes_the_readers_and_readers_the_writer() {
+    let (database, log) = common::counting_database().await;
+    let (collection, name) = (common::unique("rw"), common::unique("push"));
+    let other = MongoDistributedReaderWriterLock::new(name.as_str(), &common::database().await)
+        .with_collection(collection.as_str());
+    let lock = MongoDistributedReaderWriterLock::new(name.as_str(), &database)
+        .with_collection(collection.as_str())
+        .with_options(sleepy_options());
+
+    // A writer elsewhere; readers here.
+    let writer = other.acquire_write().await.unwrap();
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.acquire_read_timeout(Duration::from_secs(60)).await })
+        })
+        .collect();
+    stream_open(&log, &collection, &name, 3).await;
+    writer.release().await.unwrap();
+    let mut reads = Vec::new();
+    for reader in readers {
+        reads.push(
+            tokio::time::timeout(Duration::from_secs(10), reader)
+                .await
+                .expect("woken by the writer's release, not by a poll 20 s later")
+                .unwrap()
+                .unwrap(),
+        );
+    }
+
+    // A reader elsewhere; a writer here.
+    let read = other.acquire_read().await.unwrap();
+    for read in reads {
+        read.release().await.unwrap();
+    }
+    log.clear();
+    let writer = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire_write_timeout(Duration::from_secs(60)).await })
+    };
+    stream_open(&log, &collection, &name, 1).await;
+    read.release().await.unwrap();
+    let write = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("woken by the last reader's release, not by a poll 20 s later")
+        .unwrap()
+        .unwrap();
+    write.release().await.unwrap();
 }

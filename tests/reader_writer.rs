@@ -577,6 +577,71 @@ async fn a_writers_release_wakes_every_local_reader_waiting_behind_it() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_release_admits_every_local_reader_behind_it_in_one_command() {
+    const READERS: usize = 5;
+    let (database, log) = common::counting_database().await;
+    let collection = common::unique("rw");
+    // Waiters that would sleep 20 s between attempts: anything faster is the handoff.
+    let sleepy = LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_secs(20), Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let lock = MongoDistributedReaderWriterLock::new(common::unique("admit"), &database)
+        .with_collection(collection.as_str())
+        .with_options(sleepy);
+    let writer = lock.acquire_write().await.unwrap();
+    let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
+    let mut readers = Vec::new();
+    for queued in 1..=READERS {
+        let (reader, acquired) = (lock.clone(), acquired.clone());
+        readers.push(tokio::spawn(async move {
+            let read = reader
+                .acquire_read_timeout(Duration::from_secs(60))
+                .await
+                .unwrap();
+            acquired.send(()).unwrap();
+            std::future::pending::<()>().await;
+            drop(read);
+        }));
+        // The writer is held here: the reader queues at once, with an offer.
+        let in_line = common::eventually(Duration::from_secs(10), || async {
+            distributed_lock_mongodb::__testing::offers_standing(
+                common::DATABASE,
+                &collection,
+                lock.name(),
+            ) == queued
+        })
+        .await;
+        assert!(in_line, "reader {queued} did not queue");
+    }
+    log.clear();
+    writer.release().await.unwrap();
+    // The release command itself admitted them all.
+    assert_eq!(
+        log.started_without_streams(),
+        ["findAndModify"],
+        "{:#?}",
+        log.find_and_modifies()
+    );
+    assert_eq!(log.transfers(), 1);
+    for reader in 0..READERS {
+        tokio::time::timeout(Duration::from_secs(10), acquisitions.recv())
+            .await
+            .unwrap_or_else(|_| panic!("reader {reader} admitted by the release"))
+            .unwrap();
+    }
+    assert_eq!(lock.holders().await.unwrap().len(), READERS);
+    assert_eq!(
+        log.started_without_streams(),
+        ["findAndModify"],
+        "and no attempt"
+    );
+    for reader in readers {
+        reader.abort();
+    }
+}
+
 /// Every waiting writer keeps its waiting-writer marker in place, also one queued behind another
 /// local waiter: in one process only the first waiter polls for the lock, but a writer's
 /// attempts are what renew its marker, so a writer polls (at the slowest busy-wait pace) even

@@ -319,3 +319,71 @@ async fn releasing_every_place_at_once_refills_them_all_from_local_waiters() {
         waiter.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_release_hands_its_place_to_a_local_waiter_in_the_release_command() {
+    const PLACES: u32 = 3;
+    const WAITERS: usize = 6;
+    let (database, log) = common::counting_database().await;
+    let collection = common::unique("semaphores");
+    let provider = Provider::new(&database)
+        .with_semaphore_collection(collection.as_str())
+        .with_options(sleepy_options());
+    let semaphore = provider.create_semaphore(common::unique("transfer"), PLACES);
+    let mut holders = Vec::new();
+    for _ in 0..PLACES {
+        holders.push(semaphore.acquire().await.unwrap());
+    }
+    let first_token = holders.iter().map(|place| place.fencing_token()).max();
+    let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for queued in 1..=WAITERS {
+        let (waiter, acquired) = (semaphore.clone(), acquired.clone());
+        waiters.push(tokio::spawn(async move {
+            let place = waiter
+                .acquire_timeout(Duration::from_secs(60))
+                .await
+                .unwrap();
+            acquired.send(place.fencing_token()).unwrap();
+            std::future::pending::<()>().await;
+            drop(place);
+        }));
+        // Its first attempt fails; then it waits in line with an offer (and 20 s between polls).
+        let in_line = common::eventually(Duration::from_secs(10), || async {
+            distributed_lock_mongodb::__testing::offers_standing(
+                common::DATABASE,
+                &collection,
+                semaphore.name(),
+            ) == queued
+        })
+        .await;
+        assert!(in_line, "waiter {queued} did not queue");
+    }
+    log.clear();
+    futures::future::join_all(holders.into_iter().map(|holder| holder.release())).await;
+    let mut tokens = Vec::new();
+    for place in 0..PLACES {
+        let token = tokio::time::timeout(Duration::from_secs(10), acquisitions.recv())
+            .await
+            .unwrap_or_else(|_| panic!("place {place} handed over, not found by a 20 s sleep"))
+            .unwrap();
+        tokens.push(token);
+    }
+    // Three releases, each one command that gave its place to a waiter: no plain release, no
+    // attempt.
+    assert_eq!(
+        log.started_without_streams(),
+        ["findAndModify"; PLACES as usize],
+        "{:#?}",
+        log.find_and_modifies()
+    );
+    assert_eq!(log.transfers(), PLACES as usize);
+    assert!(
+        tokens.iter().all(|token| Some(*token) > first_token),
+        "{tokens:?}"
+    );
+    assert_eq!(semaphore.holders().await.unwrap().len(), PLACES as usize);
+    for waiter in waiters {
+        waiter.abort();
+    }
+}

@@ -21,7 +21,7 @@ use super::hub::RenewalHub;
 use super::in_flight::InFlight;
 use super::metrics;
 use super::push;
-use super::schema::new_lock_id;
+use super::schema::{Layout, new_lock_id};
 use super::undo::Undo;
 use crate::clock;
 use crate::error::{Operation, is_duplicate_key, shown_name};
@@ -102,16 +102,18 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) push: Option<&'a Collection<Document>>,
 }
 
-/// How a waiter for an exclusive lock takes the lease over in a local holder's release command
-/// (see `handoff`), built by the primitive for a fresh lock id.
+/// How a waiter takes a lease over in a local holder's release command (see `handoff`), built by
+/// the primitive for a fresh lock id.
 pub(crate) struct Takeover<G> {
+    /// Where the waiter's lease would be stored.
+    pub(crate) layout: Layout,
     /// The attempt's pipeline, taking over from the lease with the given lock id.
     pub(crate) update: TakeoverUpdate,
-    /// The guard, from the document the command returned and the instant it was first sent.
+    /// The guard, from the document the command returned and the instant it was first sent;
+    /// `None` if the command did not admit the waiter.
     pub(crate) finish: Box<dyn FnOnce(Document, clock::Instant) -> Result<Option<G>> + Send>,
-    /// Ends both the releasing lease (of the given lock id) and the waiter's: for a transfer
-    /// whose releasing task ended before its outcome was known.
-    pub(crate) undo: Box<dyn FnOnce(&str) -> Undo + Send>,
+    /// Ends the waiter's lease, should the transfer's outcome be unknown.
+    pub(crate) cleanup: Undo,
 }
 
 /// Builds a [`Takeover`] from the runtime and a fresh lock id.
@@ -459,15 +461,18 @@ where
 {
     let lock_id = new_lock_id();
     let Takeover {
+        layout,
         update,
         finish,
-        undo,
+        cleanup,
     } = takeovers(runtime, lock_id.clone());
     let (outcome, received) = oneshot::channel();
     let (runtime, in_flight) = (runtime.clone(), Arc::clone(in_flight));
     ticket.offer(Offer {
         lock_id,
+        layout,
         update,
+        cleanup: cleanup.clone(),
         write_concern: options.write_concern().clone(),
         deliver: Box::new(move |transfer| {
             let result = match transfer {
@@ -476,7 +481,8 @@ where
                 // The releasing task ended (its runtime shut down) before it knew whether the
                 // lease is the waiter's now: end both leases from the waiter's runtime.
                 Transfer::Abandoned { releasing } => {
-                    in_flight.spawn_undo(&runtime, undo(&releasing));
+                    in_flight.spawn_undo(&runtime, releasing);
+                    in_flight.spawn_undo(&runtime, cleanup);
                     Ok(None)
                 }
             };

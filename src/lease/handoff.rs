@@ -9,8 +9,9 @@
 //!   is held in this process: its release will come as a local event). The others wait for local
 //!   events only. When the first waiter leaves, the next one takes over polling at once.
 //! - **Transfer.** A waiter for an exclusive lock leaves an [`Offer`]: the release of a local
-//!   holder then hands the lease over in the release command itself (see `renewal`), at most
-//!   [`MAX_TRANSFERS_IN_A_ROW`] times in a row.
+//!   holder then hands the lease over in the release command itself (see `release`), at most
+//!   [`MAX_TRANSFERS_IN_A_ROW`] times in a row; then a plain release lets waiters of other
+//!   processes race the local one.
 //! - **Waking.** Otherwise, once a release is over, it wakes the first waiter that is not
 //!   already busy with an attempt, and, if that one shares the lock (a reader), every sharing
 //!   waiter behind it up to the next exclusive one. A waiter that acquires a lock with room left
@@ -38,6 +39,8 @@ use mongodb::bson::Document;
 use mongodb::options::WriteConcern;
 use tokio::sync::Notify;
 
+use super::schema::{HOLDERS, Layout, READERS};
+use super::undo::Undo;
 use crate::clock;
 
 /// Identifies one lock across the process (database, collection and name: its queue) and the
@@ -63,9 +66,10 @@ pub(crate) fn key(family: u64, database: &str, collection: &str, name: &str) -> 
     }
 }
 
-/// After this many transfers in a row, a release of the lock is a plain one and does not wake
-/// local waiters: the local poller and the waiters of other processes then compete on equal
-/// terms (each at its busy-wait pace) for the next acquisition.
+/// After this many transfers in a row, a release of the lock is a plain one: the next local
+/// waiter attempts as soon as it is over, and the waiters of other processes, woken by the same
+/// release through their change stream, race it on equal terms (each is about one round trip
+/// from the server) for the next acquisition.
 pub(crate) const MAX_TRANSFERS_IN_A_ROW: u32 = 8;
 
 /// What a waiter was woken for.
@@ -80,12 +84,18 @@ pub(crate) enum Wake {
 /// Builds the pipeline that takes a lease over from the lease with the given lock id.
 pub(crate) type TakeoverUpdate = Box<dyn Fn(&str) -> Vec<Document> + Send>;
 
-/// A waiter's readiness to take a lease over in a release command (exclusive locks only).
+/// A waiter's readiness to take a lease over in a release command: an exclusive lock's waiter
+/// from its holder, a semaphore's from a holder of a place, a reader from the writer (see
+/// [`takes_over`]).
 pub(crate) struct Offer {
     /// The waiter's lock id.
     pub(crate) lock_id: String,
+    /// Where the waiter's lease would be stored.
+    pub(crate) layout: Layout,
     /// The attempt's pipeline, taking over from the lease with the given lock id.
     pub(crate) update: TakeoverUpdate,
+    /// Ends the lease the waiter may have been given, should the outcome be unknown.
+    pub(crate) cleanup: Undo,
     /// The waiter's write concern: only a releaser with the same one transfers to it.
     pub(crate) write_concern: WriteConcern,
     /// Receives the outcome (and builds the waiter's guard from it). Called exactly once: with
@@ -115,20 +125,18 @@ pub(crate) enum Transfer {
     /// the waiter goes on waiting.
     NotDone,
     /// The releasing task ended (its runtime shut down) before it knew the outcome: the lease
-    /// may be the waiter's, or still the releasing one's (`releasing`, its lock id). The waiter
+    /// may be the waiter's, or still the releasing one's (which `releasing` ends). The waiter
     /// ends both and goes on waiting.
-    Abandoned { releasing: String },
+    Abandoned { releasing: Undo },
 }
 
 /// What a release does for the local waiters.
 #[derive(Debug)]
 pub(crate) enum Handoff {
-    /// Hand the lease over to this waiter.
-    Transfer(Offer),
+    /// Hand the lease over to these waiters (one, or the readers behind a writer).
+    Transfer(Vec<Offer>),
     /// Release, then wake waiters.
     Wake,
-    /// Release without waking anyone: the transfers in a row reached their bound.
-    LetOthersIn,
 }
 
 struct Waiter {
@@ -139,6 +147,10 @@ struct Waiter {
     signal: Option<Wake>,
     /// Woken to attempt and not yet back to waiting: further releases wake the next waiter.
     busy: bool,
+    /// A release took its offer and is handing it the lock: nothing wakes it to attempt until
+    /// it leaves or offers again (the transfer's outcome decides; an attempt meanwhile would only
+    /// cost a command, or win a second lease).
+    receiving: bool,
     /// A reader: others like it can hold the lock at the same time.
     shared: bool,
     offer: Option<Offer>,
@@ -166,9 +178,10 @@ struct Queue {
     /// smallest family id of the group); a family not listed is a group of its own.
     groups: HashMap<u64, u64>,
     transfers_in_a_row: u32,
-    /// Set by a release that let other processes in (the transfers in a row reached their
-    /// bound): the next pushed release, most likely that one, wakes nobody here. Cleared once
-    /// someone holds the lock again.
+    /// Set by a release that ended a run of transfers (they reached their bound): its waiter
+    /// was woken by the release itself, so the next pushed release, most likely that one
+    /// coming back through the change stream, wakes nobody here (it would only cost an
+    /// attempt). Cleared once someone holds the lock again.
     others_turn: bool,
 }
 
@@ -247,7 +260,10 @@ impl Queue {
     /// may have been sent before the release).
     fn wake_first(&mut self, family: u64) -> Vec<u64> {
         let mut woken = Vec::new();
-        for waiter in self.group_mut(family).filter(|waiter| !waiter.busy) {
+        for waiter in self
+            .group_mut(family)
+            .filter(|waiter| !waiter.busy && !waiter.receiving)
+        {
             if !woken.is_empty() && !waiter.shared {
                 break;
             }
@@ -258,7 +274,7 @@ impl Queue {
             }
         }
         if woken.is_empty()
-            && let Some(first) = self.group_mut(family).next()
+            && let Some(first) = self.group_mut(family).find(|waiter| !waiter.receiving)
         {
             first.signal(Wake::Attempt);
             woken.push(first.id);
@@ -312,6 +328,7 @@ impl Ticket {
                 wake: Arc::clone(&wake),
                 signal: None,
                 busy: false,
+                receiving: false,
                 shared,
                 offer: None,
             });
@@ -345,7 +362,10 @@ impl Ticket {
                 .get_mut(&self.key.lock)
                 .and_then(|queue| queue.waiters.iter_mut().find(|w| w.id == self.id));
             match me {
-                Some(me) => me.offer.replace(offer),
+                Some(me) => {
+                    me.receiving = false;
+                    me.offer.replace(offer)
+                }
                 None => Some(offer),
             }
         };
@@ -418,7 +438,8 @@ impl Drop for Ticket {
                     Some(false) => queue.poll_first(family),
                     // Someone must go on polling for releases by other processes.
                     None => {
-                        if let Some(next) = queue.group_mut(family).next() {
+                        if let Some(next) = queue.group_mut(family).find(|waiter| !waiter.receiving)
+                        {
                             next.signal(Wake::Attempt);
                         }
                     }
@@ -466,14 +487,14 @@ pub(crate) enum Pushed {
 /// A change stream told `key`'s poller `what`. A lock that may be free wakes the first waiter of
 /// the group to attempt, as a local release does (if every waiter is attempting already, the
 /// first attempts once more: its attempt may have reached the server before the release);
-/// except the first release pushed after one that let other processes in (most likely that
-/// one: those processes hear of it too, and the local waiters keep to their pace), and a stream
-/// starting to watch meanwhile. Someone holding the lock ends the other processes' turn.
+/// except the first release pushed after one that ended a run of transfers (most likely that
+/// one, whose waiter it woke already), and a stream starting to watch meanwhile. Someone
+/// holding the lock ends that exception.
 pub(crate) fn pushed(key: &Key, what: Pushed) {
     with_queue(key, |queue| match what {
         Pushed::Taken => queue.others_turn = false,
         Pushed::Freed if queue.others_turn => queue.others_turn = false,
-        // Whatever was missed, it is the other processes' turn.
+        // Whatever was missed, the waiter woken by that release is attempting.
         Pushed::MaybeMissed if queue.others_turn => {}
         Pushed::Freed | Pushed::MaybeMissed => {
             queue.wake_first(key.family);
@@ -491,6 +512,20 @@ pub(crate) fn offers_standing(database: &str, collection: &str, name: &str) -> u
                 .waiters
                 .iter()
                 .filter(|waiter| waiter.offer.is_some())
+                .count()
+        })
+}
+
+/// How many waiters of the lock `name` of `collection` in `database` wait idle (neither woken
+/// nor attempting nor receiving a transfer): for tests that must wait until nothing is under way.
+pub(crate) fn waiters_idle(database: &str, collection: &str, name: &str) -> usize {
+    queues()
+        .get(&key(0, database, collection, name).lock)
+        .map_or(0, |queue| {
+            queue
+                .waiters
+                .iter()
+                .filter(|waiter| !waiter.busy && !waiter.receiving && waiter.signal.is_none())
                 .count()
         })
 }
@@ -517,36 +552,66 @@ pub(crate) fn saw_stored(key: &Key, lock_id: &str) {
     });
 }
 
-/// What the release of a local holder of `key` with `write_concern` does: hand over to the
-/// first waiter's offer, if it is waiting, uses the same write concern and the bound allows;
-/// else a plain release that wakes waiters, or (at the bound) one that lets other processes in.
-pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern) -> Handoff {
+/// Whether a lease stored as `releasing` says can be handed over in its release command to a
+/// waiter whose lease would be stored as `waiter` says: `Some(false)` to one such waiter (an
+/// exclusive lock's, a semaphore place's), `Some(true)` to every such waiter in a row (the
+/// readers behind a writer), `None` not at all (a reader's release, a document lock's).
+pub(crate) fn takes_over(releasing: &Layout, waiter: &Layout) -> Option<bool> {
+    match (releasing, waiter) {
+        (Layout::LockDocument, Layout::LockDocument) => Some(false),
+        (Layout::Members(from), Layout::Members(to)) if from == HOLDERS && to == HOLDERS => {
+            Some(false)
+        }
+        (Layout::Writer, Layout::Members(to)) if to == READERS => Some(true),
+        _ => None,
+    }
+}
+
+/// What the release of a local holder of `key`'s lease, stored as `releasing` says, with
+/// `write_concern` does: hand over to the first waiter that is not busy, if it has an offer
+/// it [`takes_over`] with the same write concern and the bound allows (and to the readers right
+/// behind it, for a writer's release); else a plain release that wakes waiters.
+pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern, releasing: &Layout) -> Handoff {
     with_queue(key, |queue| {
-        let offers = queue
+        let takes = |waiter: &Waiter| {
+            waiter.offer.as_ref().and_then(|offer| {
+                (offer.write_concern == *write_concern)
+                    .then(|| takes_over(releasing, &offer.layout))
+                    .flatten()
+            })
+        };
+        let mut chosen = Vec::new();
+        for waiter in queue
             .group_mut(key.family)
-            .find(|waiter| !waiter.busy)
-            .is_some_and(|first| {
-                first
-                    .offer
-                    .as_ref()
-                    .is_some_and(|offer| offer.write_concern == *write_concern)
-            });
-        if !offers {
+            .filter(|waiter| !waiter.busy && !waiter.receiving)
+        {
+            let Some(many) = takes(waiter) else { break };
+            chosen.push(waiter.id);
+            if !many {
+                break;
+            }
+        }
+        if chosen.is_empty() {
             queue.transfers_in_a_row = 0;
             return Handoff::Wake;
         }
         if queue.transfers_in_a_row >= MAX_TRANSFERS_IN_A_ROW {
             queue.transfers_in_a_row = 0;
             queue.others_turn = true;
-            return Handoff::LetOthersIn;
+            return Handoff::Wake;
         }
         queue.transfers_in_a_row += 1;
-        let Some(first) = queue.group_mut(key.family).find(|waiter| !waiter.busy) else {
-            return Handoff::Wake; // cannot happen: found above, under the same lock
-        };
-        // Busy receiving: not woken for anything else until it waits again.
-        first.busy = true;
-        first.offer.take().map_or(Handoff::Wake, Handoff::Transfer)
+        let offers = queue
+            .group_mut(key.family)
+            .filter(|waiter| chosen.contains(&waiter.id))
+            .filter_map(|waiter| {
+                // Busy receiving: not woken for anything else until it offers again.
+                waiter.busy = true;
+                waiter.receiving = true;
+                waiter.offer.take()
+            })
+            .collect();
+        Handoff::Transfer(offers)
     })
     .unwrap_or(Handoff::Wake)
 }
@@ -697,13 +762,89 @@ mod tests {
         assert!(!queues().contains_key(&key.lock));
     }
 
+    /// An exclusive lock's offer.
     fn offer(lock_id: &str, outcome: Arc<Mutex<Option<Transfer>>>) -> Offer {
+        offer_of(Layout::LockDocument, lock_id, outcome)
+    }
+
+    fn offer_of(layout: Layout, lock_id: &str, outcome: Arc<Mutex<Option<Transfer>>>) -> Offer {
+        // Never sent: a client of no server.
+        let client = mongodb::Client::with_options(mongodb::options::ClientOptions::default())
+            .expect("a client");
         Offer {
             lock_id: lock_id.to_owned(),
+            layout,
             update: Box::new(|_| Vec::new()),
+            cleanup: Undo {
+                collection: client.database("db").collection("coll"),
+                filter: Document::new(),
+                update: Vec::new(),
+                write_concern: WriteConcern::default(),
+                patience: Duration::from_secs(1),
+                many: false,
+                name: lock_id.to_owned(),
+            },
             write_concern: WriteConcern::default(),
             deliver: Box::new(move |transfer| *outcome.lock().unwrap() = Some(transfer)),
         }
+    }
+
+    fn lock_ids(handoff: Handoff) -> Vec<String> {
+        match handoff {
+            Handoff::Transfer(offers) => offers.into_iter().map(|offer| offer.lock_id).collect(),
+            Handoff::Wake => Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_writer_hands_over_to_the_readers_in_a_row_and_a_place_to_one_waiter() {
+        let unheard = || Arc::new(Mutex::new(None));
+        let readers = Layout::Members(READERS.to_owned());
+        let key = key(0, "db", "coll", "readers-in-a-row");
+        let waiters = [
+            Ticket::join(&key, true),
+            Ticket::join(&key, true),
+            Ticket::join(&key, false),
+            Ticket::join(&key, true),
+        ];
+        for (waiter, id) in waiters.iter().zip(["r1", "r2", "w", "r3"]) {
+            let layout = if id == "w" {
+                Layout::Writer
+            } else {
+                readers.clone()
+            };
+            waiter.offer(offer_of(layout, id, unheard()));
+        }
+        let default = WriteConcern::default();
+        // A reader's release hands nothing over; nor does an exclusive lock's, to readers.
+        assert!(lock_ids(handoff(&key, &default, &readers)).is_empty());
+        assert!(lock_ids(handoff(&key, &default, &Layout::LockDocument)).is_empty());
+        // A writer's: every reader up to the next writer, in one command.
+        assert_eq!(
+            lock_ids(handoff(&key, &default, &Layout::Writer)),
+            ["r1", "r2"]
+        );
+        // Busy receiving it, they are passed over; a writer makes no transfer.
+        assert!(lock_ids(handoff(&key, &default, &Layout::Writer)).is_empty());
+        // Nor does anything wake them to attempt meanwhile (the others leaving with the lock
+        // wake the next waiter): the transfer's outcome decides.
+        assert_eq!(wake_first(&key), vec![waiters[2].id]);
+        assert_eq!(wake_first(&key), vec![waiters[3].id]);
+        assert_eq!(
+            wake_first(&key),
+            vec![waiters[2].id],
+            "the first not receiving"
+        );
+        drop(waiters);
+
+        let places = Layout::Members(HOLDERS.to_owned());
+        let key = super::key(0, "db", "coll", "one-place");
+        let waiters = [Ticket::join(&key, false), Ticket::join(&key, false)];
+        for (waiter, id) in waiters.iter().zip(["s1", "s2"]) {
+            waiter.offer(offer_of(places.clone(), id, unheard()));
+        }
+        assert_eq!(lock_ids(handoff(&key, &default, &places)), ["s1"]);
+        assert_eq!(lock_ids(handoff(&key, &default, &places)), ["s2"]);
     }
 
     #[tokio::test]
@@ -712,7 +853,10 @@ mod tests {
         let outcome = Arc::new(Mutex::new(None));
         let waiter = Ticket::join(&key, false);
         assert!(
-            matches!(handoff(&key, &WriteConcern::default()), Handoff::Wake),
+            matches!(
+                handoff(&key, &WriteConcern::default(), &Layout::LockDocument),
+                Handoff::Wake
+            ),
             "no offer yet"
         );
         assert_eq!(wake_first(&key), vec![waiter.id]);
@@ -721,27 +865,29 @@ mod tests {
         loop {
             waiter.offer(offer(&format!("w{transfers}"), Arc::clone(&outcome)));
             let _ = woken_within(&waiter, 1).await; // waiting again
-            match handoff(&key, &WriteConcern::default()) {
-                Handoff::Transfer(offer) => {
-                    assert_eq!(offer.lock_id, format!("w{transfers}"));
+            match handoff(&key, &WriteConcern::default(), &Layout::LockDocument) {
+                Handoff::Transfer(offers) => {
+                    assert_eq!(offers[0].lock_id, format!("w{transfers}"));
                     transfers += 1;
                 }
-                Handoff::LetOthersIn => break,
-                Handoff::Wake => panic!("an offer was waiting"),
+                // With an offer waiting: only at the bound, a plain release that wakes the
+                // waiter at once (and hears of its own echo through a stream no more).
+                Handoff::Wake => break,
             }
         }
         assert_eq!(transfers, MAX_TRANSFERS_IN_A_ROW);
+        assert!(queues()[&key.lock].others_turn);
         // The bound starts over.
         waiter.offer(offer("next", Arc::clone(&outcome)));
         let _ = woken_within(&waiter, 1).await;
         assert!(matches!(
-            handoff(&key, &WriteConcern::default()),
+            handoff(&key, &WriteConcern::default(), &Layout::LockDocument),
             Handoff::Transfer(_)
         ));
         // A waiter busy receiving a transfer gets nothing else until it waits again.
         waiter.offer(offer("busy", Arc::clone(&outcome)));
         assert!(matches!(
-            handoff(&key, &WriteConcern::default()),
+            handoff(&key, &WriteConcern::default(), &Layout::LockDocument),
             Handoff::Wake
         ));
         // The offer left behind is told "no transfer" when its waiter leaves.
@@ -759,10 +905,13 @@ mod tests {
         waiter.offer(offer("second", Arc::clone(&second)));
         assert!(matches!(*first.lock().unwrap(), Some(Transfer::NotDone)));
         let majority = WriteConcern::majority();
-        assert!(matches!(handoff(&key, &majority), Handoff::Wake));
+        assert!(matches!(
+            handoff(&key, &majority, &Layout::LockDocument),
+            Handoff::Wake
+        ));
         assert!(second.lock().unwrap().is_none(), "the offer stands");
-        match handoff(&key, &WriteConcern::default()) {
-            Handoff::Transfer(offer) => assert_eq!(offer.lock_id, "second"),
+        match handoff(&key, &WriteConcern::default(), &Layout::LockDocument) {
+            Handoff::Transfer(offers) => assert_eq!(offers[0].lock_id, "second"),
             other => panic!("{other:?}"),
         }
     }
@@ -813,7 +962,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_pushed_release_wakes_the_poller_unless_it_is_the_one_that_let_others_in() {
+    async fn a_pushed_release_wakes_the_poller_unless_it_echoes_the_one_that_ended_the_transfers() {
         let key = key(0, "db", "coll", "pushed");
         let waiter = Ticket::join(&key, false);
         pushed(&key, Pushed::Taken); // taken or renewed by someone: nothing to do
@@ -824,8 +973,8 @@ mod tests {
         // once more.
         pushed(&key, Pushed::Freed);
         assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
-        // The release that let other processes in is skipped, once; a stream starting to watch
-        // meanwhile wakes nobody either, and leaves the others' turn as it is.
+        // The echo of the release that ended a run of transfers (it woke its waiter itself) is
+        // skipped, once; a stream starting to watch meanwhile wakes nobody either.
         queues().get_mut(&key.lock).unwrap().others_turn = true;
         pushed(&key, Pushed::MaybeMissed);
         assert_eq!(woken_within(&waiter, 20).await, None);
@@ -833,7 +982,7 @@ mod tests {
         assert_eq!(woken_within(&waiter, 20).await, None);
         pushed(&key, Pushed::Freed);
         assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
-        // Someone holding the lock ends the others' turn, here or elsewhere.
+        // Someone holding the lock ends the exception, here or elsewhere.
         queues().get_mut(&key.lock).unwrap().others_turn = true;
         pushed(&key, Pushed::Taken);
         assert!(!queues()[&key.lock].others_turn);
@@ -864,7 +1013,7 @@ mod tests {
         assert!(first.is_first());
         assert!(!first.held_here());
         assert!(matches!(
-            handoff(&one, &WriteConcern::default()),
+            handoff(&one, &WriteConcern::default(), &Layout::LockDocument),
             Handoff::Wake
         ));
         assert_eq!(wake_first(&one), Vec::<u64>::new());
@@ -879,8 +1028,8 @@ mod tests {
         assert_eq!(wake_first(&one), vec![first.id]);
         assert_eq!(woken_within(&first, 100).await, Some(Wake::Attempt));
         // The first is busy attempting: the release of family 1 hands over to the second.
-        match handoff(&one, &WriteConcern::default()) {
-            Handoff::Transfer(offer) => assert_eq!(offer.lock_id, "second"),
+        match handoff(&one, &WriteConcern::default(), &Layout::LockDocument) {
+            Handoff::Transfer(offers) => assert_eq!(offers[0].lock_id, "second"),
             other => panic!("{other:?}"),
         }
         assert!(!has_offer(&second));

@@ -7,9 +7,10 @@
 //! - **One stream per family and collection**, opened when its first poller subscribes and
 //!   closed (its cursor killed by the driver) when the last one leaves. Subscriptions are counted
 //!   per name, so memory is bounded by the names waited for.
-//! - **Which events wake**: a lock document deleted or replaced, or updated with its `lockId`
-//!   removed (a release, a cleanup or a forced release end the lease that way). Renewals and
-//!   acquisitions (which set `lockId`) wake nobody; a dropped collection wakes every subscriber.
+//! - **Which events wake**: those that may end a lease, for every kind of lock (see [`freed`]):
+//!   a lock document deleted, an exclusive lock's `lockId` or a writer's id removed, an array of
+//!   semaphore places or readers shrunk, a waiting writer's marker gone. Renewals and
+//!   acquisitions wake nobody; a dropped collection wakes every subscriber.
 //! - **Failures**: the driver resumes a stream after a resumable error by itself. Any other
 //!   error, or the end of the stream (an `invalidate`), marks the stream unhealthy: pollers go
 //!   back to their busy-wait pace at once, and the stream is opened again after a pause, resuming
@@ -150,11 +151,9 @@ impl Drop for Subscription {
                 watcher.filter.send_replace(names);
             }
         }
-        if watcher.names.is_empty() {
-            // Its task sees the watcher gone once its `getMore` is answered, and ends: dropping
-            // the stream kills its cursor on the server.
-            watchers.remove(&self.watcher);
-        }
+        // With no name left, its task ends once its `getMore` is answered (dropping the stream
+        // kills its cursor on the server), unless a subscriber came back meanwhile: the next
+        // poller of a lock that changed hands goes on with the same stream, missing nothing.
     }
 }
 
@@ -189,22 +188,51 @@ fn unhealthy(watcher: &WatcherKey, healthy: &AtomicBool) {
     }
 }
 
-/// The lock an event is about, and whether it ends the lease stored there (a deletion, a
-/// replacement, an update that removes `lockId`) rather than renewing or taking it.
+/// The lock an event is about, and whether it may have ended a lease stored there rather than
+/// renewed or taken one. For every kind of lock document:
+///
+/// - a deletion ends every lease;
+/// - an exclusive lock's release (or cleanup, or forced release) removes `lockId`; a writer's
+///   removes `writer.id`; a waiting writer that gives up removes `waitingWriter` (readers may
+///   join again);
+/// - a semaphore place's or a reader's release takes its lease out of the array, which then
+///   shrinks (`truncatedArrays`; the elements after it move up, which shows as changed
+///   elements); where a server reports a whole array rewritten instead, that may be a release
+///   too;
+/// - before MongoDB 5.0 a pipeline update is logged, and shown, as a replacement: an exclusive
+///   lock's document without `lockId` is free; any other replacement may have freed something.
+///
+/// Renewals (new `expiresAt`s) and acquisitions (a new `lockId`, writer or element) free
+/// nothing, also a writer's acquisition that removes its own waiting-writer marker.
 fn freed(event: &ChangeStreamEvent<Document>) -> Option<(String, bool)> {
     let name = event.document_key.as_ref()?.get_str(schema::ID).ok()?;
+    let ends_lease = |field: &String| {
+        [
+            schema::LOCK_ID,
+            schema::WAITING_WRITER,
+            &schema::Layout::Writer.lock_id_path(),
+        ]
+        .contains(&field.as_str())
+    };
+    let rewrites_holders =
+        |field: &String| [schema::HOLDERS, schema::READERS].contains(&field.as_str());
+    let writer_id = schema::Layout::Writer.lock_id_path();
+    let takes_writer = |field: &String| *field == writer_id || field == schema::WRITER;
     let ends = match event.operation_type {
         OperationType::Delete => true,
-        // Before MongoDB 5.0 a pipeline update is logged, and shown, as a replacement: the
-        // document after it tells whether the lease ended.
         OperationType::Replace => event
             .full_document
             .as_ref()
             .is_none_or(|document| !document.contains_key(schema::LOCK_ID)),
-        OperationType::Update => event
-            .update_description
-            .as_ref()
-            .is_some_and(|update| update.removed_fields.iter().any(|f| f == schema::LOCK_ID)),
+        OperationType::Update => event.update_description.as_ref().is_some_and(|update| {
+            let frees = update.removed_fields.iter().any(ends_lease)
+                || update
+                    .truncated_arrays
+                    .as_ref()
+                    .is_some_and(|truncated| !truncated.is_empty())
+                || update.updated_fields.keys().any(rewrites_holders);
+            frees && !update.updated_fields.keys().any(takes_writer)
+        }),
         _ => false,
     };
     Some((name.to_owned(), ends))
@@ -250,8 +278,13 @@ async fn run(
         }
         let filter = names.borrow_and_update().clone();
         if filter.is_empty() {
-            unhealthy(&key, &healthy);
-            if names.changed().await.is_err() {
+            // The last subscriber left: so does the stream, unless one came back meanwhile.
+            let mut all = watchers();
+            if all
+                .get(&key)
+                .is_some_and(|watcher| watcher.names.is_empty())
+            {
+                all.remove(&key);
                 return;
             }
             continue;
@@ -363,7 +396,17 @@ async fn run(
             resume = stream.resume_token().or(resume);
             match names.has_changed() {
                 Err(_) => return,
-                Ok(true) => break, // other names: open again from here
+                Ok(true) => {
+                    // Other names: open again from here. The same ones (a lock whose poller
+                    // changed): go on.
+                    let mut now = names.borrow_and_update().clone();
+                    now.sort_unstable();
+                    let mut before = watched.clone();
+                    before.sort_unstable();
+                    if now != before {
+                        break;
+                    }
+                }
                 Ok(false) => {}
             }
         }
@@ -406,5 +449,48 @@ mod tests {
         assert_eq!(freed_by("replace", held), Some(("job".to_owned(), false)));
         let ended = doc! { "fullDocument": { "_id": "job", "fencingToken": 1_i64 } };
         assert_eq!(freed_by("replace", ended), Some(("job".to_owned(), true)));
+    }
+
+    #[test]
+    fn places_readers_and_writers_are_freed_by_what_their_releases_change() {
+        let freed_by = |updated: Document, removed: Vec<&str>, truncated: Vec<Document>| {
+            freed(&event(
+                "update",
+                doc! { "updateDescription": {
+                    "updatedFields": updated,
+                    "removedFields": removed,
+                    "truncatedArrays": truncated,
+                } },
+            ))
+            .map(|(_, ends)| ends)
+        };
+        let now = mongodb::bson::DateTime::now();
+        // A place released: the array shrinks (the element after it moves up).
+        let moved = doc! { "holders.0": { "id": "b", "expiresAt": now } };
+        let shrunk = vec![doc! { "field": "holders", "newSize": 1 }];
+        assert_eq!(freed_by(moved, vec![], shrunk), Some(true));
+        // A place renewed or taken: an element changes or comes; nothing shrinks.
+        let renewed = doc! { "holders.1.expiresAt": now, "expiresAt": now };
+        assert_eq!(freed_by(renewed, vec![], vec![]), Some(false));
+        let joined = doc! { "readers.2": { "id": "c", "expiresAt": now } };
+        assert_eq!(freed_by(joined, vec![], vec![]), Some(false));
+        // A server that rewrote the whole array: it may have been a release.
+        let rewritten = doc! { "readers": [] };
+        assert_eq!(freed_by(rewritten, vec![], vec![]), Some(true));
+        // A writer released, or a waiting writer gone: readers may join.
+        assert_eq!(
+            freed_by(doc! {}, vec!["writer.id", "writer.expiresAt"], vec![]),
+            Some(true)
+        );
+        assert_eq!(freed_by(doc! {}, vec!["waitingWriter"], vec![]), Some(true));
+        // A waiting writer that takes the lock removes its marker: nothing freed.
+        let writer_taken = doc! { "writer.id": "w", "writer.expiresAt": now };
+        assert_eq!(
+            freed_by(writer_taken, vec!["waitingWriter"], vec![]),
+            Some(false)
+        );
+        // A writer renewed, or a waiting writer's marker renewed: nothing freed.
+        let writer_renewed = doc! { "writer.expiresAt": now, "waitingWriter.expiresAt": now };
+        assert_eq!(freed_by(writer_renewed, vec![], vec![]), Some(false));
     }
 }

@@ -10,7 +10,7 @@ use mongodb::{Collection, Namespace};
 use super::handoff;
 use super::lost::LeaseState;
 use super::metrics::{self, Loss};
-use super::schema::{self, Layout};
+use super::schema::Layout;
 use super::undo::Undo;
 use crate::LockOptions;
 use crate::error::shown_name;
@@ -35,25 +35,6 @@ impl Place {
             collection: self.collection.clone(),
             filter: self.layout.release_filter(id, lock_id),
             update: self.layout.release_update(lock_id),
-            write_concern: self.options.write_concern().clone(),
-            patience: self.options.expiry(),
-            many: false,
-            name: name.to_owned(),
-        }
-    }
-
-    /// The update that ends whichever of the exclusive leases `lock_ids` lock document `id`
-    /// holds (a transfer whose outcome is unknown: the releasing lease or the waiter's).
-    pub(crate) fn end_exclusive_leases_undo(
-        &self,
-        id: &Bson,
-        lock_ids: &[&str],
-        name: &str,
-    ) -> Undo {
-        Undo {
-            collection: self.collection.clone(),
-            filter: doc! { schema::ID: id.clone(), schema::LOCK_ID: { "$in": lock_ids } },
-            update: schema::end_lease(),
             write_concern: self.options.write_concern().clone(),
             patience: self.options.expiry(),
             many: false,

@@ -21,7 +21,8 @@ use super::handoff::{self, Handoff, Offer, Transfer};
 use super::in_flight::{InFlight, Tracked};
 use super::metrics::Loss;
 use super::record::{Lease, Place};
-use super::schema::{self, Layout};
+use super::schema;
+use super::undo::Undo;
 use crate::clock;
 use crate::error::{Operation, shown_name};
 use crate::{Error, LockOptions, Result};
@@ -103,30 +104,24 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: &Tracked
     // Lost before the release was sent: the release still goes out (it never touches another
     // holder's lease), but the caller must hear that the lock was not held throughout.
     let lost_before = lease.is_lost();
-    let handoff = match (&lease.waiters, layout) {
-        (Some(waiters), Layout::LockDocument) if !lost_before => {
-            handoff::handoff(waiters, options.write_concern())
-        }
+    let handoff = match &lease.waiters {
+        Some(waiters) if !lost_before => handoff::handoff(waiters, options.write_concern(), layout),
         _ => Handoff::Wake,
     };
-    let wake = match handoff {
-        Handoff::Transfer(offer) => {
-            // Should this task end early, a shutdown must end the waiter's lease too. If a
-            // shutdown already took this release's undo, it would miss that lease: no transfer.
-            let both = place.end_exclusive_leases_undo(
-                &lease.id,
-                &[&lease.lock_id, &offer.lock_id],
-                &lease.name,
-            );
-            if tracked.add_undo(both) {
-                return transfer(context, lease, offer, started).await;
-            }
-            (offer.deliver)(Transfer::NotDone);
-            lease.waiters.as_ref()
+    if let Handoff::Transfer(offers) = handoff {
+        // Should this task end early, a shutdown must end the waiters' leases too. If a
+        // shutdown already took this release's undo, it would miss them: no transfer.
+        if offers
+            .iter()
+            .all(|offer| tracked.add_undo(offer.cleanup.clone()))
+        {
+            return transfer(context, lease, offers, started).await;
         }
-        Handoff::Wake => lease.waiters.as_ref(),
-        Handoff::LetOthersIn => None,
-    };
+        for offer in offers {
+            (offer.deliver)(Transfer::NotDone);
+        }
+    }
+    let wake = lease.waiters.as_ref();
     let filter = layout.release_filter(&lease.id, &lease.lock_id);
     let update = layout.release_update(&lease.lock_id);
     let send = || {
@@ -288,43 +283,45 @@ fn released<T>(lease: &Lease, started: clock::Instant, outcome: Released<T>) -> 
     }
 }
 
-/// Delivers a transfer's outcome to its waiter exactly once: if the releasing task ends before
-/// it knows the outcome (its runtime shut down), dropping this tells the waiter so.
+/// Delivers a transfer's outcome to its waiters exactly once: if the releasing task ends before
+/// it knows the outcome (its runtime shut down), dropping this tells the waiters so.
 struct Delivery {
-    deliver: Option<Box<dyn FnOnce(Transfer) + Send>>,
-    releasing: String,
+    deliver: Vec<Box<dyn FnOnce(Transfer) + Send>>,
+    /// Ends the releasing lease.
+    releasing: Undo,
 }
 
 impl Delivery {
-    fn deliver(mut self, transfer: Transfer) {
-        if let Some(deliver) = self.deliver.take() {
-            deliver(transfer);
+    fn deliver(mut self, transfer: impl Fn() -> Transfer) {
+        for deliver in self.deliver.drain(..) {
+            deliver(transfer());
         }
     }
 }
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        if let Some(deliver) = self.deliver.take() {
+        for deliver in self.deliver.drain(..) {
             deliver(Transfer::Abandoned {
-                releasing: std::mem::take(&mut self.releasing),
+                releasing: self.releasing.clone(),
             });
         }
     }
 }
 
-/// Releases an exclusive `lease` by handing it over to a local waiter's `offer`, in one
-/// `findAndModify`: filtered by our lock id (or the waiter's, should an earlier try have
-/// applied), it writes the waiter's lock id, a fresh lease and the next fencing token, exactly
-/// as the waiter's own attempt would on a free lock. When that command returns, the waiter
-/// holds the lock.
+/// Releases `lease` by handing it over to local waiters' `offers` (one, or the readers behind a
+/// writer), in one `findAndModify`: filtered by our lock id (or the waiters', should an earlier
+/// try have applied), it ends our lease and runs each waiter's takeover pipeline, which writes
+/// its lock id, a fresh lease and (but for readers) the next fencing token, exactly as its own
+/// attempt would with our lease gone. When that command returns, the waiters it admitted hold
+/// the lock.
 ///
-/// If the outcome stays unknown, the waiter's lease (if the command took effect) is ended at
-/// once with a cleanup filtered by its lock id, and the waiter goes on waiting.
+/// If the outcome stays unknown, the waiters' leases (if the command took effect) are ended at
+/// once with cleanups filtered by their lock ids, and the waiters go on waiting.
 async fn transfer(
     context: &ReleaseContext,
     lease: &Lease,
-    offer: Offer,
+    offers: Vec<Offer>,
     started: clock::Instant,
 ) -> Result<()> {
     let ReleaseContext {
@@ -332,18 +329,32 @@ async fn transfer(
         place,
         in_flight,
     } = context;
-    let Offer {
-        lock_id,
-        update,
-        deliver,
-        ..
-    } = offer;
+    let waiter_layout = offers
+        .first()
+        .map_or_else(|| place.layout.clone(), |offer| offer.layout.clone());
+    let waiters: Vec<&str> = offers.iter().map(|offer| offer.lock_id.as_str()).collect();
+    let filter = schema::transfer_filter(
+        &lease.id,
+        &place.layout,
+        &lease.lock_id,
+        &waiter_layout,
+        &waiters,
+    );
+    let update: Vec<_> = offers
+        .iter()
+        .flat_map(|offer| (offer.update)(&lease.lock_id))
+        .collect();
+    let mut cleanups = Vec::with_capacity(offers.len());
     let delivery = Delivery {
-        deliver: Some(deliver),
-        releasing: lease.lock_id.clone(),
+        deliver: offers
+            .into_iter()
+            .map(|offer| {
+                cleanups.push(offer.cleanup);
+                offer.deliver
+            })
+            .collect(),
+        releasing: place.release_undo(&lease.id, &lease.lock_id, &lease.name),
     };
-    let filter = schema::transfer_filter(&lease.id, &lease.lock_id, &lock_id);
-    let update = update(&lease.lock_id);
     let send = || {
         let (collection, filter, update) =
             (place.collection.clone(), filter.clone(), update.clone());
@@ -361,23 +372,22 @@ async fn transfer(
     match released(lease, started, outcome) {
         Ok(document) => {
             lease.state.mark_released();
-            tracing::debug!(lock = %shown_name(&lease.name), "released to a local waiter");
+            tracing::debug!(lock = %shown_name(&lease.name), "released to local waiters");
             let document = document.unwrap_or_default();
-            // Every try was sent at or after `started`: the lease lasts at least from then.
-            delivery.deliver(Transfer::Done {
-                document,
+            // Every try was sent at or after `started`: the leases last at least from then.
+            delivery.deliver(|| Transfer::Done {
+                document: document.clone(),
                 sent_at: started,
             });
             Ok(())
         }
         Err(error) => {
             if unknown {
-                in_flight.spawn_undo(
-                    runtime,
-                    place.release_undo(&lease.id, &lock_id, &lease.name),
-                );
+                for cleanup in cleanups {
+                    in_flight.spawn_undo(runtime, cleanup);
+                }
             }
-            delivery.deliver(Transfer::NotDone);
+            delivery.deliver(|| Transfer::NotDone);
             Err(error)
         }
     }

@@ -146,13 +146,16 @@ pub(crate) fn start(
     in_flight: Arc<InFlight>,
 ) -> mpsc::UnboundedSender<Command> {
     let (commands, receiver) = mpsc::unbounded_channel();
+    // A cadence away: its first lease's `Held` brings it forward if need be, and an earlier
+    // round would renew a lease just acquired.
+    let next_renewal = clock::now() + place.options.extension_cadence();
     let renewals = RenewalLoop {
         runtime: runtime.clone(),
         place,
         kind,
         leases,
         in_flight,
-        next_renewal: clock::now(),
+        next_renewal,
         releases: JoinSet::new(),
         limits: HashMap::new(),
         clock: None,

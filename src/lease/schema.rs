@@ -115,11 +115,27 @@ pub(crate) fn attempt_filter(id: impl Into<Bson>) -> Document {
     doc! { ID: id.into() }
 }
 
-/// The filter of a release that hands the lock document `id` over from the lease `releasing` to
-/// a waiter's `waiter` (run with [`acquire_update`] replacing `releasing`): the releasing lease,
-/// or the waiter's should an earlier try have applied.
-pub(crate) fn transfer_filter(id: &Bson, releasing: &str, waiter: &str) -> Document {
-    doc! { ID: id.clone(), LOCK_ID: { "$in": [releasing, waiter] } }
+/// The filter of a release that hands the lease `releasing` (stored as `from` says) of document
+/// `id` over to waiters whose leases are stored as `to` says (run with their takeover
+/// pipelines): the releasing lease, or one of the waiters' should an earlier try have applied.
+/// An exclusive lock's is `{_id, lockId: {$in: [releasing, waiter]}}`.
+pub(crate) fn transfer_filter(
+    id: &Bson,
+    from: &Layout,
+    releasing: &str,
+    to: &Layout,
+    waiters: &[&str],
+) -> Document {
+    let (from, to) = (from.lock_id_path(), to.lock_id_path());
+    if from == to {
+        let mut lock_ids = vec![releasing];
+        lock_ids.extend_from_slice(waiters);
+        return doc! { ID: id.clone(), from: { "$in": lock_ids } };
+    }
+    doc! {
+        ID: id.clone(),
+        "$or": [{ from: releasing }, { to: { "$in": waiters } }],
+    }
 }
 
 /// `value` as a constant inside an aggregation expression: strings starting with `$` and
@@ -358,6 +374,15 @@ pub(crate) fn end_lease() -> Vec<Document> {
 
 /// The field of [`Layout::live_lock_ids`]' results.
 pub(crate) const LIVE_LOCK_IDS: &str = "ours";
+
+/// The lock ids of the leases in the array `field` (an expression).
+pub(crate) fn member_ids(field: &str) -> Document {
+    doc! { "$map": {
+        "input": { "$ifNull": [format!("${field}"), []] },
+        "as": "m",
+        "in": format!("$$m.{EMBEDDED_ID}"),
+    } }
+}
 
 /// Expression: the members of array `field` whose lease is live by server time, and, with
 /// `lock_ids`, whose id is one of them. A missing array counts as empty.

@@ -90,18 +90,33 @@ impl CommandLog {
         self.reads.lock().unwrap().clone()
     }
 
-    /// The `findAndModify` commands that transferred a lock to a local waiter on release (their
-    /// filter admits two lock ids).
+    /// The `findAndModify` commands started so far.
+    pub fn find_and_modifies(&self) -> Vec<Document> {
+        self.find_and_modifies.lock().unwrap().clone()
+    }
+
+    /// The commands started so far, leaving out the change streams' (`aggregate` opening one,
+    /// `getMore`, `killCursors`).
+    pub fn started_without_streams(&self) -> Vec<String> {
+        self.started()
+            .into_iter()
+            .filter(|name| !["aggregate", "getMore", "killCursors"].contains(&name.as_str()))
+            .collect()
+    }
+
+    /// The `findAndModify` commands of locks, semaphores and reader-writer locks that transferred
+    /// a lease to local waiters on release: unlike an attempt's, no upsert; unlike a renewal's,
+    /// their filter asks nothing of the lease's expiry.
     pub fn transfers(&self) -> usize {
         self.find_and_modifies
             .lock()
             .unwrap()
             .iter()
             .filter(|command| {
-                command
-                    .get_document("query")
-                    .and_then(|query| query.get_document("lockId"))
-                    .is_ok_and(|lock_id| lock_id.contains_key("$in"))
+                !command.get_bool("upsert").unwrap_or(false)
+                    && command
+                        .get_document("query")
+                        .is_ok_and(|query| !query.contains_key("$expr"))
             })
             .count()
     }
