@@ -1,5 +1,5 @@
 //! The two commands of an uncontended lock cycle, sent raw with the driver: the baseline that
-//! `benches/cycle.rs` and `benches/perf_table.rs` compare the lock with.
+//! `benches/perf_table.rs` compares the lock with.
 
 use std::time::Duration;
 
