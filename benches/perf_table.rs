@@ -1,8 +1,10 @@
 //! Measures the lock and prints the table of PERFORMANCE.md:
 //! `cargo bench --bench perf_table` (against `MONGODB_URI`, or the embedded server);
 //! `cargo bench --bench perf_table -- handoff commands` runs only the groups of rows named
-//! (`uncontended`, `handoff`, `cross-process`, `commands`, `semaphore`, `reader`, `renewal`,
-//! `memory`; the round trip is always measured).
+//! (`uncontended`, `handoff`, `cross-process`, `commands`, `standalone`, `semaphore`, `reader`,
+//! `renewal`, `memory`; the round trip is always measured). `standalone` repeats the
+//! cross-process rows on an embedded server of their own without change streams, as on a
+//! standalone `mongod`: waiters of other processes only poll there.
 //!
 //! Every figure is measured in this run, next to the raw driver calls it compares with; the
 //! machine is shared and noisy, so compare ratios rather than absolute times. Commands are
@@ -81,9 +83,9 @@ async fn main() -> Result<()> {
     }
     if run("cross-process") {
         for adaptive in [false, true] {
-            cross_process(&uri, adaptive, 1, 25, rtt).await?;
+            cross_process(&uri, adaptive, 1, 25, rtt, "").await?;
         }
-        cross_process(&uri, false, 8, 5, rtt).await?;
+        cross_process(&uri, false, 8, 5, rtt, "").await?;
     }
     if run("commands") {
         for sharing in [Sharing::Clones, Sharing::BuiltApart] {
@@ -92,8 +94,23 @@ async fn main() -> Result<()> {
             local_commands(&uri, "16 local contenders (hold 2 ms)", sharing, 16, 10, 2).await?;
         }
         for adaptive in [false, true] {
-            commands_per_acquisition(&uri, adaptive).await?;
+            commands_per_acquisition(&uri, adaptive, "").await?;
         }
+    }
+    if run("standalone") {
+        let standalone = server::start_dedicated_with(&["--no-change-streams".to_owned()]);
+        let (database, _) = counting_database(&standalone.uri).await?;
+        let rtt = round_trip(&database).await?;
+        let label = ", no change streams (polling only)";
+        println!(
+            "| one round trip of the acquisition command, the server without change streams | {} |",
+            ms(rtt)
+        );
+        for adaptive in [false, true] {
+            cross_process(&standalone.uri, adaptive, 1, 25, rtt, label).await?;
+        }
+        cross_process(&standalone.uri, false, 8, 5, rtt, label).await?;
+        commands_per_acquisition(&standalone.uri, false, label).await?;
     }
     if run("semaphore") {
         semaphore_fill(&database, &commands, rtt).await?;
@@ -393,7 +410,7 @@ async fn semaphore_fill(
     }
     fills.sort();
     println!(
-        "| semaphore, 3 places, 16 local contenders: most holders at once; all places retaken after the 3 holders release together (4 times) | **{} of {PLACES}**; median {} = {:.2} round trips, slowest {}; {:.1} commands per refill (at least {PLACES} releases + {PLACES} attempts) |",
+        "| semaphore, 3 places, 16 local contenders: most holders at once; all places retaken after the 3 holders release together (4 times) | **{} of {PLACES}**; median {} = {:.2} round trips, slowest {}; {:.1} commands per refill (at least {PLACES}: each release hands its place over) |",
         most.load(Ordering::SeqCst),
         ms(percentile(&fills, 0.5)),
         percentile(&fills, 0.5).as_secs_f64() / rtt.as_secs_f64(),
@@ -445,7 +462,7 @@ async fn reader_wake_up(
     }
     wake_ups.sort();
     println!(
-        "| reader-writer lock: 8 local readers waiting behind a writer, all holding after its release (5 times) | median {} = {:.2} round trips, slowest {}; {:.1} commands per wake-up (at least 1 release + {READERS} attempts) |",
+        "| reader-writer lock: 8 local readers waiting behind a writer, all holding after its release (5 times) | median {} = {:.2} round trips, slowest {}; {:.1} commands per wake-up (at least 1: the release admits them all) |",
         ms(percentile(&wake_ups, 0.5)),
         percentile(&wake_ups, 0.5).as_secs_f64() / rtt.as_secs_f64(),
         ms(wake_ups[wake_ups.len() - 1]),
@@ -501,13 +518,15 @@ fn lock_options(adaptive: bool) -> LockOptions {
         .expect("valid options")
 }
 
-/// Workers in separate processes, one task each: handoff latency across processes.
+/// Workers in separate processes, `tasks` tasks each: handoff latency across processes. `label`
+/// ends the row's description.
 async fn cross_process(
     uri: &str,
     adaptive: bool,
     tasks: usize,
     rounds: usize,
     rtt: Duration,
+    label: &str,
 ) -> Result<()> {
     const PROCESSES: usize = 4;
     let name = format!("perf-cross-{adaptive}-{tasks}-{}", wall_micros());
@@ -533,7 +552,7 @@ async fn cross_process(
     let latencies = handoff_latencies(events);
     let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     println!(
-        "| cross-process handoff, {PROCESSES} processes × {tasks} tasks, {} backoff ({} handoffs) | p50 {} = {:.2} round trips, p99 {} = {:.2} round trips |",
+        "| cross-process handoff, {PROCESSES} processes × {tasks} tasks, {} backoff{label} ({} handoffs) | p50 {} = {:.2} round trips, p99 {} = {:.2} round trips |",
         if adaptive { "adaptive" } else { "random" },
         latencies.len(),
         ms(p50),
@@ -544,8 +563,9 @@ async fn cross_process(
     Ok(())
 }
 
-/// 32 contenders (4 processes × 8 tasks): attempts sent per successful acquisition.
-async fn commands_per_acquisition(uri: &str, adaptive: bool) -> Result<()> {
+/// 32 contenders (4 processes × 8 tasks): attempts sent per successful acquisition. `label` ends
+/// the row's description.
+async fn commands_per_acquisition(uri: &str, adaptive: bool, label: &str) -> Result<()> {
     let name = format!("perf-contended-{adaptive}-{}", wall_micros());
     let outputs = run_workers(uri, 4, &["handoff", &name, &adaptive.to_string(), "8", "5"]).await?;
     let (mut sent, mut acquisitions) = (0_usize, 0_usize);
@@ -560,7 +580,7 @@ async fn commands_per_acquisition(uri: &str, adaptive: bool) -> Result<()> {
         }
     }
     println!(
-        "| commands per acquisition, 32 contenders (4 processes × 8 tasks, hold 2 ms), {} | **{:.2}** ({sent} commands / {acquisitions} acquisitions) |",
+        "| commands per acquisition, 32 contenders (4 processes × 8 tasks, hold 2 ms), {}{label} | **{:.2}** ({sent} commands / {acquisitions} acquisitions) |",
         if adaptive {
             "adaptive backoff"
         } else {
