@@ -313,7 +313,8 @@ where
             name: target.documents.name(),
             collection: target.documents.name(),
             options: &target.options,
-            checked: Problem::check(target.problem.as_ref()),
+            checked: Problem::check(target.problem.as_ref())
+                .and_then(|()| target.options.check_min_hold_unsupported("document lock")),
             waiters: None,
             shared: false,
             renews_while_waiting: false,
@@ -349,7 +350,7 @@ impl Documents {
         Undo {
             collection: self.documents.clone(),
             filter: doc! { self.layout.lock_id_path(): lock_id },
-            update: self.layout.release_update(lock_id),
+            update: self.layout.release_update(lock_id, None),
             write_concern: self.options.write_concern().clone(),
             patience: self.options.expiry(),
             many: true,

@@ -12,8 +12,8 @@ use crate::lease::acquire::{self, Acquisition, Attempt, Takeover, Wait};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{self, AttemptReply, Layout};
-use crate::lease::{Problem, Target};
-use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, Result};
+use crate::lease::{Problem, Target, admin};
+use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, Result};
 
 /// The default collection of exclusive locks, shared with DistributedLock.MongoDB.
 pub const DEFAULT_LOCK_COLLECTION: &str = "distributed_locks";
@@ -101,6 +101,21 @@ impl MongoDistributedLock {
     /// The lock's name.
     pub fn name(&self) -> &str {
         &self.target.name
+    }
+
+    /// The lock as stored now, read at one server instant: its holder's lock id, lease and
+    /// details while it is held, its last holder's otherwise; `None` if it was never acquired
+    /// (or its document was deleted).
+    ///
+    /// # Errors
+    /// [`Error::Mongo`] if the read fails; [`Error::InvalidCollectionName`],
+    /// [`Error::InvalidArgument`] as for [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read only.
+    pub async fn status(&self) -> Result<Option<LockStatus>> {
+        self.target.check()?;
+        admin::status(&self.target.collection, &self.target.name).await
     }
 
     /// The lock's options.
@@ -249,7 +264,7 @@ async fn attempt(
     let sent_at = clock::now();
     let update = schema::acquire_update(
         &lock_id,
-        target.options.expiry_millis(),
+        target.options.acquired_lease_millis(),
         target.details.as_ref(),
         None,
     );

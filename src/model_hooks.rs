@@ -53,7 +53,7 @@ pub fn renew_filter(name: &str, lock_id: &str) -> Document {
 
 /// The update pipeline of a renewal.
 pub fn renew_update(options: &LockOptions) -> Vec<Document> {
-    schema::Layout::LockDocument.renew_update(options.expiry_millis(), &[])
+    schema::Layout::LockDocument.renew_update(options, &[])
 }
 
 /// The filter of a release of the lease `lock_id`, and of the cleanup after an attempt with
@@ -64,7 +64,7 @@ pub fn release_filter(name: &str, lock_id: &str) -> Document {
 
 /// The update pipeline of a release and of a cleanup.
 pub fn release_update(lock_id: &str) -> Vec<Document> {
-    schema::Layout::LockDocument.release_update(lock_id)
+    schema::Layout::LockDocument.release_update(lock_id, None)
 }
 
 /// The filter of a release that hands the lock over from `releasing` to a local waiter's

@@ -42,6 +42,7 @@ pub struct LockOptions {
     write_concern: WriteConcern,
     max_clock_skew: Duration,
     max_hold: Option<Duration>,
+    min_hold: Option<Duration>,
     automatic_ttl_index: bool,
 }
 
@@ -56,6 +57,7 @@ impl Default for LockOptions {
             write_concern: WriteConcern::majority(),
             max_clock_skew: default_clock_skew(DEFAULT_EXPIRY),
             max_hold: None,
+            min_hold: None,
             automatic_ttl_index: true,
         }
     }
@@ -70,6 +72,32 @@ impl LockOptions {
     /// Starts building options from the defaults.
     pub fn builder() -> LockOptionsBuilder {
         LockOptionsBuilder::default()
+    }
+
+    /// A builder that starts from these options (every value set, the clock-skew tolerance
+    /// included), to change some of them.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::LockOptions;
+    ///
+    /// let base = LockOptions::builder().expiry(Duration::from_secs(10)).build()?;
+    /// let job = base.to_builder().min_hold(Duration::from_secs(60)).build()?;
+    /// assert_eq!((job.expiry(), job.min_hold()), (base.expiry(), Some(Duration::from_secs(60))));
+    /// # Ok::<(), distributed_lock_mongodb::Error>(())
+    /// ```
+    pub fn to_builder(&self) -> LockOptionsBuilder {
+        LockOptionsBuilder {
+            expiry: Some(self.expiry),
+            extension_cadence: Some(self.extension_cadence),
+            busy_wait: Some((self.min_busy_wait, self.max_busy_wait)),
+            adaptive_backoff: self.adaptive_backoff,
+            write_concern: Some(self.write_concern.clone()),
+            max_clock_skew: Some(self.max_clock_skew),
+            max_hold: self.max_hold,
+            min_hold: self.min_hold,
+            manual_ttl_index: !self.automatic_ttl_index,
+        }
     }
 
     /// How long a lease lasts without renewal.
@@ -122,6 +150,12 @@ impl LockOptions {
         self.max_hold
     }
 
+    /// The shortest a lock stays taken on the server once acquired, by the server's clock (see
+    /// [`LockOptionsBuilder::min_hold`]). `None` (the default): a release frees it at once.
+    pub fn min_hold(&self) -> Option<Duration> {
+        self.min_hold
+    }
+
     /// Whether the first acquisition in a collection creates its TTL index (see
     /// [`LockOptionsBuilder::automatic_ttl_index`]).
     pub fn automatic_ttl_index(&self) -> bool {
@@ -145,6 +179,31 @@ impl LockOptions {
         // At most 365 days: always fits.
         i64::try_from(self.expiry.as_millis()).unwrap_or(i64::MAX)
     }
+
+    /// [`min_hold`](Self::min_hold) in milliseconds.
+    pub(crate) fn min_hold_millis(&self) -> Option<i64> {
+        // At most 365 days: always fits.
+        self.min_hold
+            .map(|min_hold| i64::try_from(min_hold.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// How long the lease an acquisition writes lasts on the server: `expiry`, or `min_hold` if
+    /// that is longer (a holder that dies early keeps the lock taken until then).
+    pub(crate) fn acquired_lease_millis(&self) -> i64 {
+        self.expiry_millis()
+            .max(self.min_hold_millis().unwrap_or(0))
+    }
+
+    /// [`Error::InvalidOptions`] if `min_hold` is set for a kind of lock that does not support it
+    /// (`kind` names it in the message).
+    pub(crate) fn check_min_hold_unsupported(&self, kind: &str) -> Result<()> {
+        match self.min_hold {
+            None => Ok(()),
+            Some(min_hold) => Err(invalid(format!(
+                "min_hold ({min_hold:?}) applies to exclusive locks and leader elections only,                  not to a {kind}"
+            ))),
+        }
+    }
 }
 
 /// Builder for [`LockOptions`]; every setter is optional and [`build`](Self::build) validates.
@@ -158,6 +217,7 @@ pub struct LockOptionsBuilder {
     write_concern: Option<WriteConcern>,
     max_clock_skew: Option<Duration>,
     max_hold: Option<Duration>,
+    min_hold: Option<Duration>,
     manual_ttl_index: bool,
 }
 
@@ -237,6 +297,36 @@ impl LockOptionsBuilder {
     /// ```
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The shortest a lock stays taken once acquired, by the server's clock: released (or
+    /// dropped, or lost by its holder's process dying) before `acquired_at + min_hold`, the lock
+    /// stays taken on the server until then, so instances whose timers disagree run a job at
+    /// most once per window (ShedLock's `lockAtLeastFor`). `release()` still returns at once.
+    /// Measured from the acquisition's `acquiredAt`, the time of the server that ran it.
+    ///
+    /// Applies to exclusive locks, and to what is built on them (leader elections, composites of
+    /// exclusive locks, [`Job`](crate::Job)); other kinds refuse options that set it
+    /// ([`Error::InvalidOptions`] from their first call). A lock with a `min_hold` is never
+    /// handed over to a local waiter in its release command. Defaults to none; must be between
+    /// 1 ms and 365 days, and at most [`max_hold`](Self::max_hold) when both are set (a job
+    /// stopped at `max_hold` still keeps others out until `min_hold`: keep them in that order).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::LockOptions;
+    ///
+    /// // An hourly job: whichever instance's timer fires first runs it, the others skip it
+    /// // for the rest of the hour even if it finished in seconds.
+    /// let options = LockOptions::builder()
+    ///     .min_hold(Duration::from_secs(55 * 60))
+    ///     .build()?;
+    /// assert_eq!(options.min_hold(), Some(Duration::from_secs(3_300)));
+    /// # Ok::<(), distributed_lock_mongodb::Error>(())
+    /// ```
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
         self
     }
 
@@ -322,6 +412,22 @@ impl LockOptionsBuilder {
                 )));
             }
             options.max_hold = Some(whole_millis(max_hold));
+        }
+
+        if let Some(min_hold) = self.min_hold {
+            if min_hold < Duration::from_millis(1) || min_hold > MAX_DURATION {
+                return Err(invalid(format!(
+                    "min_hold must be between 1 ms and 365 days, got {min_hold:?}"
+                )));
+            }
+            if let Some(max_hold) = options.max_hold
+                && min_hold > max_hold
+            {
+                return Err(invalid(format!(
+                    "min_hold ({min_hold:?}) must not exceed max_hold ({max_hold:?})"
+                )));
+            }
+            options.min_hold = Some(whole_millis(min_hold));
         }
 
         if let Some(write_concern) = self.write_concern {
@@ -436,6 +542,37 @@ mod tests {
         assert!(message.starts_with("extension_cadence"), "{message}");
         assert!(message.contains("max_clock_skew"), "{message}");
         with_skew().extension_cadence(ms(889)).build().unwrap();
+    }
+
+    #[test]
+    fn min_hold_is_off_by_default_and_validated_against_max_hold() {
+        assert_eq!(LockOptions::default().min_hold(), None);
+        let year = ms(366 * 24 * 60 * 60 * 1000);
+        for min_hold in [Duration::ZERO, Duration::from_micros(999), year] {
+            let message = error_of(LockOptions::builder().min_hold(min_hold));
+            assert!(message.starts_with("min_hold must be between"), "{message}");
+        }
+        let message = error_of(
+            LockOptions::builder()
+                .max_hold(ms(60_000))
+                .min_hold(ms(60_001)),
+        );
+        assert!(message.contains("must not exceed max_hold"), "{message}");
+        let options = LockOptions::builder()
+            .max_hold(ms(60_000))
+            .min_hold(ms(60_000))
+            .build()
+            .unwrap();
+        assert_eq!(options.min_hold(), Some(ms(60_000)));
+        // An acquisition's lease lasts the longer of expiry and min_hold.
+        assert_eq!(options.acquired_lease_millis(), 60_000);
+        let short = LockOptions::builder().min_hold(ms(10)).build().unwrap();
+        assert_eq!(short.acquired_lease_millis(), short.expiry_millis());
+        // Kept by `to_builder`, as every other setting.
+        assert_eq!(
+            format!("{:?}", options.to_builder().build().unwrap()),
+            format!("{options:?}")
+        );
     }
 
     #[test]

@@ -17,8 +17,8 @@ use crate::lease::{Problem, admin, held, ttl_index};
 use crate::traits::{DistributedLock, DistributedLockProvider};
 use crate::{
     CompositeGuard, CompositeMember, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION,
-    DEFAULT_SEMAPHORE_COLLECTION, DocumentLock, Error, LeaderElection, LockDetails, LockFilter,
-    LockGuard, LockKind, LockOptions, LockStatus, MongoDistributedLock,
+    DEFAULT_SEMAPHORE_COLLECTION, DocumentLock, Error, Job, LeaderElection, LockDetails,
+    LockFilter, LockGuard, LockKind, LockOptions, LockStatus, MongoDistributedLock,
     MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Result,
 };
 
@@ -652,6 +652,20 @@ impl Provider {
             .with_collection(self.collection.name.as_str())
             .with_options(self.options.clone())
             .with_provider_settings(&self.renewals, details, self.shared_collection())
+    }
+
+    /// A job called `name` (an exclusive lock of this provider, with this process's details
+    /// stored) that runs at most once per `window` across every instance; see [`Job`].
+    pub fn create_job(&self, name: impl Into<String>, window: Duration) -> Job {
+        let lock = MongoDistributedLock::new(name, &self.database)
+            .with_collection(self.collection.name.as_str())
+            .with_options(self.options.clone())
+            .with_provider_settings(
+                &self.renewals,
+                Some(self.details.to_document()),
+                self.shared_collection(),
+            );
+        Job::from_lock(lock, window)
     }
 
     /// Locks in the documents of `collection` (see [`DocumentLock`]), with this provider's

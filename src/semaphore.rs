@@ -239,7 +239,7 @@ impl MongoDistributedSemaphore {
                 "semaphore {:?}: max_count must be at least 1",
                 shown_name(&target.name)
             ))),
-            _ => Ok(()),
+            _ => target.options.check_min_hold_unsupported("semaphore"),
         });
         let what = Acquisition {
             kind: "semaphore",
@@ -325,7 +325,7 @@ fn takeover(
     Takeover {
         layout: places(),
         update: Box::new(move |releasing| {
-            let mut update = places().release_update(releasing);
+            let mut update = places().release_update(releasing, None);
             update.extend(join.iter().cloned());
             update
         }),

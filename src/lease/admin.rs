@@ -189,7 +189,7 @@ pub(crate) async fn force_release_lease(
 ) -> Result<bool> {
     let filter = layout.release_filter(&name.into(), lock_id);
     let result = collection
-        .update_one(filter, layout.release_update(lock_id))
+        .update_one(filter, layout.release_update(lock_id, None))
         .await?;
     Ok(result.modified_count > 0)
 }

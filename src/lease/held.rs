@@ -136,7 +136,7 @@ impl HeldLease {
         let lock_ids = [lock_id];
         let ids = [self.id.clone()];
         let ours = layout.renew_many_filter(&ids, &lock_ids);
-        let renew = layout.renew_update(options.expiry_millis(), &lock_ids);
+        let renew = layout.renew_update(options, &lock_ids);
         let locks = client
             .database(&namespace.db)
             .collection::<Document>(&namespace.coll);

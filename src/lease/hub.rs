@@ -29,6 +29,8 @@ struct LoopKey {
     expiry: Duration,
     cadence: Duration,
     skew: Duration,
+    /// Leases with a `min_hold` are renewed without ever being shortened.
+    min_hold: Option<Duration>,
     /// `WriteConcern` is not `Hash`; its debug form identifies it.
     write_concern: String,
 }
@@ -43,6 +45,7 @@ impl LoopKey {
             expiry: options.expiry(),
             cadence: options.extension_cadence(),
             skew: options.max_clock_skew(),
+            min_hold: options.min_hold(),
             write_concern: format!("{:?}", options.write_concern()),
         }
     }

@@ -183,7 +183,7 @@ impl Target {
     /// document (stored as `layout` says), should its outcome be unknown.
     pub(crate) fn cleanup(&self, layout: &Layout, lock_id: &str) -> Undo {
         self.place(layout)
-            .release_undo(&self.name.as_str().into(), lock_id, &self.name)
+            .cleanup_undo(&self.name.as_str().into(), lock_id, &self.name)
     }
 
     /// Runs an attempt's pipeline `update` on the lock's document (`{_id: name}`, created if

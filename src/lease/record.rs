@@ -29,12 +29,23 @@ impl Place {
         self.collection.namespace()
     }
 
-    /// The update that ends the lease `lock_id` in document `id` (its holder's release).
+    /// The update that ends the lease `lock_id` in document `id` (its holder's release: an
+    /// exclusive lock with a `min_hold` stays taken until then).
     pub(crate) fn release_undo(&self, id: &Bson, lock_id: &str, name: &str) -> Undo {
+        self.undo(id, lock_id, name, self.options.min_hold_millis())
+    }
+
+    /// The update that ends at once whatever lease `lock_id` holds in document `id` (the
+    /// cleanup after an attempt whose outcome is unknown: its caller never had the lock).
+    pub(crate) fn cleanup_undo(&self, id: &Bson, lock_id: &str, name: &str) -> Undo {
+        self.undo(id, lock_id, name, None)
+    }
+
+    fn undo(&self, id: &Bson, lock_id: &str, name: &str, min_hold_millis: Option<i64>) -> Undo {
         Undo {
             collection: self.collection.clone(),
             filter: self.layout.release_filter(id, lock_id),
-            update: self.layout.release_update(lock_id),
+            update: self.layout.release_update(lock_id, min_hold_millis),
             write_concern: self.options.write_concern().clone(),
             patience: self.options.expiry(),
             many: false,

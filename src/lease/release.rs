@@ -104,8 +104,11 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: &Tracked
     // Lost before the release was sent: the release still goes out (it never touches another
     // holder's lease), but the caller must hear that the lock was not held throughout.
     let lost_before = lease.is_lost();
+    // A lock with a `min_hold` stays taken after its release: nobody to hand it over to.
     let handoff = match &lease.waiters {
-        Some(waiters) if !lost_before => handoff::handoff(waiters, options.write_concern(), layout),
+        Some(waiters) if !lost_before && options.min_hold().is_none() => {
+            handoff::handoff(waiters, options.write_concern(), layout)
+        }
         _ => Handoff::Wake,
     };
     if let Handoff::Transfer(offers) = handoff {
@@ -123,7 +126,7 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: &Tracked
     }
     let wake = lease.waiters.as_ref();
     let filter = layout.release_filter(&lease.id, &lease.lock_id);
-    let update = layout.release_update(&lease.lock_id);
+    let update = layout.release_update(&lease.lock_id, options.min_hold_millis());
     let send = || {
         let (collection, filter, update) = (collection.clone(), filter.clone(), update.clone());
         let write_concern = options.write_concern().clone();

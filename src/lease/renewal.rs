@@ -737,7 +737,7 @@ async fn renew_one(
     let renewed = collection
         .find_one_and_update(
             layout.renew_many_filter(&ids, &lock_ids),
-            layout.renew_update(options.expiry_millis(), &lock_ids),
+            layout.renew_update(options, &lock_ids),
         )
         .projection(layout.lease_projection(lock_id))
         .return_document(ReturnDocument::After)
@@ -752,9 +752,7 @@ async fn renew_one(
             received_at,
         });
     };
-    let server_millis = layout
-        .lease_expiry(&document, lock_id)
-        .map(|expires_at| expires_at.timestamp_millis() - options.expiry_millis());
+    let server_millis = layout.renewed_at_millis(&document, lock_id, options.expiry_millis());
     Ok(Reply {
         renewed: Renewed::All,
         server_millis,
@@ -782,7 +780,7 @@ async fn renew_many(
         "update": collection.name(),
         "updates": [{
             "q": layout.renew_many_filter(ids, lock_ids),
-            "u": layout.renew_update(options.expiry_millis(), lock_ids),
+            "u": layout.renew_update(options, lock_ids),
             "multi": true,
         }],
         "maxTimeMS": i64::try_from(time_limit.as_millis()).unwrap_or(i64::MAX),

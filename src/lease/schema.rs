@@ -12,9 +12,10 @@
 
 use std::time::Duration;
 
-use mongodb::bson::{Bson, DateTime, Document, doc};
+use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::{ReadPreference, SelectionCriteria};
 
+use crate::LockOptions;
 use crate::fencing::read_i64;
 
 pub(crate) const ID: &str = "_id";
@@ -240,8 +241,11 @@ impl Layout {
 
     /// Extends the listed leases to `$$NOW + expiry`, an array member only if it is still live,
     /// and records when (`renewedAt`; in an exclusive lock document only if it stores details,
-    /// which .NET clients cannot read anyway).
-    pub(crate) fn renew_update(&self, expiry_millis: i64, lock_ids: &[String]) -> Vec<Document> {
+    /// which .NET clients cannot read anyway, or has a `min_hold`). With a `min_hold`, an
+    /// exclusive lease is never shortened: it may end at `acquiredAt + min_hold`, later than
+    /// `$$NOW + expiry`.
+    pub(crate) fn renew_update(&self, options: &LockOptions, lock_ids: &[String]) -> Vec<Document> {
+        let expiry_millis = options.expiry_millis();
         match self {
             Layout::Members(field) => {
                 let lease = doc! { EXPIRES_AT: lease_end(expiry_millis), RENEWED_AT: "$$NOW" };
@@ -269,6 +273,13 @@ impl Layout {
                 } },
                 retain(expiry_millis),
             ],
+            Layout::LockDocument if options.min_hold().is_some() => {
+                let top: Bson = format!("${EXPIRES_AT}").into();
+                vec![doc! { "$set": {
+                    EXPIRES_AT: { "$max": [top, lease_end(expiry_millis)] },
+                    RENEWED_AT: "$$NOW",
+                } }]
+            }
             Layout::LockDocument => {
                 let has_details = doc! { "$eq": [{ "$type": format!("${DETAILS}") }, "object"] };
                 vec![doc! { "$set": {
@@ -311,30 +322,39 @@ impl Layout {
             Layout::Members(field) => {
                 doc! { field.as_str(): { "$elemMatch": { EMBEDDED_ID: lock_id } } }
             }
-            _ => doc! { self.expires_at_path(): 1 },
+            _ => doc! { self.expires_at_path(): 1, self.renewed_at_path(): 1 },
         }
     }
 
-    /// The `expiresAt` of the lease `lock_id` in `document` (as projected by
-    /// [`lease_projection`](Self::lease_projection)), if it is there.
-    pub(crate) fn lease_expiry(&self, document: &Document, lock_id: &str) -> Option<DateTime> {
-        match self {
-            Layout::LockDocument => document.get_datetime(EXPIRES_AT).ok().copied(),
-            Layout::Writer | Layout::Embedded(_) => document
-                .get_document(self.field()?)
-                .ok()?
-                .get_datetime(EXPIRES_AT)
-                .ok()
-                .copied(),
+    /// Where a lease records when it was last acquired or renewed, if it does.
+    fn renewed_at_path(&self) -> String {
+        match self.field() {
+            None => RENEWED_AT.to_owned(),
+            Some(field) => format!("{field}.{RENEWED_AT}"),
+        }
+    }
+
+    /// The server's time when the lease `lock_id` in `document` (returned by its renewal) was
+    /// renewed: its `renewedAt` where it records one, else its `expiresAt` less `expiry_millis`.
+    pub(crate) fn renewed_at_millis(
+        &self,
+        document: &Document,
+        lock_id: &str,
+        expiry_millis: i64,
+    ) -> Option<i64> {
+        let lease = match self {
+            Layout::LockDocument => document,
+            Layout::Writer | Layout::Embedded(_) => document.get_document(self.field()?).ok()?,
             Layout::Members(field) => document
                 .get_array(field)
                 .ok()?
                 .iter()
                 .filter_map(Bson::as_document)
-                .find(|member| member.get_str(EMBEDDED_ID) == Ok(lock_id))?
-                .get_datetime(EXPIRES_AT)
-                .ok()
-                .copied(),
+                .find(|member| member.get_str(EMBEDDED_ID) == Ok(lock_id))?,
+        };
+        match lease.get_datetime(RENEWED_AT) {
+            Ok(renewed_at) => Some(renewed_at.timestamp_millis()),
+            Err(_) => Some(lease.get_datetime(EXPIRES_AT).ok()?.timestamp_millis() - expiry_millis),
         }
     }
 
@@ -348,9 +368,24 @@ impl Layout {
     /// document keeps an `expiresAt` of now, so the TTL index removes it later; an embedded lock
     /// drops both its id and expiry, leaving the business document unlocked; an array member is
     /// removed from its array.
-    pub(crate) fn release_update(&self, lock_id: &str) -> Vec<Document> {
+    /// With `min_hold_millis` (an exclusive lock's [`LockOptions::min_hold`]), the lock stays
+    /// taken until `acquiredAt + min_hold` if that is later than now.
+    pub(crate) fn release_update(
+        &self,
+        lock_id: &str,
+        min_hold_millis: Option<i64>,
+    ) -> Vec<Document> {
         match self {
-            Layout::LockDocument => end_lease(),
+            Layout::LockDocument => match min_hold_millis {
+                None => end_lease(),
+                Some(min_hold) => vec![
+                    doc! { "$set": { EXPIRES_AT: { "$max": [
+                        "$$NOW",
+                        { "$add": [format!("${ACQUIRED_AT}"), min_hold] },
+                    ] } } },
+                    doc! { "$unset": LOCK_ID },
+                ],
+            },
             Layout::Embedded(_) | Layout::Writer => {
                 vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
             }
