@@ -4,7 +4,7 @@ use std::sync::OnceLock;
 
 use mongodb::bson::{Bson, Document, doc};
 
-use crate::fencing::read_i64;
+use crate::token::read_i64;
 
 /// Who holds a lock, stored next to the holder's lease and shown by
 /// [`Provider::held_locks`](crate::Provider::held_locks) and the `holders` methods of the

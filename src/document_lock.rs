@@ -17,9 +17,8 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::clock;
 use crate::error::{Operation, is_duplicate_id};
-use crate::fencing::{check_operators, read_i64};
-use crate::lease::Problem;
-use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Wait};
+use crate::fencing::check_operators;
+use crate::lease::acquire::{self, Acquisition, Attempt, Granted, ReadHolders, Wait};
 use crate::lease::backoff;
 use crate::lease::held::{self, HeldLease};
 use crate::lease::hub::RenewalHub;
@@ -29,7 +28,10 @@ use crate::lease::schema::{
     EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, lease_end, next_fencing_token, primary,
 };
 use crate::lease::undo::Undo;
-use crate::{Error, FencingToken, LockOptions, LostSignal, Result};
+use crate::lease::{Problem, admin};
+use crate::token::read_i64;
+use crate::{Error, FencingToken, LockOptions, LockStatus, LockWatch, LostSignal, Result};
+use futures::future::BoxFuture;
 
 /// The default field that holds the embedded lock.
 pub const DEFAULT_LOCK_FIELD: &str = "lock";
@@ -70,6 +72,23 @@ pub const DEFAULT_LOCK_FIELD: &str = "lock";
 pub struct DocumentLock<T> {
     target: Arc<Documents>,
     _documents: PhantomData<fn() -> T>,
+}
+
+/// The documents a caller waits to lock: their holders explain a wait.
+#[derive(Debug)]
+struct Matching {
+    target: Arc<Documents>,
+    filter: Document,
+}
+
+impl ReadHolders for Matching {
+    fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
+        Box::pin(async {
+            let target = &self.target;
+            Problem::check(target.problem.as_ref())?;
+            admin::document_holders(&target.documents, self.filter.clone(), &target.field).await
+        })
+    }
 }
 
 /// What a document lock and its guards share.
@@ -190,7 +209,9 @@ where
     /// this future was dropped is unlocked at once.
     pub async fn lock(&self, filter: Document) -> Result<DocumentGuard<T>> {
         let wait = Wait::forever();
-        wait.required(self.lock_within(filter, wait, None).await, self.name())
+        let outcome = self.lock_within(filter.clone(), wait, None).await;
+        wait.required(outcome, self.name(), &self.matching(filter))
+            .await
     }
 
     /// Like [`lock`](Self::lock), giving up after `timeout` with [`Error::Timeout`].
@@ -206,7 +227,44 @@ where
         timeout: Duration,
     ) -> Result<DocumentGuard<T>> {
         let wait = Wait::at_most(timeout);
-        wait.required(self.lock_within(filter, wait, None).await, self.name())
+        let outcome = self.lock_within(filter.clone(), wait, None).await;
+        wait.required(outcome, self.name(), &self.matching(filter))
+            .await
+    }
+
+    /// Who holds the documents matching `filter` locked now, read at one server instant: one
+    /// entry per locked document (kind [`LockKind::Document`](crate::LockKind::Document), named
+    /// `collection/_id`), with its lock id, lease and fencing token.
+    ///
+    /// # Errors
+    /// [`Error::Mongo`] if the read fails; [`Error::InvalidArgument`],
+    /// [`Error::InvalidCollectionName`] as for [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read only.
+    pub async fn holders(&self, filter: Document) -> Result<Vec<LockStatus>> {
+        self.matching(filter).read_holders().await
+    }
+
+    /// Watches who holds the documents matching `filter` locked, without locking them: read
+    /// now, then every `every` (document locks have no change stream); see [`LockWatch`].
+    ///
+    /// # Errors
+    /// As [`holders`](Self::holders) for the first read; [`Error::InvalidArgument`] for a zero
+    /// `every`; [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read, then a task of the returned watch.
+    pub async fn watch(&self, filter: Document, every: Duration) -> Result<LockWatch> {
+        LockWatch::start(self.matching(filter), every, None).await
+    }
+
+    /// The documents of `filter`, as a lock whose holders can be read.
+    fn matching(&self, filter: Document) -> Matching {
+        Matching {
+            target: Arc::clone(&self.target),
+            filter,
+        }
     }
 
     /// One attempt: `Ok(None)` if every matching document is locked by someone else.
@@ -295,10 +353,10 @@ where
             )));
         }
         let wait = Wait::forever();
-        let outcome = self
-            .lock_within(doc! { "_id": id }, wait, Some(insert))
-            .await;
-        wait.required(outcome, self.name())
+        let filter = doc! { "_id": id };
+        let outcome = self.lock_within(filter.clone(), wait, Some(insert)).await;
+        wait.required(outcome, self.name(), &self.matching(filter))
+            .await
     }
 
     async fn lock_within(
@@ -308,6 +366,7 @@ where
         insert: Option<Document>,
     ) -> Result<Option<DocumentGuard<T>>> {
         let target = &self.target;
+        let matching = self.matching(filter.clone());
         let what = Acquisition {
             kind: "document",
             name: target.documents.name(),
@@ -320,6 +379,7 @@ where
             renews_while_waiting: false,
             family: &target.renewals,
             push: None,
+            holders: &matching,
         };
         acquire::acquire(
             what,
@@ -754,7 +814,7 @@ impl<T> DocumentGuard<T> {
             Ok(Err(_join_error)) => Err(Error::BackgroundTaskEnded {
                 operation: Operation::Commit,
             }),
-            Err(_elapsed) => Err(Error::Timeout {
+            Err(_elapsed) => Err(Error::NoReply {
                 operation: Operation::Commit,
                 name: self.lease.name().to_owned(),
                 waited: started.elapsed(),

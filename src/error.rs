@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::LockStatus;
+
 /// How many characters of a lock name appear in messages and traces. Names can be up to
 /// MongoDB's document size, and a megabyte-long log line helps nobody.
 const SHOWN_NAME_CHARS: usize = 100;
@@ -21,20 +23,33 @@ pub(crate) fn shown_name(name: &str) -> String {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The operation did not complete within its time limit.
-    ///
-    /// Returned when a lock stayed busy until the caller's deadline
-    /// ([`Operation::Acquire`]), and by any request to MongoDB that got no reply in time
-    /// ([`Operation::AttemptReply`], [`Operation::Release`], [`Operation::Commit`]). Retrying
-    /// later is reasonable.
-    #[error("{}", timeout_message(*operation, name, *waited))]
+    /// The lock stayed busy until the caller's deadline. Its message says what held it then.
+    /// Retrying later is reasonable.
+    #[error("{}", busy_message(name, *waited, holders))]
     Timeout {
-        /// What timed out.
+        /// The lock's name (for a document lock: the collection).
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+        /// What held the lock when the wait ran out, read just then (one more command, only on
+        /// this path): the holder of an exclusive lock or of the locked document, the holders of
+        /// a semaphore or a reader-writer lock; each with its lock id, stored details and how
+        /// much of its lease was left. Empty if that read failed, or found the lock free again.
+        holders: Vec<LockStatus>,
+    },
+
+    /// MongoDB did not answer a request in time ([`Operation::AttemptReply`],
+    /// [`Operation::Release`], [`Operation::Commit`]): the server is unreachable, overloaded or
+    /// behind a half-open connection. What the request did is unknown; the message says what
+    /// the crate does about it. Never reported for a busy lock.
+    #[error("{}", no_reply_message(*operation, name, *waited))]
+    NoReply {
+        /// What got no reply.
         operation: Operation,
         /// The lock's name (for a document lock: `collection/_id`, or the collection while
         /// no document is locked yet).
         name: String,
-        /// How long the caller waited.
+        /// How long the request was waited for.
         waited: Duration,
     },
 
@@ -162,10 +177,59 @@ impl fmt::Display for Operation {
     }
 }
 
-fn timeout_message(operation: Operation, name: &str, waited: Duration) -> String {
+fn busy_message(name: &str, waited: Duration, holders: &[LockStatus]) -> String {
+    let name = shown_name(name);
+    let busy = format!("timed out after {waited:?} waiting to acquire {name:?}");
+    match holders {
+        [] => busy,
+        holders => format!("{busy}: {}", holders_text(holders)),
+    }
+}
+
+/// What held a lock, in one line: "held by lock id … (owner …, host …, pid …) with 12.3 s of its
+/// lease left", or "held by 3 holders: …; …", or "holder unknown".
+pub(crate) fn holders_text(holders: &[LockStatus]) -> String {
+    let holder = |holder: &LockStatus| {
+        let mut text = match &holder.lock_id {
+            Some(lock_id) => format!("lock id {lock_id}"),
+            None => "its last holder's minimum hold".to_owned(),
+        };
+        let who: Vec<String> = [
+            holder.owner().map(|owner| format!("owner {owner}")),
+            holder.host().map(|host| format!("host {host}")),
+            holder.pid().map(|pid| format!("pid {pid}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !who.is_empty() {
+            text.push_str(&format!(" ({})", who.join(", ")));
+        }
+        if let Some(remaining) = holder.remaining {
+            text.push_str(&format!(
+                " with {:.1} s of its lease left",
+                remaining.as_secs_f64()
+            ));
+        }
+        text
+    };
+    match holders {
+        [] => "holder unknown".to_owned(),
+        [only] => format!("held by {}", holder(only)),
+        many => format!(
+            "held by {} holders: {}",
+            many.len(),
+            many.iter().map(holder).collect::<Vec<_>>().join("; ")
+        ),
+    }
+}
+
+fn no_reply_message(operation: Operation, name: &str, waited: Duration) -> String {
     let name = shown_name(name);
     match operation {
-        Operation::Acquire => format!("timed out after {waited:?} waiting to acquire {name:?}"),
+        Operation::Acquire => {
+            format!("waiting to acquire {name:?} got no reply from MongoDB within {waited:?}")
+        }
         Operation::AttemptReply => format!(
             "an acquisition attempt on {name:?} got no reply from MongoDB within {waited:?}"
         ),
@@ -181,9 +245,14 @@ fn timeout_message(operation: Operation, name: &str, waited: Duration) -> String
 }
 
 impl Error {
-    /// Whether the operation ran out of time ([`Error::Timeout`]).
+    /// Whether the lock stayed busy until the caller's deadline ([`Error::Timeout`]).
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
+    }
+
+    /// Whether MongoDB did not answer a request in time ([`Error::NoReply`]).
+    pub fn is_no_reply(&self) -> bool {
+        matches!(self, Error::NoReply { .. })
     }
 
     /// Whether the lock had been lost before it was released ([`Error::LockLost`]).
@@ -209,7 +278,7 @@ impl Error {
     /// retry these within their deadline (see the crate docs).
     pub(crate) fn is_transient(&self) -> bool {
         match self {
-            Error::Timeout { operation, .. } => *operation == Operation::AttemptReply,
+            Error::NoReply { operation, .. } => *operation == Operation::AttemptReply,
             Error::Mongo(error) => is_transient_driver_error(error),
             _ => false,
         }
@@ -372,16 +441,16 @@ mod tests {
             "unauthorized"
         );
         assert!(!Error::Mongo(write_error(11000)).is_transient());
-        let no_reply = Error::Timeout {
+        let no_reply = Error::NoReply {
             operation: Operation::AttemptReply,
             name: "n".into(),
             waited: Duration::from_secs(5),
         };
         assert!(no_reply.is_transient());
         let busy = Error::Timeout {
-            operation: Operation::Acquire,
             name: "n".into(),
             waited: Duration::from_secs(5),
+            holders: Vec::new(),
         };
         assert!(!busy.is_transient());
         assert!(!Error::InvalidArgument("x".into()).is_transient());
@@ -389,21 +458,52 @@ mod tests {
 
     #[test]
     fn timeout_messages_read_as_sentences() {
-        let timeout = |operation| Error::Timeout {
+        let busy = |holders| Error::Timeout {
+            name: "jobs".into(),
+            waited: Duration::from_secs(5),
+            holders,
+        };
+        assert_eq!(
+            busy(Vec::new()).to_string(),
+            "timed out after 5s waiting to acquire \"jobs\""
+        );
+        let holder = |lock_id: &str, owner: Option<&str>| LockStatus {
+            name: "jobs".into(),
+            kind: crate::LockKind::Semaphore,
+            lock_id: Some(lock_id.into()),
+            acquired_at: None,
+            expires_at: None,
+            renewed_at: None,
+            fencing_token: None,
+            remaining: Some(Duration::from_millis(12_340)),
+            details: owner.map(|owner| crate::LockDetails::new().with_owner(owner)),
+        };
+        let one = busy(vec![holder("7f3a", Some("worker-7"))]).to_string();
+        assert!(
+            one.starts_with(
+                "timed out after 5s waiting to acquire \"jobs\": held by lock id 7f3a (owner \
+                 worker-7, host "
+            ),
+            "{one}"
+        );
+        assert!(one.ends_with("with 12.3 s of its lease left"), "{one}");
+        assert!(!one.contains('\n'), "one line: {one}");
+        let two = busy(vec![holder("a", None), holder("b", None)]).to_string();
+        assert!(
+            two.contains("held by 2 holders: lock id a with 12.3 s of its lease left; lock id b"),
+            "{two}"
+        );
+        let no_reply = |operation| Error::NoReply {
             operation,
             name: "jobs".into(),
             waited: Duration::from_secs(5),
         };
         assert_eq!(
-            timeout(Operation::Acquire).to_string(),
-            "timed out after 5s waiting to acquire \"jobs\""
-        );
-        assert_eq!(
-            timeout(Operation::AttemptReply).to_string(),
+            no_reply(Operation::AttemptReply).to_string(),
             "an acquisition attempt on \"jobs\" got no reply from MongoDB within 5s"
         );
         assert!(
-            timeout(Operation::Release)
+            no_reply(Operation::Release)
                 .to_string()
                 .starts_with("the release of")
         );
@@ -429,11 +529,17 @@ mod tests {
     #[test]
     fn helpers_classify_variants() {
         let timeout = Error::Timeout {
-            operation: Operation::Acquire,
+            name: "n".into(),
+            waited: Duration::from_millis(5),
+            holders: Vec::new(),
+        };
+        assert!(timeout.is_timeout() && !timeout.is_lock_lost() && !timeout.is_no_reply());
+        let no_reply = Error::NoReply {
+            operation: Operation::Release,
             name: "n".into(),
             waited: Duration::from_millis(5),
         };
-        assert!(timeout.is_timeout() && !timeout.is_lock_lost());
+        assert!(no_reply.is_no_reply() && !no_reply.is_timeout());
         assert!(Error::LockLost { name: "n".into() }.is_lock_lost());
         assert!(Error::InvalidOptions("expiry".into()).is_invalid_input());
     }

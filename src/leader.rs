@@ -7,7 +7,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::shown_name;
-use crate::{Error, FencingToken, LockGuard, LostSignal, MongoDistributedLock, Result};
+use crate::{Error, FencingToken, LockGuard, LockWatch, LostSignal, MongoDistributedLock, Result};
 
 /// After a failed campaign (an error other than a busy lock), the next one waits this long.
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
@@ -79,6 +79,20 @@ impl LeaderElection {
             resign: Some(resign),
             campaign,
         })
+    }
+
+    /// Who leads `lock`'s name now, watched without campaigning (for a dashboard, or a
+    /// follower that routes work to the leader): the leader's lock id, details, term's fencing
+    /// token and lease, or nobody between terms; see [`LockWatch`] and
+    /// [`MongoDistributedLock::watch`].
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::watch`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn watch_leader(lock: &MongoDistributedLock, every: Duration) -> Result<LockWatch> {
+        lock.watch(every).await
     }
 
     /// The name campaigned for.

@@ -14,6 +14,7 @@ mod error;
 mod fencing;
 mod lock_status;
 mod options;
+mod token;
 
 // The lock as an interface, implemented by the primitives below and by `memory`.
 mod traits;
@@ -31,6 +32,7 @@ mod lock;
 mod provider;
 mod rw_lock;
 mod semaphore;
+mod watch;
 
 // The in-memory double of the exclusive lock, for unit tests without MongoDB.
 pub mod memory;
@@ -56,7 +58,7 @@ pub use composite::{CompositeGuard, CompositeMember};
 pub use details::LockDetails;
 pub use document_lock::{DEFAULT_LOCK_FIELD, DocumentGuard, DocumentLock};
 pub use error::{Error, Operation, Result};
-pub use fencing::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome, FencingToken};
+pub use fencing::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome};
 pub use guard::LockGuard;
 pub use job::{Job, JobRun, Skipped};
 pub use leader::LeaderElection;
@@ -67,7 +69,9 @@ pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
 pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard};
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
+pub use token::FencingToken;
 pub use traits::{BoxedGuard, DistributedLock, DistributedLockGuard, DistributedLockProvider};
+pub use watch::LockWatch;
 
 /// Public types are `Send + Sync` (guards also `'static`), and the futures of every async method
 /// are `Send`, so they can be spawned. Checked at compile time.

@@ -8,12 +8,15 @@ use mongodb::Database;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
 
-use crate::lease::acquire::{self, Acquisition, Attempt, Takeover, Wait};
+use crate::lease::acquire::{self, Acquisition, Attempt, ReadHolders, Takeover, Wait};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{self, AttemptReply, Layout};
 use crate::lease::{Problem, Target, admin};
-use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, Result};
+use crate::{
+    Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
+};
+use futures::future::BoxFuture;
 
 /// The default collection of exclusive locks, shared with DistributedLock.MongoDB.
 pub const DEFAULT_LOCK_COLLECTION: &str = "distributed_locks";
@@ -118,6 +121,43 @@ impl MongoDistributedLock {
         admin::status(&self.target.collection, &self.target.name).await
     }
 
+    /// Who holds the lock now: its holder, read at one server instant, or nobody (free, or only
+    /// kept taken by a finished holder's [`min_hold`](LockOptions::min_hold)). The same form
+    /// as the other kinds' `holders`.
+    ///
+    /// # Errors
+    /// As [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read only.
+    pub async fn holders(&self) -> Result<Vec<LockStatus>> {
+        Ok(self
+            .status()
+            .await?
+            .into_iter()
+            .filter(LockStatus::is_held)
+            .collect())
+    }
+
+    /// Watches who holds the lock, without holding it: read now, then every `every`, and at
+    /// once whenever its change stream (on a replica set or sharded cluster) shows a change; see
+    /// [`LockWatch`].
+    ///
+    /// # Errors
+    /// As [`status`](Self::status) for the first read; [`Error::InvalidArgument`] for a zero
+    /// `every`; [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read, then a task of the returned watch.
+    pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
+        let push = (
+            self.target.collection.clone(),
+            self.target.waiters.family(),
+            self.target.name.clone(),
+        );
+        LockWatch::start(self.clone(), every, Some(push)).await
+    }
+
     /// The lock's options.
     pub fn options(&self) -> &LockOptions {
         &self.target.options
@@ -147,7 +187,8 @@ impl MongoDistributedLock {
     /// at once by its own lock id, and if it wins the lock afterwards, it releases it at once.
     pub async fn acquire(&self) -> Result<LockGuard> {
         let wait = Wait::forever();
-        wait.required(self.acquire_within(wait).await, self.name())
+        wait.required(self.acquire_within(wait).await, self.name(), self)
+            .await
     }
 
     /// Waits at most `timeout` for the lock. A zero timeout makes exactly one attempt; one too
@@ -166,7 +207,8 @@ impl MongoDistributedLock {
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let wait = Wait::at_most(timeout);
-        wait.required(self.acquire_within(wait).await, self.name())
+        wait.required(self.acquire_within(wait).await, self.name(), self)
+            .await
     }
 
     /// Makes one attempt; `Ok(None)` if the lock is held by someone else.
@@ -238,6 +280,7 @@ impl MongoDistributedLock {
             renews_while_waiting: false,
             family: &target.renewals,
             push: Some(&target.collection),
+            holders: self,
         };
         let takeovers = |runtime: &Handle, lock_id: String| {
             takeover(Arc::clone(target), runtime.clone(), lock_id)
@@ -319,6 +362,12 @@ fn won(
         None => Err(Error::UnexpectedReply(
             "the acquired lock document has no numeric fencingToken".to_owned(),
         )),
+    }
+}
+
+impl ReadHolders for MongoDistributedLock {
+    fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
+        Box::pin(self.holders())
     }
 }
 

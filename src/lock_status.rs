@@ -18,6 +18,9 @@ pub enum LockKind {
     Read,
     /// A holder of a [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore).
     Semaphore,
+    /// The holder of a document locked by a [`DocumentLock`](crate::DocumentLock); its name is
+    /// `collection/_id`.
+    Document,
 }
 
 /// One holder of a lock (or, for an exclusive lock that is free, its last holder), read at one

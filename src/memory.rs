@@ -38,7 +38,6 @@ use futures::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::error::Operation;
 use crate::lease::lost::LeaseState;
 use crate::traits::{DistributedLock, DistributedLockGuard, DistributedLockProvider};
 use crate::{Error, FencingToken, LostSignal, Result};
@@ -228,9 +227,9 @@ impl MemoryLock {
         self.wait_for(Some(timeout))
             .await
             .ok_or_else(|| Error::Timeout {
-                operation: Operation::Acquire,
                 name: self.name.clone(),
                 waited: started.elapsed(),
+                holders: Vec::new(),
             })
     }
 

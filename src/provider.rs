@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::composite::HeldMember;
-use crate::error::{Operation, shown_name};
+use crate::error::shown_name;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{HOLDERS, Layout, READERS};
 use crate::lease::{Problem, admin, held, ttl_index};
@@ -245,6 +245,13 @@ impl Provider {
                 &self.semaphore_collection,
                 Layout::Members(HOLDERS.to_owned()),
             ),
+            LockKind::Document => {
+                return Err(Error::InvalidArgument(format!(
+                    "force_release_holder: {:?} is a document lock, which lives in the \
+                     application's collection, not the provider's",
+                    shown_name(&holder.name)
+                )));
+            }
         };
         let collection = self.open(collection)?;
         admin::force_release_lease(&collection, &layout, &holder.name, lock_id).await
@@ -490,11 +497,32 @@ impl Provider {
         let started = Instant::now();
         match self.acquire_all_within(members, timeout).await? {
             Ok(guard) => Ok(guard),
-            Err(busy) => Err(Error::Timeout {
-                operation: Operation::Acquire,
-                name: busy.name().to_owned(),
-                waited: started.elapsed(),
-            }),
+            Err(busy) => {
+                let waited = started.elapsed();
+                let holders = tokio::time::timeout(Duration::from_secs(5), self.holders_of(busy))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or_default();
+                Err(Error::Timeout {
+                    name: busy.name().to_owned(),
+                    waited,
+                    holders,
+                })
+            }
+        }
+    }
+
+    /// Who holds the composite member `member` now.
+    async fn holders_of(&self, member: CompositeMember<'_>) -> Result<Vec<LockStatus>> {
+        match member {
+            CompositeMember::Exclusive(name) => self.create_lock(name).holders().await,
+            CompositeMember::Read(name) | CompositeMember::Write(name) => {
+                self.create_reader_writer_lock(name).holders().await
+            }
+            CompositeMember::Semaphore { name, max_count } => {
+                self.create_semaphore(name, max_count).holders().await
+            }
         }
     }
 
@@ -550,7 +578,8 @@ impl Provider {
             members.iter().cloned().map(Into::into).collect();
         let key = |member: &CompositeMember<'a>| {
             let collection = match member.kind() {
-                LockKind::Exclusive => &self.collection,
+                // (A composite member is never a document lock.)
+                LockKind::Exclusive | LockKind::Document => &self.collection,
                 LockKind::Read | LockKind::Write => &self.reader_writer_collection,
                 LockKind::Semaphore => &self.semaphore_collection,
             };

@@ -11,8 +11,7 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use crate::error::shown_name;
-use crate::fencing::read_i64;
-use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Takeover, Wait};
+use crate::lease::acquire::{self, Acquisition, Attempt, Granted, ReadHolders, Takeover, Wait};
 use crate::lease::held::{self, HeldLease};
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::new_lock_id;
@@ -22,9 +21,12 @@ use crate::lease::schema::{
     retain,
 };
 use crate::lease::{Problem, Target, admin};
+use crate::token::read_i64;
 use crate::{
-    Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LostSignal, Result,
+    Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, LostSignal,
+    Result,
 };
+use futures::future::BoxFuture;
 
 /// The default collection of reader-writer locks.
 pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
@@ -175,7 +177,8 @@ impl MongoDistributedReaderWriterLock {
     /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire_read(&self) -> Result<ReadGuard> {
         let wait = Wait::forever();
-        wait.required(self.read_within(wait).await, self.name())
+        wait.required(self.read_within(wait).await, self.name(), self)
+            .await
     }
 
     /// Waits at most `timeout` for a read lock; [`Error::Timeout`] when it runs out.
@@ -187,7 +190,8 @@ impl MongoDistributedReaderWriterLock {
     /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire_read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
         let wait = Wait::at_most(timeout);
-        wait.required(self.read_within(wait).await, self.name())
+        wait.required(self.read_within(wait).await, self.name(), self)
+            .await
     }
 
     /// One attempt at a read lock; `Ok(None)` if a writer holds the lock or waits for it.
@@ -223,7 +227,8 @@ impl MongoDistributedReaderWriterLock {
     /// waiting-writer marker in the background.
     pub async fn acquire_write(&self) -> Result<LockGuard> {
         let wait = Wait::forever();
-        wait.required(self.write_within(wait).await, self.name())
+        wait.required(self.write_within(wait).await, self.name(), self)
+            .await
     }
 
     /// Waits at most `timeout` for the write lock; [`Error::Timeout`] when it runs out (the
@@ -236,7 +241,8 @@ impl MongoDistributedReaderWriterLock {
     /// As [`acquire_write`](Self::acquire_write).
     pub async fn acquire_write_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let wait = Wait::at_most(timeout);
-        wait.required(self.write_within(wait).await, self.name())
+        wait.required(self.write_within(wait).await, self.name(), self)
+            .await
     }
 
     /// One attempt at the write lock; `Ok(None)` if it is held (by readers or a writer). A single
@@ -318,6 +324,25 @@ impl MongoDistributedReaderWriterLock {
         let target = &self.target;
         target.check()?;
         admin::reader_writer_holders(&target.collection, doc! { ID: &target.name }).await
+    }
+
+    /// Watches who holds it, without holding it: read now, then every `every`, and at once
+    /// whenever its change stream (on a replica set or sharded cluster) shows a change; see
+    /// [`LockWatch`].
+    ///
+    /// # Errors
+    /// As [`holders`](Self::holders) for the first read; [`Error::InvalidArgument`] for a zero
+    /// `every`; [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read, then a task of the returned watch.
+    pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
+        let push = (
+            self.target.collection.clone(),
+            self.target.waiters.family(),
+            self.target.name.clone(),
+        );
+        LockWatch::start(self.clone(), every, Some(push)).await
     }
 
     /// **Dangerous**: ends every lease of this lock now (the writer's, every reader's, and a
@@ -439,7 +464,14 @@ impl MongoDistributedReaderWriterLock {
             renews_while_waiting: mode == Mode::Write,
             family: &target.renewals,
             push: Some(&target.collection),
+            holders: self,
         }
+    }
+}
+
+impl ReadHolders for MongoDistributedReaderWriterLock {
+    fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
+        Box::pin(self.holders())
     }
 }
 

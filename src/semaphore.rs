@@ -9,8 +9,7 @@ use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 
 use crate::error::shown_name;
-use crate::fencing::read_i64;
-use crate::lease::acquire::{self, Acquisition, Attempt, Granted, Takeover, Wait};
+use crate::lease::acquire::{self, Acquisition, Attempt, Granted, ReadHolders, Takeover, Wait};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{
@@ -18,7 +17,11 @@ use crate::lease::schema::{
     MAX_COUNT,
 };
 use crate::lease::{Problem, Target, admin};
-use crate::{Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, Result};
+use crate::token::read_i64;
+use crate::{
+    Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
+};
+use futures::future::BoxFuture;
 
 /// The default collection of semaphores.
 pub const DEFAULT_SEMAPHORE_COLLECTION: &str = "distributed_semaphores";
@@ -131,6 +134,25 @@ impl MongoDistributedSemaphore {
         admin::semaphore_holders(&target.collection, doc! { ID: &target.name }).await
     }
 
+    /// Watches who holds it, without holding it: read now, then every `every`, and at once
+    /// whenever its change stream (on a replica set or sharded cluster) shows a change; see
+    /// [`LockWatch`].
+    ///
+    /// # Errors
+    /// As [`holders`](Self::holders) for the first read; [`Error::InvalidArgument`] for a zero
+    /// `every`; [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read, then a task of the returned watch.
+    pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
+        let push = (
+            self.target.collection.clone(),
+            self.target.waiters.family(),
+            self.target.name.clone(),
+        );
+        LockWatch::start(self.clone(), every, Some(push)).await
+    }
+
     /// **Dangerous**: ends every holder's lease now, so a semaphore whose places are stuck
     /// with hung holders can be used again. The holders are not asked: each learns it at its
     /// next renewal and signals `lost`, so for up to one extension cadence more than
@@ -176,7 +198,8 @@ impl MongoDistributedSemaphore {
     /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire(&self) -> Result<LockGuard> {
         let wait = Wait::forever();
-        wait.required(self.acquire_within(wait).await, self.name())
+        wait.required(self.acquire_within(wait).await, self.name(), self)
+            .await
     }
 
     /// Waits at most `timeout` for a place; [`Error::Timeout`] when it runs out.
@@ -188,7 +211,8 @@ impl MongoDistributedSemaphore {
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let wait = Wait::at_most(timeout);
-        wait.required(self.acquire_within(wait).await, self.name())
+        wait.required(self.acquire_within(wait).await, self.name(), self)
+            .await
     }
 
     /// One attempt: `Ok(None)` if `max_count` holders hold it.
@@ -252,6 +276,7 @@ impl MongoDistributedSemaphore {
             renews_while_waiting: false,
             family: &target.renewals,
             push: Some(&target.collection),
+            holders: self,
         };
         let layout = places();
         let max_count = self.max_count;
@@ -421,6 +446,12 @@ fn join_update(lock: &Target, max_count: u32, lock_id: &str) -> Vec<Document> {
         doc! { "$unset": ADMITTED },
         schema::retain(lock.options.expiry_millis()),
     ]
+}
+
+impl ReadHolders for MongoDistributedSemaphore {
+    fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
+        Box::pin(self.holders())
+    }
 }
 
 crate::traits::impl_distributed_lock!(MongoDistributedSemaphore);

@@ -4,6 +4,8 @@
 //! unknown. A primitive supplies only its attempt.
 
 use std::future::{Future, pending};
+
+use futures::future::BoxFuture;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +26,8 @@ use super::push;
 use super::schema::{Layout, new_lock_id};
 use super::undo::Undo;
 use crate::clock;
-use crate::error::{Operation, is_duplicate_key, shown_name};
-use crate::{Error, FencingToken, LockOptions, Result};
+use crate::error::{Operation, holders_text, is_duplicate_key, shown_name};
+use crate::{Error, FencingToken, LockOptions, LockStatus, Result};
 
 /// How long a caller waits for a lock.
 #[derive(Clone, Copy, Debug)]
@@ -59,22 +61,58 @@ impl Wait {
             .is_some_and(|deadline| Instant::now() >= deadline)
     }
 
-    /// The guard, or [`Error::Timeout`] when the lock stayed busy until the deadline.
-    pub(crate) fn required<G>(&self, outcome: Result<Option<G>>, name: &str) -> Result<G> {
+    /// The guard, or [`Error::Timeout`] when the lock stayed busy until the deadline, naming
+    /// what held it then (read from `lock` only on that path).
+    pub(crate) async fn required<G>(
+        &self,
+        outcome: Result<Option<G>>,
+        name: &str,
+        lock: &dyn ReadHolders,
+    ) -> Result<G> {
         match outcome? {
             Some(guard) => Ok(guard),
             None if self.deadline.is_none() => Err(Error::BackgroundTaskEnded {
                 // Unreachable without a deadline, but never worth a panic.
                 operation: Operation::Acquire,
             }),
-            None => Err(Error::Timeout {
-                operation: Operation::Acquire,
-                name: name.to_owned(),
-                waited: self.started.elapsed(),
-            }),
+            None => {
+                let waited = self.started.elapsed();
+                let holders = holders_now(lock).await;
+                tracing::debug!(
+                    lock = %shown_name(name),
+                    ?waited,
+                    holders = %holders_text(&holders),
+                    "gave up waiting for a lock"
+                );
+                Err(Error::Timeout {
+                    name: name.to_owned(),
+                    waited,
+                    holders,
+                })
+            }
         }
     }
 }
+
+/// A lock that can tell who holds it now (every kind's `holders`), for the error of a wait that
+/// ran out and the event of a slow wait.
+pub(crate) trait ReadHolders: std::fmt::Debug + Sync {
+    fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>>;
+}
+
+/// Who holds `lock` now, if a read says so within a few seconds (nobody otherwise: this only
+/// explains a wait, and must not prolong it).
+async fn holders_now(lock: &dyn ReadHolders) -> Vec<LockStatus> {
+    tokio::time::timeout(backoff::ATTEMPT_SERVER_TIME, lock.read_holders())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default()
+}
+
+/// A wait longer than this (or than the lock's expiry, if longer) is reported once, with what
+/// holds the lock, as an `info` event.
+const SLOW_WAIT: Duration = Duration::from_secs(10);
 
 /// What a caller is acquiring: for validation, the tracing span and in-process handoff.
 #[derive(Debug)]
@@ -94,6 +132,8 @@ pub(crate) struct Acquisition<'a> {
     /// waiting-writer marker): then the waiter attempts at least at the slowest busy-wait pace
     /// even when it is not the first local waiter.
     pub(crate) renews_while_waiting: bool,
+    /// Who holds the lock, for the event of a slow wait.
+    pub(crate) holders: &'a dyn ReadHolders,
     /// The lock's family: when it is shut down acquisitions end with [`Error::ShutDown`], and
     /// its shutdown waits for (or undoes) the attempts under way.
     pub(crate) family: &'a RenewalHub,
@@ -190,11 +230,24 @@ where
             let attempt = attempt(&runtime, new_lock_id());
             spawned(&runtime, deadline, options, attempt, in_flight)
         });
+        // A wait that goes on long says once what it waits for, and goes on.
+        let slow_wait = async {
+            let slow_after = SLOW_WAIT.max(options.expiry());
+            tokio::time::sleep_until(wait.started + slow_after).await;
+            let holders = holders_now(what.holders).await;
+            tracing::info!(
+                waited = ?wait.started.elapsed(),
+                holders = %holders_text(&holders),
+                "still waiting for a lock"
+            );
+            pending::<Result<Option<G>>>().await
+        };
         // Dropping `attempts` is a cancellation, which is safe (see `spawned`).
         tokio::select! {
             biased;
             Ok(_) = shut_down.wait_for(|shut_down| *shut_down) => Err(Error::ShutDown),
             result = attempts => result,
+            result = slow_wait => result,
         }
     }
     .instrument(span.clone())
@@ -589,7 +642,7 @@ where
             None => {
                 let name = cleanup.name.clone();
                 in_flight.spawn_undo(&task_runtime, cleanup);
-                let _ = reply.send(Err(Error::Timeout {
+                let _ = reply.send(Err(Error::NoReply {
                     operation: Operation::AttemptReply,
                     name,
                     waited: started.elapsed(),

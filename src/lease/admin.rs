@@ -15,7 +15,7 @@ use super::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, LOCK_ID, Layout,
     READERS, RENEWED_AT, RETENTION, WAITING_WRITER, WRITER, end_lease, live_members, primary,
 };
-use crate::fencing::read_i64;
+use crate::token::read_i64;
 use crate::{FencingToken, LockDetails, LockKind, LockStatus, Result};
 
 /// The server time added to each row read.
@@ -126,6 +126,35 @@ pub(crate) async fn semaphore_holders(
     Ok(rows
         .iter()
         .flat_map(|row| members(row, HOLDERS, LockKind::Semaphore))
+        .collect())
+}
+
+/// The live holders of the documents of `collection` that match `filter`, locked in their
+/// `field` (see `DocumentLock`), each named `collection/_id`.
+pub(crate) async fn document_holders(
+    collection: &Collection<Document>,
+    filter: Document,
+    field: &str,
+) -> Result<Vec<LockStatus>> {
+    let layout = Layout::Embedded(field.to_owned());
+    let mut held = doc! { "$expr": layout.live() };
+    held.extend(filter);
+    let rows = read(collection, held).await?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            let lease = row.get_document(field).ok()?;
+            let id = row.get(ID).map_or_else(String::new, ToString::to_string);
+            let name = format!("{}/{id}", collection.name());
+            Some(of_holder(
+                LockKind::Document,
+                name,
+                lease,
+                EMBEDDED_ID,
+                now_of(row),
+            ))
+        })
+        .filter(LockStatus::is_held)
         .collect())
 }
 

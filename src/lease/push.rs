@@ -29,7 +29,7 @@ use mongodb::Collection;
 use mongodb::bson::{Document, doc};
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType, ResumeToken};
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use super::handoff::{self, Key, Pushed};
@@ -48,6 +48,8 @@ type WatcherKey = (u64, String, String);
 struct Watcher {
     /// Subscribed names: how many pollers wait for each, and the key that wakes them.
     names: HashMap<String, (usize, Key)>,
+    /// Observed names (lock watches, see `watch`): notified of every event of their name.
+    observers: HashMap<String, Vec<Arc<Notify>>>,
     /// The names, for the stream's filter (changed when a name comes or goes).
     filter: watch::Sender<Vec<String>>,
     healthy: Arc<AtomicBool>,
@@ -86,41 +88,14 @@ impl Subscription {
             collection.name().to_owned(),
         );
         let mut watchers = watchers();
-        let watcher = watchers.entry(watcher_key.clone()).or_insert_with(|| {
-            let (filter, names) = watch::channel(Vec::new());
-            let healthy = Arc::new(AtomicBool::new(false));
-            let task = runtime.spawn(run(
-                collection.clone(),
-                watcher_key.clone(),
-                names,
-                Arc::clone(&healthy),
-            ));
-            Watcher {
-                names: HashMap::new(),
-                filter,
-                healthy,
-                task,
-            }
-        });
-        // A stream whose runtime was dropped is started again on this one.
-        if watcher.task.is_finished() {
-            watcher.healthy.store(false, Ordering::Relaxed);
-            let names = watcher.filter.subscribe();
-            watcher.task = runtime.spawn(run(
-                collection.clone(),
-                watcher_key.clone(),
-                names,
-                Arc::clone(&watcher.healthy),
-            ));
-        }
+        let watcher = watcher_for(&mut watchers, runtime, collection, &watcher_key);
         let entry = watcher
             .names
             .entry(name.to_owned())
             .or_insert_with(|| (0, key.clone()));
         entry.0 += 1;
         if entry.0 == 1 {
-            let names: Vec<String> = watcher.names.keys().cloned().collect();
-            watcher.filter.send_replace(names);
+            watcher.names_changed();
         }
         Subscription {
             watcher: watcher_key,
@@ -147,8 +122,7 @@ impl Drop for Subscription {
             entry.0 -= 1;
             if entry.0 == 0 {
                 watcher.names.remove(&self.name);
-                let names: Vec<String> = watcher.names.keys().cloned().collect();
-                watcher.filter.send_replace(names);
+                watcher.names_changed();
             }
         }
         // With no name left, its task ends once its `getMore` is answered (dropping the stream
@@ -157,16 +131,131 @@ impl Drop for Subscription {
     }
 }
 
+impl Watcher {
+    /// The names its stream must watch: those of its pollers and of its observers.
+    fn names_changed(&self) {
+        let mut names: Vec<String> = self.names.keys().cloned().collect();
+        names.extend(
+            self.observers
+                .keys()
+                .filter(|name| !self.names.contains_key(*name))
+                .cloned(),
+        );
+        self.filter.send_replace(names);
+    }
+
+    fn is_unused(&self) -> bool {
+        self.names.is_empty() && self.observers.is_empty()
+    }
+}
+
+/// The watcher of `key` (a family's stream of `collection`), started on `runtime` if there is
+/// none, or again if its task ended with its runtime.
+fn watcher_for<'a>(
+    watchers: &'a mut HashMap<WatcherKey, Watcher>,
+    runtime: &Handle,
+    collection: &Collection<Document>,
+    key: &WatcherKey,
+) -> &'a mut Watcher {
+    let start =
+        |names, healthy| runtime.spawn(run(collection.clone(), key.clone(), names, healthy));
+    let watcher = watchers.entry(key.clone()).or_insert_with(|| {
+        let (filter, names) = watch::channel(Vec::new());
+        let healthy = Arc::new(AtomicBool::new(false));
+        let task = start(names, Arc::clone(&healthy));
+        Watcher {
+            names: HashMap::new(),
+            observers: HashMap::new(),
+            filter,
+            healthy,
+            task,
+        }
+    });
+    if watcher.task.is_finished() {
+        watcher.healthy.store(false, Ordering::Relaxed);
+        watcher.task = start(watcher.filter.subscribe(), Arc::clone(&watcher.healthy));
+    }
+    watcher
+}
+
+/// An observer of one lock's changes (a lock watch); ends when dropped.
+#[derive(Debug)]
+pub(crate) struct Observation {
+    watcher: WatcherKey,
+    name: String,
+    notify: Arc<Notify>,
+}
+
+impl Observation {
+    /// Observes lock `name` of `collection` through family `family`'s stream (opened on
+    /// `runtime` if need be).
+    pub(crate) fn new(
+        runtime: &Handle,
+        collection: &Collection<Document>,
+        family: u64,
+        name: &str,
+    ) -> Observation {
+        let watcher_key = (
+            family,
+            collection.namespace().db,
+            collection.name().to_owned(),
+        );
+        let notify = Arc::new(Notify::new());
+        let mut watchers = watchers();
+        let watcher = watcher_for(&mut watchers, runtime, collection, &watcher_key);
+        let observers = watcher.observers.entry(name.to_owned()).or_default();
+        observers.push(Arc::clone(&notify));
+        if observers.len() == 1 {
+            watcher.names_changed();
+        }
+        Observation {
+            watcher: watcher_key,
+            name: name.to_owned(),
+            notify,
+        }
+    }
+
+    /// Resolves at the next change of the lock the stream saw (at once if one came since the
+    /// last call).
+    pub(crate) async fn changed(&self) {
+        self.notify.notified().await;
+    }
+}
+
+impl Drop for Observation {
+    fn drop(&mut self) {
+        let mut watchers = watchers();
+        let Some(watcher) = watchers.get_mut(&self.watcher) else {
+            return;
+        };
+        if let Some(observers) = watcher.observers.get_mut(&self.name) {
+            observers.retain(|notify| !Arc::ptr_eq(notify, &self.notify));
+            if observers.is_empty() {
+                watcher.observers.remove(&self.name);
+                watcher.names_changed();
+            }
+        }
+    }
+}
+
 /// Tells the pollers of `names` (all subscribed names when `None`) what the stream saw (see
-/// [`handoff::pushed`]).
+/// [`handoff::pushed`]), and their observers that something changed.
 fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
+    let wanted = |name: &String| names.is_none_or(|names| names.contains(name));
     let keys: Vec<Key> = match watchers().get(watcher) {
-        Some(watcher) => watcher
-            .names
-            .iter()
-            .filter(|(name, _)| names.is_none_or(|names| names.contains(name)))
-            .map(|(_, (_, key))| key.clone())
-            .collect(),
+        Some(watcher) => {
+            for (_, observers) in watcher.observers.iter().filter(|(name, _)| wanted(name)) {
+                for notify in observers {
+                    notify.notify_one();
+                }
+            }
+            watcher
+                .names
+                .iter()
+                .filter(|(name, _)| wanted(name))
+                .map(|(_, (_, key))| key.clone())
+                .collect()
+        }
         None => return,
     };
     for key in keys {
@@ -280,10 +369,7 @@ async fn run(
         if filter.is_empty() {
             // The last subscriber left: so does the stream, unless one came back meanwhile.
             let mut all = watchers();
-            if all
-                .get(&key)
-                .is_some_and(|watcher| watcher.names.is_empty())
-            {
+            if all.get(&key).is_some_and(Watcher::is_unused) {
                 all.remove(&key);
                 return;
             }

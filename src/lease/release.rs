@@ -278,7 +278,7 @@ fn released<T>(lease: &Lease, started: clock::Instant, outcome: Released<T>) -> 
             })
         }
         Released::Unknown(error) => Err(error),
-        Released::NoReply => Err(Error::Timeout {
+        Released::NoReply => Err(Error::NoReply {
             operation: Operation::Release,
             name: lease.name.clone(),
             waited: clock::now().saturating_duration_since(started),

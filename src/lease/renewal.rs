@@ -800,7 +800,7 @@ async fn renew_many(
     if let Some(failure) = write_failure(&reply) {
         return Err(failure);
     }
-    let matched = reply.get("n").and_then(crate::fencing::read_i64);
+    let matched = reply.get("n").and_then(crate::token::read_i64);
     // Each document matches at most once and holds at least one of our leases; as many matches
     // as leases means one lease per document, each renewed.
     if matched.is_some_and(|matched| usize::try_from(matched).is_ok_and(|n| n == lock_ids.len())) {
@@ -845,7 +845,7 @@ fn write_failure(reply: &Document) -> Option<Failure> {
     if let Ok(errors) = reply.get_array("writeErrors")
         && let Some(error) = errors.first().and_then(Bson::as_document)
     {
-        let code = error.get("code").and_then(crate::fencing::read_i64);
+        let code = error.get("code").and_then(crate::token::read_i64);
         if code == Some(i64::from(MAX_TIME_MS_EXPIRED)) {
             return Some(Failure::TimeLimit);
         }

@@ -16,7 +16,7 @@ use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::{ReadPreference, SelectionCriteria};
 
 use crate::LockOptions;
-use crate::fencing::read_i64;
+use crate::token::read_i64;
 
 pub(crate) const ID: &str = "_id";
 pub(crate) const LOCK_ID: &str = "lockId";

@@ -1,0 +1,153 @@
+//! Watching a lock without holding it: its holders, kept up to date in the background.
+
+use std::time::Duration;
+
+use mongodb::Collection;
+use mongodb::bson::Document;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::lease::acquire::ReadHolders;
+use crate::lease::{backoff, push};
+use crate::{Error, LockStatus, Result};
+
+/// The holders of a lock, watched without holding it (every kind has a `watch`): free or held,
+/// by whom (lock ids, details), with which fencing tokens and how much of each lease is left.
+///
+/// A background task reads the lock at the cadence given to `watch`; on a replica set or
+/// sharded cluster it also reads it as soon as the lock's change stream shows a change (an
+/// acquisition, a renewal, a release), so a change of holder shows within about a round trip,
+/// and the cadence is only a safety net. [`changed`](Self::changed) resolves when the set of
+/// holders changes (who holds it, not how much of the lease is left: the latter is refreshed at
+/// every read without a notification). The task ends when the `LockWatch` is dropped.
+///
+/// ```no_run
+/// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
+/// use std::time::Duration;
+/// use distributed_lock_mongodb::MongoDistributedLock;
+///
+/// let lock = MongoDistributedLock::new("nightly-report", &database);
+/// let mut watch = lock.watch(Duration::from_secs(5)).await?;
+/// loop {
+///     match watch.holders().first() {
+///         Some(holder) => println!("held by {:?} (token {:?})", holder.lock_id, holder.fencing_token),
+///         None => println!("free"),
+///     }
+///     watch.changed().await?;
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct LockWatch {
+    holders: watch::Receiver<Vec<LockStatus>>,
+    task: JoinHandle<()>,
+}
+
+/// Where a lock's changes can be pushed from: its collection, its family (renewal hub) and name.
+pub(crate) type PushFrom = (Collection<Document>, u64, String);
+
+impl LockWatch {
+    /// Reads `lock` once (its errors are the caller's), then keeps reading it every `every` and
+    /// at each change pushed from `push`.
+    pub(crate) async fn start<L>(
+        lock: L,
+        every: Duration,
+        push: Option<PushFrom>,
+    ) -> Result<LockWatch>
+    where
+        L: ReadHolders + Send + 'static,
+    {
+        if every.is_zero() {
+            return Err(Error::InvalidArgument(
+                "watch: the cadence between reads must be longer than zero".to_owned(),
+            ));
+        }
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        // Seen by the stream from now on: a change during the first read is read again.
+        let observation = push.map(|(collection, family, name)| {
+            push::Observation::new(&runtime, &collection, family, &name)
+        });
+        let (sender, holders) = watch::channel(lock.read_holders().await?);
+        let task = runtime.spawn(async move {
+            loop {
+                let pushed = async {
+                    match &observation {
+                        Some(observation) => observation.changed().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(every) => {}
+                    () = pushed => {}
+                    () = sender.closed() => return,
+                }
+                if let Err(error) = refresh(&lock, &sender).await {
+                    tracing::debug!(%error, "a lock watch could not read the lock; trying again");
+                }
+            }
+        });
+        Ok(LockWatch { holders, task })
+    }
+
+    /// The holders as last read (empty: free).
+    pub fn holders(&self) -> Vec<LockStatus> {
+        self.holders.borrow().clone()
+    }
+
+    /// Whether the lock was held at the last read.
+    pub fn is_held(&self) -> bool {
+        !self.holders.borrow().is_empty()
+    }
+
+    /// Resolves when the holders change (another lock id holds it, or it became free).
+    ///
+    /// # Errors
+    /// [`Error::BackgroundTaskEnded`] if the watch's task ended (its runtime shut down).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn changed(&mut self) -> Result<()> {
+        self.holders
+            .changed()
+            .await
+            .map_err(|_| Error::BackgroundTaskEnded {
+                operation: crate::Operation::Acquire,
+            })
+    }
+
+    /// A receiver of the holders, to share the watch (the task still ends with this
+    /// `LockWatch`).
+    pub fn subscribe(&self) -> watch::Receiver<Vec<LockStatus>> {
+        self.holders.clone()
+    }
+}
+
+impl Drop for LockWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Reads `lock` and stores its holders, notifying the receivers if who holds it changed.
+async fn refresh<L: ReadHolders>(lock: &L, sender: &watch::Sender<Vec<LockStatus>>) -> Result<()> {
+    let read = tokio::time::timeout(backoff::ATTEMPT_SERVER_TIME, lock.read_holders())
+        .await
+        .map_err(|_| Error::NoReply {
+            operation: crate::Operation::AttemptReply,
+            name: String::new(),
+            waited: backoff::ATTEMPT_SERVER_TIME,
+        })??;
+    sender.send_if_modified(|holders| {
+        let who = |holders: &[LockStatus]| -> Vec<(Option<String>, Option<crate::FencingToken>)> {
+            holders
+                .iter()
+                .map(|holder| (holder.lock_id.clone(), holder.fencing_token))
+                .collect()
+        };
+        let changed = who(holders) != who(&read);
+        *holders = read;
+        changed
+    });
+    Ok(())
+}
