@@ -150,12 +150,7 @@ impl MongoDistributedLock {
     /// # Cancel safety
     /// Cancel safe: a read, then a task of the returned watch.
     pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
-        let push = (
-            self.target.collection.clone(),
-            self.target.waiters.family(),
-            self.target.name.clone(),
-        );
-        LockWatch::start(self.clone(), every, Some(push)).await
+        LockWatch::start(self.clone(), every, Some(self.target.push_from())).await
     }
 
     /// The lock's options.

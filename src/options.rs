@@ -43,6 +43,8 @@ pub struct LockOptions {
     max_clock_skew: Duration,
     max_hold: Option<Duration>,
     min_hold: Option<Duration>,
+    /// Set by the builder; `None`: half of what a renewal normally leaves.
+    renewal_warning: Option<f64>,
     automatic_ttl_index: bool,
 }
 
@@ -58,6 +60,7 @@ impl Default for LockOptions {
             max_clock_skew: default_clock_skew(DEFAULT_EXPIRY),
             max_hold: None,
             min_hold: None,
+            renewal_warning: None,
             automatic_ttl_index: true,
         }
     }
@@ -96,6 +99,7 @@ impl LockOptions {
             max_clock_skew: Some(self.max_clock_skew),
             max_hold: self.max_hold,
             min_hold: self.min_hold,
+            renewal_warning: self.renewal_warning,
             manual_ttl_index: !self.automatic_ttl_index,
         }
     }
@@ -180,6 +184,18 @@ impl LockOptions {
         i64::try_from(self.expiry.as_millis()).unwrap_or(i64::MAX)
     }
 
+    /// A renewal confirmed with less than this left before the lease's local deadline logs a
+    /// `warn` event ("a renewal confirmed a lease with little of it left"): renewals are late
+    /// (a slow server or network, a starved process), and a loss may follow. By default half of
+    /// what a renewal normally leaves, `(lifetime − cadence) / 2` where the lifetime is
+    /// `expiry − margin − max_clock_skew`; see [`LockOptionsBuilder::renewal_warning`].
+    pub fn renewal_warning(&self) -> Duration {
+        match self.renewal_warning {
+            Some(fraction) => self.expiry.mul_f64(fraction),
+            None => self.lease_lifetime().saturating_sub(self.extension_cadence) / 2,
+        }
+    }
+
     /// [`min_hold`](Self::min_hold) in milliseconds.
     pub(crate) fn min_hold_millis(&self) -> Option<i64> {
         // At most 365 days: always fits.
@@ -218,6 +234,7 @@ pub struct LockOptionsBuilder {
     max_clock_skew: Option<Duration>,
     max_hold: Option<Duration>,
     min_hold: Option<Duration>,
+    renewal_warning: Option<f64>,
     manual_ttl_index: bool,
 }
 
@@ -330,6 +347,16 @@ impl LockOptionsBuilder {
         self
     }
 
+    /// Warns (a `warn` event) when a renewal is confirmed with less than `fraction` of the
+    /// expiry left before the lease's local deadline, so late renewals are visible before a
+    /// loss; 0 turns the warning off. Defaults to half of what a renewal normally leaves (see
+    /// [`LockOptions::renewal_warning`]); must be between 0 and 1. With the `metrics` feature,
+    /// what is left at each renewal is also the histogram `distributed_lock_lease_left_seconds`.
+    pub fn renewal_warning(mut self, fraction: f64) -> Self {
+        self.renewal_warning = Some(fraction);
+        self
+    }
+
     /// Whether the first successful acquisition in a lock collection (exclusive locks,
     /// reader-writer locks, semaphores) creates the collection's TTL index on `expiresAt` in
     /// the background, once per process. Defaults to true. Turn it off where the application's
@@ -412,6 +439,16 @@ impl LockOptionsBuilder {
                 )));
             }
             options.max_hold = Some(whole_millis(max_hold));
+        }
+
+        if let Some(fraction) = self.renewal_warning {
+            if !(0.0..=1.0).contains(&fraction) {
+                return Err(invalid(format!(
+                    "renewal_warning must be a fraction of the expiry between 0 and 1, got \
+                     {fraction}"
+                )));
+            }
+            options.renewal_warning = Some(fraction);
         }
 
         if let Some(min_hold) = self.min_hold {
@@ -573,6 +610,21 @@ mod tests {
             format!("{:?}", options.to_builder().build().unwrap()),
             format!("{options:?}")
         );
+    }
+
+    #[test]
+    fn the_renewal_warning_is_half_the_usual_margin_by_default_and_a_fraction_when_set() {
+        // Expiry 30 s: lifetime 30 − 0.3 − 1 = 28.7 s, cadence 10 s: 18.7 s left as a rule.
+        let default = LockOptions::default();
+        assert_eq!(default.renewal_warning(), ms(9_350));
+        let set = LockOptions::builder().renewal_warning(0.1).build().unwrap();
+        assert_eq!(set.renewal_warning(), ms(3_000));
+        let off = LockOptions::builder().renewal_warning(0.0).build().unwrap();
+        assert_eq!(off.renewal_warning(), Duration::ZERO);
+        for bad in [-0.1, 1.5, f64::NAN] {
+            let message = error_of(LockOptions::builder().renewal_warning(bad));
+            assert!(message.starts_with("renewal_warning"), "{message}");
+        }
     }
 
     #[test]

@@ -337,12 +337,7 @@ impl MongoDistributedReaderWriterLock {
     /// # Cancel safety
     /// Cancel safe: a read, then a task of the returned watch.
     pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
-        let push = (
-            self.target.collection.clone(),
-            self.target.waiters.family(),
-            self.target.name.clone(),
-        );
-        LockWatch::start(self.clone(), every, Some(push)).await
+        LockWatch::start(self.clone(), every, Some(self.target.push_from())).await
     }
 
     /// **Dangerous**: ends every lease of this lock now (the writer's, every reader's, and a

@@ -145,12 +145,7 @@ impl MongoDistributedSemaphore {
     /// # Cancel safety
     /// Cancel safe: a read, then a task of the returned watch.
     pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
-        let push = (
-            self.target.collection.clone(),
-            self.target.waiters.family(),
-            self.target.name.clone(),
-        );
-        LockWatch::start(self.clone(), every, Some(push)).await
+        LockWatch::start(self.clone(), every, Some(self.target.push_from())).await
     }
 
     /// **Dangerous**: ends every holder's lease now, so a semaphore whose places are stuck

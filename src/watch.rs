@@ -2,13 +2,12 @@
 
 use std::time::Duration;
 
-use mongodb::Collection;
-use mongodb::bson::Document;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::lease::acquire::ReadHolders;
+use crate::lease::push::PushFrom;
 use crate::lease::{backoff, push};
 use crate::{Error, LockStatus, Result};
 
@@ -43,9 +42,6 @@ pub struct LockWatch {
     holders: watch::Receiver<Vec<LockStatus>>,
     task: JoinHandle<()>,
 }
-
-/// Where a lock's changes can be pushed from: its collection, its family (renewal hub) and name.
-pub(crate) type PushFrom = (Collection<Document>, u64, String);
 
 impl LockWatch {
     /// Reads `lock` once (its errors are the caller's), then keeps reading it every `every` and

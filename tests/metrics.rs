@@ -51,8 +51,68 @@ fn histogram(entries: &Entries, name: &str, labels: &[(&str, &str)]) -> Vec<f64>
         .collect()
 }
 
+/// The value of the gauge called `name` with `labels` (0 if never set).
+fn gauge(entries: &Entries, name: &str, labels: &[(&str, &str)]) -> f64 {
+    entries
+        .iter()
+        .filter(|(key, ..)| matches(key, MetricKind::Gauge, name, labels))
+        .map(|(.., value)| match value {
+            DebugValue::Gauge(value) => value.0,
+            other => panic!("{name} is not a gauge: {other:?}"),
+        })
+        .sum()
+}
+
+/// Everything the crate logs, for the early-warning check (one subscriber for the process).
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Everything recorded so far. (The debugging recorder's snapshots reset what they read, even
+/// gauges, whose increments then count from zero: each snapshot is added to the totals.)
 fn snapshot(snapshots: &Snapshotter) -> Entries {
-    snapshots.snapshot().into_vec()
+    static TOTALS: std::sync::Mutex<Vec<(CompositeKey, DebugValue)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut totals = TOTALS.lock().unwrap();
+    for (key, _, _, value) in snapshots.snapshot().into_vec() {
+        match totals.iter_mut().find(|(known, _)| *known == key) {
+            None => totals.push((key, value)),
+            Some((_, total)) => match (total, value) {
+                (DebugValue::Counter(total), DebugValue::Counter(more)) => *total += more,
+                (DebugValue::Gauge(total), DebugValue::Gauge(change)) => {
+                    *total = (total.0 + change.0).into();
+                }
+                (DebugValue::Histogram(total), DebugValue::Histogram(more)) => total.extend(more),
+                (total, value) => panic!("{key:?} changed kind: {total:?}, then {value:?}"),
+            },
+        }
+    }
+    totals
+        .iter()
+        .map(|(key, value)| {
+            let value = match value {
+                DebugValue::Counter(count) => DebugValue::Counter(*count),
+                DebugValue::Gauge(gauge) => DebugValue::Gauge(*gauge),
+                DebugValue::Histogram(values) => DebugValue::Histogram(values.clone()),
+            };
+            (key.clone(), None, None, value)
+        })
+        .collect()
 }
 
 const ACQUISITIONS: &str = "distributed_lock_acquisitions_total";
@@ -64,6 +124,13 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
     recorder
         .install()
         .expect("the only recorder of this binary");
+    let logs = Logs::default();
+    let writer = logs.clone();
+    tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .init();
 
     let database = common::database().await;
     let locks = common::unique("metrics-locks");
@@ -73,12 +140,77 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
         .with_semaphore_collection(common::unique("metrics-semaphores").as_str())
         .with_options(common::options(2_000, 200));
 
-    // Exclusive: acquired and held for a while (renewed), then busy for another process.
+    // Exclusive: acquired and held for a while (renewed), then busy for another process, and
+    // waited for by a caller: the gauges show one held and one waiting.
     let lock = provider.create_lock("exclusive");
     let guard = lock.acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(lock.try_acquire().await.unwrap().is_none(), "busy");
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire().await.unwrap().release().await.unwrap() })
+    };
+    let waiting = common::eventually(Duration::from_secs(10), || async {
+        gauge(
+            &snapshot(&snapshots),
+            "distributed_lock_waiting",
+            &[("kind", "exclusive")],
+        ) == 1.0
+    })
+    .await;
+    assert!(waiting, "one caller waiting");
+    let entries = snapshot(&snapshots);
+    assert_eq!(
+        gauge(&entries, "distributed_lock_held", &[("kind", "exclusive")]),
+        1.0
+    );
     guard.release().await.unwrap();
+    waiter.await.unwrap();
+    let entries = snapshot(&snapshots);
+    assert_eq!(
+        gauge(
+            &entries,
+            "distributed_lock_waiting",
+            &[("kind", "exclusive")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        gauge(&entries, "distributed_lock_held", &[("kind", "exclusive")]),
+        0.0
+    );
+    let left = histogram(
+        &entries,
+        "distributed_lock_lease_left_seconds",
+        &[("kind", "exclusive")],
+    );
+    assert!(
+        !left.is_empty() && left.iter().all(|&left| left > 0.0 && left <= 2.0),
+        "lease left at each renewal, within the 2 s expiry: {left:?}"
+    );
+    // An early warning set at the whole expiry: every renewal is "late".
+    let warned = Provider::new(&database)
+        .with_collection(locks.as_str())
+        .with_options(
+            distributed_lock_mongodb::LockOptions::builder()
+                .expiry(Duration::from_millis(2_000))
+                .extension_cadence(Duration::from_millis(200))
+                .renewal_warning(1.0)
+                .build()
+                .unwrap(),
+        )
+        .create_lock("warned")
+        .acquire()
+        .await
+        .unwrap();
+    let warning = common::eventually(Duration::from_secs(10), || async {
+        logs.text()
+            .contains("a renewal confirmed a lease with little of it left")
+    })
+    .await;
+    assert!(warning, "{}", logs.text());
+    assert!(logs.text().contains("lock=warned"), "{}", logs.text());
+    warned.release().await.unwrap();
 
     // One acquisition and release of every other kind.
     let read = provider
@@ -178,8 +310,8 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
             ACQUISITIONS,
             &[("kind", "exclusive"), ("outcome", "acquired")]
         ),
-        3,
-        "\"exclusive\", \"gone\" and \"capped\""
+        5,
+        "\"exclusive\" twice, \"warned\", \"gone\" and \"capped\""
     );
     assert_eq!(
         counter(

@@ -208,6 +208,7 @@ where
     let options = what.options;
     let deadline = wait.deadline;
     let kind = what.kind;
+    let _waiting = metrics::Waiting::start(kind);
     let mut shut_down = what.family.shut_down_signal();
     let in_flight = what.family.in_flight();
     let result = async {

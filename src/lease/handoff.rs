@@ -505,28 +505,28 @@ pub(crate) fn pushed(key: &Key, what: Pushed) {
 /// How many waiters of the lock `name` of `collection` in `database` have an offer standing (a
 /// release would hand the lock to them): for tests that must wait until a waiter is in line.
 pub(crate) fn offers_standing(database: &str, collection: &str, name: &str) -> usize {
-    queues()
-        .get(&key(0, database, collection, name).lock)
-        .map_or(0, |queue| {
-            queue
-                .waiters
-                .iter()
-                .filter(|waiter| waiter.offer.is_some())
-                .count()
-        })
+    count_waiters(database, collection, name, |waiter| waiter.offer.is_some())
 }
 
 /// How many waiters of the lock `name` of `collection` in `database` wait idle (neither woken
 /// nor attempting nor receiving a transfer): for tests that must wait until nothing is under way.
 pub(crate) fn waiters_idle(database: &str, collection: &str, name: &str) -> usize {
+    count_waiters(database, collection, name, |waiter| {
+        !waiter.busy && !waiter.receiving && waiter.signal.is_none()
+    })
+}
+
+/// How many waiters of the lock `name` of `collection` in `database` are `like` that.
+fn count_waiters(
+    database: &str,
+    collection: &str,
+    name: &str,
+    like: impl Fn(&Waiter) -> bool,
+) -> usize {
     queues()
         .get(&key(0, database, collection, name).lock)
         .map_or(0, |queue| {
-            queue
-                .waiters
-                .iter()
-                .filter(|waiter| !waiter.busy && !waiter.receiving && waiter.signal.is_none())
-                .count()
+            queue.waiters.iter().filter(|waiter| like(waiter)).count()
         })
 }
 

@@ -56,6 +56,7 @@ impl HeldLease {
         place: &Place,
         lease: Lease,
     ) -> Option<HeldLease> {
+        metrics::hold_started(lease.kind);
         let held = HeldLease {
             name: lease.name.clone(),
             lock_id: Some(lease.lock_id.clone()),

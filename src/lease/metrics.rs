@@ -77,12 +77,53 @@ pub(crate) fn attempt(kind: &'static str) {
     let _ = kind;
 }
 
+/// A guard began holding a lease here.
+pub(crate) fn hold_started(kind: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("distributed_lock_held", "kind" => kind).increment(1.0);
+    #[cfg(not(feature = "metrics"))]
+    let _ = kind;
+}
+
 /// A guard ended (released, dropped or ended by its own write) after holding for `held`.
 pub(crate) fn hold_ended(kind: &'static str, held: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("distributed_lock_hold_seconds", "kind" => kind).record(held);
+    {
+        metrics::histogram!("distributed_lock_hold_seconds", "kind" => kind).record(held);
+        metrics::gauge!("distributed_lock_held", "kind" => kind).decrement(1.0);
+    }
     #[cfg(not(feature = "metrics"))]
     let _ = (kind, held);
+}
+
+/// A caller waiting to acquire a lock of `kind`, counted in the `distributed_lock_waiting` gauge
+/// until this is dropped (its call returned, or was cancelled).
+#[derive(Debug)]
+pub(crate) struct Waiting(&'static str);
+
+impl Waiting {
+    pub(crate) fn start(kind: &'static str) -> Waiting {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("distributed_lock_waiting", "kind" => kind).increment(1.0);
+        Waiting(kind)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("distributed_lock_waiting", "kind" => self.0).decrement(1.0);
+        #[cfg(not(feature = "metrics"))]
+        let _ = self.0;
+    }
+}
+
+/// A renewal was confirmed with `left` of its lease left (until the holder's deadline).
+pub(crate) fn lease_left(kind: &'static str, left: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("distributed_lock_lease_left_seconds", "kind" => kind).record(left);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (kind, left);
 }
 
 /// A lease was lost (reported once per lease).

@@ -170,6 +170,16 @@ impl Target {
         Problem::check(self.problem.as_ref())
     }
 
+    /// Where this lock's changes can be pushed from (its change stream): its collection, family
+    /// and name.
+    pub(crate) fn push_from(&self) -> push::PushFrom {
+        (
+            self.collection.clone(),
+            self.waiters.family(),
+            self.name.clone(),
+        )
+    }
+
     /// Where this lock's leases live, stored as `layout` says.
     pub(crate) fn place(&self, layout: &Layout) -> Place {
         Place {

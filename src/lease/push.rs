@@ -42,6 +42,9 @@ pub(crate) const NO_STREAMS_PAUSE: Duration = Duration::from_secs(60);
 /// MongoDB's error for `$changeStream` on a standalone server.
 const NOT_A_REPLICA_SET: i32 = 40573;
 
+/// Where a lock's changes can be pushed from: its collection, its family (renewal hub) and name.
+pub(crate) type PushFrom = (Collection<Document>, u64, String);
+
 /// Identifies a family's stream: family id, database and collection.
 type WatcherKey = (u64, String, String);
 

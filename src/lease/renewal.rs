@@ -80,7 +80,7 @@ use super::record::{Lease, LeaseTable, Place};
 use super::release::{ReleaseContext, ReleaseReply, first_finished, retry_delay};
 use super::schema::{self, LIVE_LOCK_IDS};
 use crate::clock;
-use crate::error::{Operation, error_code};
+use crate::error::{Operation, error_code, shown_name};
 use crate::{Error, Result};
 
 /// What a guard (or the hub) tells a renewal loop.
@@ -542,6 +542,7 @@ impl RenewalLoop {
                     return;
                 }
                 let lost_at = self.place.options.lost_deadline(renewal.sent_at);
+                let warn_below = self.place.options.renewal_warning();
                 let leases = self.leases.lock();
                 for lock_id in &renewal.lock_ids {
                     let Some(lease) = leases.get(lock_id) else {
@@ -551,6 +552,20 @@ impl RenewalLoop {
                         Renewed::All => true,
                         Renewed::Only(live) => live.contains(lock_id),
                     };
+                    if live && let Some(deadline) = lease.state.lost_at() {
+                        // What was left of the lease when its renewal came back: an early warning.
+                        let left = deadline.saturating_duration_since(reply.received_at);
+                        metrics::lease_left(self.kind, left);
+                        if left < warn_below {
+                            tracing::warn!(
+                                lock = %shown_name(&lease.name),
+                                ?left,
+                                ?warn_below,
+                                "a renewal confirmed a lease with little of it left: renewals \
+                                 are late (a slow server or network, a starved process?)"
+                            );
+                        }
+                    }
                     if !live {
                         lease.mark_lost(Loss::Gone);
                     } else if !lease.state.extend(lost_at) {
