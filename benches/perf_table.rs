@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use distributed_lock_mongodb::{LockOptions, MongoDistributedLock, Provider};
-use mongodb::bson::Document;
+use futures::{StreamExt, TryStreamExt};
+use mongodb::bson::{DateTime, Document, doc};
 use mongodb::event::EventHandler;
 use mongodb::event::command::CommandEvent;
 use mongodb::options::ClientOptions;
@@ -66,6 +67,7 @@ async fn main() -> Result<()> {
     let (database, commands) = counting_database(&uri).await?;
     database.drop().await?;
 
+    let mut clock = Laps::default();
     println!("| measurement | value |");
     println!("| --- | --- |");
     let rtt = round_trip(&database).await?;
@@ -75,17 +77,20 @@ async fn main() -> Result<()> {
     );
     if run("uncontended") {
         uncontended(&database).await?;
+        clock.lap("uncontended");
     }
     if run("handoff") {
         for sharing in [Sharing::Clones, Sharing::BuiltApart] {
             same_process_handoff(&database, rtt, sharing).await?;
         }
+        clock.lap("handoff");
     }
     if run("cross-process") {
         for adaptive in [false, true] {
             cross_process(&uri, adaptive, 1, 25, rtt, "").await?;
         }
         cross_process(&uri, false, 8, 5, rtt, "").await?;
+        clock.lap("cross-process");
     }
     if run("commands") {
         for sharing in [Sharing::Clones, Sharing::BuiltApart] {
@@ -96,6 +101,7 @@ async fn main() -> Result<()> {
         for adaptive in [false, true] {
             commands_per_acquisition(&uri, adaptive, "").await?;
         }
+        clock.lap("commands");
     }
     if run("standalone") {
         let standalone = server::start_dedicated_with(&["--no-change-streams".to_owned()]);
@@ -111,22 +117,68 @@ async fn main() -> Result<()> {
         }
         cross_process(&standalone.uri, false, 8, 5, rtt, label).await?;
         commands_per_acquisition(&standalone.uri, false, label).await?;
+        clock.lap("standalone");
     }
     if run("semaphore") {
         semaphore_fill(&database, &commands, rtt).await?;
+        clock.lap("semaphore");
     }
     if run("reader") {
         reader_wake_up(&database, &commands, rtt).await?;
+        clock.lap("reader");
     }
     if run("renewal") {
-        for (locks, cadence) in [(1, 1_000), (100, 1_000), (1_000, 3_000)] {
-            renewals_per_cadence(&database, &commands, locks, cadence).await?;
+        // The 1,000-lock row's lease is long: the embedded server's update over 1,000 names takes
+        // seconds (quadratic in the names; see PERFORMANCE.md), a real server's `_id` index
+        // milliseconds. With a 18 s lease its renewals outran their time limit and leases ended.
+        for (locks, cadence, expiry) in [(1, 1, 6), (100, 1, 6), (1_000, 3, 60)] {
+            renewals_per_cadence(&database, &commands, locks, cadence, expiry).await?;
         }
+        clock.lap("renewal");
     }
     if run("memory") {
         memory_per_guard(&database).await?;
+        clock.lap("memory");
     }
+    clock.report();
     Ok(())
+}
+
+/// How long each group of rows took, printed to stderr at the end (the benchmark's own budget).
+struct Laps {
+    last: Instant,
+    laps: Vec<(&'static str, Duration)>,
+}
+
+impl Default for Laps {
+    fn default() -> Self {
+        Laps {
+            last: Instant::now(),
+            laps: Vec::new(),
+        }
+    }
+}
+
+impl Laps {
+    fn lap(&mut self, group: &'static str) {
+        let now = Instant::now();
+        self.laps.push((group, now - self.last));
+        self.last = now;
+    }
+
+    fn report(&self) {
+        let total: Duration = self.laps.iter().map(|(_, took)| *took).sum();
+        let each: Vec<String> = self
+            .laps
+            .iter()
+            .map(|(group, took)| format!("{group} {:.0} s", took.as_secs_f64()))
+            .collect();
+        eprintln!(
+            "groups run in {:.0} s: {}",
+            total.as_secs_f64(),
+            each.join(", ")
+        );
+    }
 }
 
 /// How the tasks of a same-process row get their lock.
@@ -373,7 +425,7 @@ async fn semaphore_fill(
     }
 
     // Refill: 3 holders and 13 waiters in line; the holders release together (4 rounds).
-    let (mut fills, mut refill_commands) = (Vec::new(), 0);
+    let (mut fills, mut refill_commands, mut release_calls) = (Vec::new(), 0, Vec::new());
     for round in 0..4 {
         let semaphore = Provider::new(database)
             .create_semaphore(format!("perf-refill-{round}-{}", wall_micros()), PLACES);
@@ -398,6 +450,7 @@ async fn semaphore_fill(
         commands.reset();
         let released_at = Instant::now();
         futures::future::join_all(holders.into_iter().map(|holder| holder.release())).await;
+        release_calls.push(released_at.elapsed());
         let mut last = released_at;
         for _ in 0..PLACES {
             last = acquisitions.recv().await.ok_or("a waiter ended")?;
@@ -409,13 +462,15 @@ async fn semaphore_fill(
         }
     }
     fills.sort();
+    release_calls.sort();
     println!(
-        "| semaphore, 3 places, 16 local contenders: most holders at once; all places retaken after the 3 holders release together (4 times) | **{} of {PLACES}**; median {} = {:.2} round trips, slowest {}; {:.1} commands per refill (at least {PLACES}: each release hands its place over) |",
+        "| semaphore, 3 places, 16 local contenders: most holders at once; all places retaken after the 3 holders release together (4 times) | **{} of {PLACES}**; median {} = {:.2} round trips, slowest {}; {:.1} commands per refill (at least {PLACES}: each release hands its place over); the 3 release calls alone: median {} |",
         most.load(Ordering::SeqCst),
         ms(percentile(&fills, 0.5)),
         percentile(&fills, 0.5).as_secs_f64() / rtt.as_secs_f64(),
         ms(fills[fills.len() - 1]),
-        refill_commands as f64 / fills.len() as f64
+        refill_commands as f64 / fills.len() as f64,
+        ms(percentile(&release_calls, 0.5)),
     );
     Ok(())
 }
@@ -428,7 +483,7 @@ async fn reader_wake_up(
     rtt: Duration,
 ) -> Result<()> {
     const READERS: usize = 8;
-    let (mut wake_ups, mut wake_commands) = (Vec::new(), 0);
+    let (mut wake_ups, mut wake_commands, mut release_calls) = (Vec::new(), 0, Vec::new());
     for round in 0..5 {
         let lock = Provider::new(database)
             .create_reader_writer_lock(format!("perf-readers-{round}-{}", wall_micros()));
@@ -450,6 +505,7 @@ async fn reader_wake_up(
         commands.reset();
         let released_at = Instant::now();
         writer.release().await?;
+        release_calls.push(released_at.elapsed());
         let mut last = released_at;
         for _ in 0..READERS {
             last = acquisitions.recv().await.ok_or("a reader ended")?;
@@ -461,12 +517,14 @@ async fn reader_wake_up(
         }
     }
     wake_ups.sort();
+    release_calls.sort();
     println!(
-        "| reader-writer lock: 8 local readers waiting behind a writer, all holding after its release (5 times) | median {} = {:.2} round trips, slowest {}; {:.1} commands per wake-up (at least 1: the release admits them all) |",
+        "| reader-writer lock: 8 local readers waiting behind a writer, all holding after its release (5 times) | median {} = {:.2} round trips, slowest {}; {:.1} commands per wake-up (at least 1: the release admits them all); the release call alone: median {} |",
         ms(percentile(&wake_ups, 0.5)),
         percentile(&wake_ups, 0.5).as_secs_f64() / rtt.as_secs_f64(),
         ms(wake_ups[wake_ups.len() - 1]),
-        wake_commands as f64 / wake_ups.len() as f64
+        wake_commands as f64 / wake_ups.len() as f64,
+        ms(percentile(&release_calls, 0.5)),
     );
     Ok(())
 }
@@ -665,26 +723,32 @@ async fn renewals_per_cadence(
     database: &Database,
     commands: &CommandCounter,
     locks: usize,
-    cadence_ms: u64,
+    cadence_s: u64,
+    expiry_s: u64,
 ) -> Result<()> {
     let collection = format!("renewals_{locks}");
-    let cadence = Duration::from_millis(cadence_ms);
+    let (cadence, expiry) = (
+        Duration::from_secs(cadence_s),
+        Duration::from_secs(expiry_s),
+    );
     let options = LockOptions::builder()
-        .expiry(cadence * 6)
+        .expiry(expiry)
         .extension_cadence(cadence)
         .build()?;
     let provider = Provider::new(database)
         .with_collection(collection.as_str())
         .with_options(options);
-    let mut guards = Vec::new();
-    for i in 0..locks {
-        guards.push(
-            provider
-                .create_lock(format!("entity-{i}"))
-                .acquire()
-                .await?,
-        );
-    }
+    let started = Instant::now();
+    // Sixteen acquisitions in flight at a time: a service taking its locks at start.
+    let guards: Vec<_> = futures::stream::iter(0..locks)
+        .map(|i| {
+            let lock = provider.create_lock(format!("entity-{i}"));
+            async move { lock.acquire().await }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    let acquired = started.elapsed();
     commands.reset();
     // A window of whole cadences holds that many ticks, or one more at its boundary.
     let cadences = 6;
@@ -694,16 +758,44 @@ async fn renewals_per_cadence(
     let (single, batched) = (commands.count("findAndModify"), commands.count("update"));
     let renewals = single + batched;
     let lost = guards.iter().filter(|guard| guard.is_lost()).count();
+    let releasing = Instant::now();
+    futures::stream::iter(guards)
+        .map(|guard| guard.release())
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let released = releasing.elapsed();
+    let raw = raw_update_naming(database, locks).await?;
     println!(
-        "| renewal commands per cadence, holding {locks} lock{} (cadence {}) | **{:.1}** ({single} findAndModify + {batched} update in {cadences} cadences; {lost} lost) |",
+        "| renewal commands per cadence, holding {locks} lock{} (cadence {cadence_s} s, expiry {expiry_s} s) | **{:.1}** ({single} findAndModify + {batched} update in {cadences} cadences; {lost} lost; acquired in {:.1} s and released in {:.1} s, 16 at a time; a raw `update_many` naming {locks} documents by `$in`: {}) |",
         if locks == 1 { "" } else { "s" },
-        ms(cadence),
-        renewals as f64 / f64::from(cadences)
+        renewals as f64 / f64::from(cadences),
+        acquired.as_secs_f64(),
+        released.as_secs_f64(),
+        ms(raw),
     );
-    for guard in guards {
-        guard.release().await?;
-    }
     Ok(())
+}
+
+/// One raw `update_many` whose filter names `count` documents by `$in` (as a renewal round
+/// does), over a collection of that many: the server's own cost of such a round.
+async fn raw_update_naming(database: &Database, count: usize) -> Result<Duration> {
+    let raw: Collection<Document> = database.collection(&format!("raw_in_{count}"));
+    raw.drop().await?;
+    let names: Vec<String> = (0..count).map(|i| format!("entity-{i}")).collect();
+    raw.insert_many(
+        names
+            .iter()
+            .map(|name| doc! { "_id": name, "expiresAt": DateTime::now() }),
+    )
+    .await?;
+    let started = Instant::now();
+    raw.update_many(
+        doc! { "_id": { "$in": &names } },
+        vec![doc! { "$set": { "expiresAt": "$$NOW" } }],
+    )
+    .await?;
+    Ok(started.elapsed())
 }
 
 /// Heap bytes per held guard, including its share of the renewal loop's state.

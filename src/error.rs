@@ -107,9 +107,11 @@ pub enum Error {
     },
 
     /// The MongoDB driver reported an error (network, server selection, authorization, write
-    /// concern, ...). Inspect it for details; transient errors can be retried.
+    /// concern, ...). Inspect it for details; transient errors can be retried. Its message
+    /// includes the driver's, so it is not also given as the error's `source()` (an error
+    /// chain prints it once).
     #[error("MongoDB error: {0}")]
-    Mongo(#[from] mongodb::error::Error),
+    Mongo(mongodb::error::Error),
 
     /// MongoDB answered with something this crate does not understand, for example a lock
     /// document it did not write itself. The message describes what was found.
@@ -137,9 +139,10 @@ pub enum Error {
     BlockingInAsyncContext,
 
     /// The blocking API (cargo feature `blocking`) could not start its Tokio runtime (the
-    /// operating system refused a thread or an I/O driver).
+    /// operating system refused a thread or an I/O driver). Its message includes the
+    /// operating system's, which is not also given as `source()`.
     #[error("could not start the Tokio runtime of the blocking API: {0}")]
-    RuntimeStart(#[source] std::io::Error),
+    RuntimeStart(std::io::Error),
 
     /// A background task of this lock ended before it could report back, typically because its
     /// Tokio runtime is shutting down.
@@ -241,6 +244,12 @@ fn no_reply_message(operation: Operation, name: &str, waited: Duration) -> Strin
             "the commit of {name:?} got no reply from MongoDB within {waited:?}; whether it \
              was applied is unknown"
         ),
+    }
+}
+
+impl From<mongodb::error::Error> for Error {
+    fn from(error: mongodb::error::Error) -> Self {
+        Error::Mongo(error)
     }
 }
 
@@ -383,6 +392,31 @@ mod tests {
     use super::*;
     use mongodb::bson::doc;
     use mongodb::error::{CommandError, ErrorKind, WriteError, WriteFailure};
+
+    /// An error chain (each `source()` after the error itself) names the driver's problem once.
+    #[test]
+    fn a_chain_prints_the_driver_error_once() {
+        let command: CommandError = mongodb::bson::from_document(
+            doc! { "code": 13, "codeName": "Unauthorized", "errmsg": "not authorized on locks" },
+        )
+        .expect("valid command error document");
+        let error = Error::Mongo(ErrorKind::Command(command).into());
+        let mut chain = vec![error.to_string()];
+        let mut source = std::error::Error::source(&error);
+        while let Some(next) = source {
+            chain.push(next.to_string());
+            source = next.source();
+        }
+        let text = chain.join(": ");
+        assert!(text.starts_with("MongoDB error: "), "{text}");
+        assert_eq!(text.matches("not authorized on locks").count(), 1, "{text}");
+        let runtime = Error::RuntimeStart(std::io::Error::other("no threads left"));
+        assert!(std::error::Error::source(&runtime).is_none());
+        assert!(
+            runtime.to_string().ends_with("no threads left"),
+            "{runtime}"
+        );
+    }
 
     fn command_error(code: i32) -> mongodb::error::Error {
         let command: CommandError =

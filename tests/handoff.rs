@@ -482,7 +482,44 @@ async fn locks_built_apart_on_one_deployment_hand_over_in_one_command() {
     );
     // The transferred lease is the waiter's: renewed and released by its own client.
     assert!(!next.is_lost());
+
+    // The first lock comes back while the other holds it: the two are known to share the
+    // deployment while they live, so it waits in line without an attempt to prove it again,
+    // and the release hands the lock back in one command.
+    holder_log.clear();
+    waiter_log.clear();
+    let again = {
+        let holder_lock = holder_lock.clone();
+        tokio::spawn(async move { holder_lock.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    let queued = common::eventually(Duration::from_secs(10), || async {
+        distributed_lock_mongodb::__testing::offers_standing(
+            common::DATABASE,
+            collection.name(),
+            holder_lock.name(),
+        ) == 1
+    })
+    .await;
+    assert!(queued, "{:?}", holder_log.started());
     next.release().await.unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(5), again)
+        .await
+        .expect("handed back, not found by a poll 20 s later")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        holder_log.count("findAndModify"),
+        0,
+        "no attempt of its own: {:?}",
+        holder_log.find_and_modifies()
+    );
+    assert_eq!(
+        waiter_log.count("findAndModify"),
+        1,
+        "{:?}",
+        waiter_log.started()
+    );
+    back.release().await.unwrap();
     assert!(
         !stored(&collection, holder_lock.name())
             .await

@@ -27,11 +27,14 @@
 //! and wakes waiters of its own group only. Families join a group on evidence that they reach
 //! the same lock document: an attempt of one found stored, as the holder, the lock id of a lease
 //! another holds in this process (lock ids are random UUIDs, so a document holding one is that
-//! lease's document). The groups live as long as the queue, so their memory is bounded by the
-//! locks in use. A transfer also requires the releaser and the waiter to use the same write
+//! lease's document). A family keeps its group while it lives (a client never changes
+//! deployment): one that leaves the queue and comes back waits in line at once, without an
+//! attempt to prove it again. A family is forgotten when its hub is dropped, and the groups with
+//! the queue once nobody uses the lock, so their memory is bounded by the live lock objects that
+//! use the lock. A transfer also requires the releaser and the waiter to use the same write
 //! concern.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
@@ -177,6 +180,8 @@ struct Queue {
     /// The groups of families known to reach the same deployment, as family → group (the
     /// smallest family id of the group); a family not listed is a group of its own.
     groups: HashMap<u64, u64>,
+    /// Families whose hub is gone but that still have a waiter or a lease here.
+    departed: HashSet<u64>,
     transfers_in_a_row: u32,
     /// Set by a release that ended a run of transfers (they reached their bound): its waiter
     /// was woken by the release itself, so the next pushed release, most likely that one
@@ -195,12 +200,26 @@ impl Queue {
         self.waiters.is_empty() && self.held.is_empty()
     }
 
-    /// Forgets `family`'s group once it has neither a waiter nor a lease here (its lock objects
-    /// may be gone for good): the groups stay as small as what uses the lock.
-    fn forget_if_gone(&mut self, family: u64) {
-        let here = self.waiters.iter().any(|waiter| waiter.family == family)
-            || self.held.iter().any(|&(_, holder)| holder == family);
-        if !here {
+    /// Whether `family` has a waiter or a lease here.
+    fn has(&self, family: u64) -> bool {
+        self.waiters.iter().any(|waiter| waiter.family == family)
+            || self.held.iter().any(|&(_, holder)| holder == family)
+    }
+
+    /// Forgets `family`, whose hub is gone, once it has neither a waiter nor a lease here (a
+    /// guard outlives its lock object): the others of its group stay together.
+    fn forget(&mut self, family: u64) {
+        if self.has(family) {
+            self.departed.insert(family);
+        } else {
+            self.groups.remove(&family);
+        }
+    }
+
+    /// Forgets `family` if its hub is gone and it has left.
+    fn forget_if_departed(&mut self, family: u64) {
+        if self.departed.contains(&family) && !self.has(family) {
+            self.departed.remove(&family);
             self.groups.remove(&family);
         }
     }
@@ -286,10 +305,29 @@ impl Queue {
 static QUEUES: LazyLock<Mutex<HashMap<Arc<str>, Queue>>> = LazyLock::new(Mutex::default);
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// Families whose hub is gone, not yet forgotten by the queues (see `forget_family`).
+static GONE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
 fn queues() -> MutexGuard<'static, HashMap<Arc<str>, Queue>> {
-    QUEUES
+    let mut queues = QUEUES
         .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let gone = std::mem::take(&mut *GONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    for family in gone {
+        for queue in queues.values_mut() {
+            queue.forget(family);
+        }
+    }
+    queues
+}
+
+/// Forgets `family` in every queue: its hub (and so every lock and guard of the family) is gone.
+/// Noted here, done by the next use of the queues: a hub may be dropped while they are locked
+/// (with an offer it made, say), and their lock is not reentrant.
+pub(crate) fn forget_family(family: u64) {
+    GONE.lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .push(family);
 }
 
 /// Runs `change` on `key`'s queue, if it exists, and removes the queue once unused.
@@ -428,7 +466,7 @@ impl Drop for Ticket {
             let was_first = queue.first_of(family) == Some(id);
             let position = queue.waiters.iter().position(|waiter| waiter.id == id)?;
             let me = queue.waiters.remove(position)?;
-            queue.forget_if_gone(family);
+            queue.forget_if_departed(family);
             if was_first {
                 match acquired {
                     // With room, the next may succeed too; without, it becomes the poller.
@@ -654,7 +692,7 @@ impl Holding {
                 {
                     queue.held.swap_remove(position);
                 }
-                queue.forget_if_gone(key.family);
+                queue.forget_if_departed(key.family);
                 if !queue.held_by_group_of(key.family) {
                     queue.poll_first(key.family);
                 }
@@ -997,6 +1035,32 @@ mod tests {
             .waiters
             .iter()
             .any(|waiter| waiter.id == ticket.id && waiter.offer.is_some())
+    }
+
+    #[tokio::test]
+    async fn a_family_keeps_its_group_while_it_lives() {
+        let (one, two) = (key(11, "db", "coll", "kept"), key(12, "db", "coll", "kept"));
+        let holding = Holding::new(&one, "lease-of-eleven");
+        let ticket = Ticket::join(&two, false);
+        saw_stored(&two, "lease-of-eleven");
+        assert!(ticket.held_here());
+        // Family 12 leaves the queue (it got the lock elsewhere, or gave up) and comes back.
+        drop(ticket);
+        let back = Ticket::join(&two, false);
+        assert!(
+            back.held_here(),
+            "known to share the deployment without a new proof"
+        );
+        drop(back);
+        // Its hub is dropped while it waits: forgotten once it leaves, though family 11 still
+        // uses the queue.
+        let last = Ticket::join(&two, false);
+        forget_family(12);
+        assert!(last.held_here(), "still here");
+        drop(last);
+        let new_user = Ticket::join(&two, false);
+        assert!(!new_user.held_here());
+        drop((new_user, holding));
     }
 
     #[tokio::test]

@@ -86,6 +86,13 @@ impl Default for RenewalHub {
     }
 }
 
+impl Drop for RenewalHub {
+    fn drop(&mut self) {
+        // Its family's lock objects are all gone: the queues forget it.
+        super::handoff::forget_family(self.id);
+    }
+}
+
 impl RenewalHub {
     /// Identifies this hub (this family of locks) in the process.
     pub(crate) fn id(&self) -> u64 {

@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
@@ -144,13 +144,24 @@ pub fn is_embedded() -> bool {
 fn embedded_python() -> PathBuf {
     std::env::var_os("MONGOECO_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"))
+        .unwrap_or_else(|| repository_root().join(".venv/bin/python"))
+}
+
+/// The repository's root: the nearest folder at or above the including crate's manifest that
+/// holds the launcher (the library's tests and a workspace member's tests include this file).
+fn repository_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|folder| folder.join("scripts/mongoeco_server.py").exists())
+        .unwrap_or(manifest)
+        .to_path_buf()
 }
 
 /// Starts scripts/mongoeco_server.py with `args` and waits for the `ports` connection strings it
 /// prints, one a line.
 fn start_embedded(args: &[String], ports: usize) -> Result<Embedded, String> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = repository_root();
     let python = embedded_python();
     if !python.exists() {
         return Err(format!(

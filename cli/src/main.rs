@@ -1,0 +1,531 @@
+//! `dlock`: the operators' tool for the locks of `distributed-lock-mongodb`, on the library's own
+//! administration API (`Provider::held_locks_matching`, `force_release_holder`, `purge_expired`).
+//! Run `dlock --help` for the commands, their options and the exit codes.
+
+mod output;
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use distributed_lock_mongodb::{
+    DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION, Error,
+    LockFilter, LockKind, LockStatus, Provider,
+};
+use mongodb::bson::doc;
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Database};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  done (a list may be empty)
+  1  not found: unknown collection, unknown lock or holder, nothing held to release
+  2  bad usage or input: unknown option, no or invalid connection string, invalid name
+  3  MongoDB failed: unreachable, refused the command (nothing is known to have changed)
+  4  not confirmed: the question was answered no (or stdin closed); nothing changed";
+
+/// Inspect and free the locks that distributed-lock-mongodb keeps in MongoDB: exclusive locks,
+/// reader-writer locks and semaphores (one collection per kind, the library's defaults unless
+/// named).
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, after_help = EXIT_CODES)]
+struct Cli {
+    /// The MongoDB connection string (its password is never printed).
+    #[arg(long, env = "MONGODB_URI", hide_env_values = true, global = true)]
+    uri: Option<String>,
+
+    /// The database of the lock collections [default: the connection string's database].
+    #[arg(long, short, global = true)]
+    database: Option<String>,
+
+    /// The exclusive locks' collection [default: distributed_locks].
+    #[arg(long, value_name = "NAME", global = true)]
+    collection: Option<String>,
+
+    /// The reader-writer locks' collection [default: distributed_rw_locks].
+    #[arg(long, value_name = "NAME", global = true)]
+    reader_writer_collection: Option<String>,
+
+    /// The semaphores' collection [default: distributed_semaphores].
+    #[arg(long, value_name = "NAME", global = true)]
+    semaphore_collection: Option<String>,
+
+    /// Print JSON (one document: an array of holders, or the outcome) instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// Give up on an unreachable server after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, global = true)]
+    timeout: u64,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List the held locks of every kind, one row per holder.
+    ///
+    /// Each row: the lock's name and kind, the holder's lock id, fencing token, time left and
+    /// how long it has held the lock (by server time), and the details it stored.
+    List {
+        /// Only holders of this kind.
+        #[arg(long)]
+        kind: Option<Kind>,
+        /// Only holders whose stored details name this owner.
+        #[arg(long)]
+        owner: Option<String>,
+        /// Only holders that acquired their lease at least this long ago, by server time
+        /// (`90s`, `15m`, `6h`, `2d`; a bare number is seconds).
+        #[arg(long, value_name = "AGE", value_parser = parse_age)]
+        held_for_at_least: Option<Duration>,
+    },
+    /// Show one lock's holders (or, if free, an exclusive lock's last holder).
+    ///
+    /// Every holder under that name, of every kind (or of `--kind`); for an exclusive lock
+    /// nobody holds, its last holder and fencing token.
+    Show {
+        /// The lock's name.
+        name: String,
+        /// Only this kind of lock.
+        #[arg(long)]
+        kind: Option<Kind>,
+    },
+    /// Force-release one lock's holders (dangerous; asks first).
+    ///
+    /// Ends the leases of all its holders, or of the one `--holder` names, as their own
+    /// release would. Dangerous: a holder finds out at its next renewal and may act as the
+    /// holder until then (up to one extension cadence); fence what the lock protects. Asks for
+    /// confirmation unless `--yes`. Holders that released or changed since the read are left
+    /// alone (a lock id names one acquisition).
+    Release {
+        /// The lock's name.
+        name: String,
+        /// Only the holder with this lock id (as `list` and `show` print it).
+        #[arg(long, value_name = "LOCK_ID")]
+        holder: Option<String>,
+        /// Only holders of this kind.
+        #[arg(long)]
+        kind: Option<Kind>,
+        /// Do not ask for confirmation.
+        #[arg(long, short)]
+        yes: bool,
+    },
+    /// Delete lock documents whose last lease ended over a day ago (asks first).
+    ///
+    /// In each lock collection, what the TTL index would delete: never a held lock, nor a
+    /// document whose fencing token may still matter. Asks for confirmation unless `--yes`.
+    Purge {
+        /// Do not ask for confirmation.
+        #[arg(long, short)]
+        yes: bool,
+    },
+}
+
+/// A kind of lock holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    /// A holder of an exclusive lock.
+    Exclusive,
+    /// The writer of a reader-writer lock.
+    Write,
+    /// A reader of a reader-writer lock.
+    Read,
+    /// A holder of a semaphore place.
+    Semaphore,
+}
+
+impl From<Kind> for LockKind {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::Exclusive => LockKind::Exclusive,
+            Kind::Write => LockKind::Write,
+            Kind::Read => LockKind::Read,
+            Kind::Semaphore => LockKind::Semaphore,
+        }
+    }
+}
+
+/// Why a command did not do its job; each has its exit code.
+#[derive(Debug)]
+enum Failure {
+    NotFound(String),
+    Usage(String),
+    Server(String),
+    NotConfirmed,
+}
+
+impl Failure {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::NotFound(_) => 1,
+            Failure::Usage(_) => 2,
+            Failure::Server(_) => 3,
+            Failure::NotConfirmed => 4,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Failure::NotFound(message) | Failure::Usage(message) | Failure::Server(message) => {
+                message
+            }
+            Failure::NotConfirmed => "not confirmed: nothing changed",
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::InvalidArgument(_)
+            | Error::InvalidCollectionName { .. }
+            | Error::InvalidOptions(_) => Failure::Usage(error.to_string()),
+            other => Failure::Server(other.to_string()),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| Failure::Server(format!("could not start a runtime: {error}")))
+        .and_then(|runtime| runtime.block_on(run(cli)));
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("dlock: {}", failure.message());
+            ExitCode::from(failure.exit_code())
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let collections = Collections::of(&cli);
+    let database = connect(&cli).await?;
+    collections.check(&database).await?;
+    let provider = Provider::new(&database)
+        .with_collection(collections.exclusive.as_str())
+        .with_reader_writer_collection(collections.reader_writer.as_str())
+        .with_semaphore_collection(collections.semaphore.as_str());
+    match cli.command {
+        Command::List {
+            kind,
+            owner,
+            held_for_at_least,
+        } => {
+            let mut filter = with_kind(LockFilter::new(), kind);
+            if let Some(owner) = owner {
+                filter = filter.with_owner(owner);
+            }
+            if let Some(age) = held_for_at_least {
+                filter = filter.with_min_held_for(age);
+            }
+            let holders = provider.held_locks_matching(&filter).await?;
+            output::holders(&holders, cli.json, "no lock is held");
+            Ok(())
+        }
+        Command::Show { name, kind } => {
+            let found = show(&provider, &database, &collections, &name, kind).await?;
+            output::holders(&found, cli.json, &format!("lock {name:?} is free"));
+            Ok(())
+        }
+        Command::Release {
+            name,
+            holder,
+            kind,
+            yes,
+        } => release(&provider, &name, holder.as_deref(), kind, yes, cli.json).await,
+        Command::Purge { yes } => {
+            let question = format!(
+                "Delete the lock documents of {} whose last lease ended more than a day ago?",
+                collections.listed()
+            );
+            confirm(yes, &question)?;
+            let deleted = provider.purge_expired().await?;
+            output::purged(deleted, cli.json);
+            Ok(())
+        }
+    }
+}
+
+/// The lock collections, and which of them were named on the command line.
+struct Collections {
+    exclusive: String,
+    reader_writer: String,
+    semaphore: String,
+    named: Vec<String>,
+}
+
+impl Collections {
+    fn of(cli: &Cli) -> Self {
+        let named: Vec<String> = [
+            &cli.collection,
+            &cli.reader_writer_collection,
+            &cli.semaphore_collection,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+        let or = |name: &Option<String>, default: &str| name.clone().unwrap_or(default.to_owned());
+        Collections {
+            exclusive: or(&cli.collection, DEFAULT_LOCK_COLLECTION),
+            reader_writer: or(&cli.reader_writer_collection, DEFAULT_RW_COLLECTION),
+            semaphore: or(&cli.semaphore_collection, DEFAULT_SEMAPHORE_COLLECTION),
+            named,
+        }
+    }
+
+    fn all(&self) -> [&str; 3] {
+        [&self.exclusive, &self.reader_writer, &self.semaphore]
+    }
+
+    fn listed(&self) -> String {
+        self.all().join(", ")
+    }
+
+    /// A collection named on the command line must exist (a typo must not read as "nothing
+    /// held"); and at least one of the three must, or the database is likely the wrong one.
+    async fn check(&self, database: &Database) -> Result<(), Failure> {
+        let existing = database
+            .list_collection_names()
+            .await
+            .map_err(|error| server_failure(database, &error))?;
+        if let Some(missing) = self.named.iter().find(|name| !existing.contains(name)) {
+            return Err(Failure::NotFound(format!(
+                "collection {missing:?} does not exist in database {:?}",
+                database.name()
+            )));
+        }
+        if !self
+            .all()
+            .iter()
+            .any(|name| existing.iter().any(|e| e == name))
+        {
+            return Err(Failure::NotFound(format!(
+                "database {:?} has none of the lock collections ({}): check --database and the \
+                 collection options",
+                database.name(),
+                self.listed()
+            )));
+        }
+        Ok(())
+    }
+}
+
+async fn connect(cli: &Cli) -> Result<Database, Failure> {
+    let Some(uri) = cli.uri.as_deref() else {
+        return Err(Failure::Usage(
+            "no connection string: pass --uri or set MONGODB_URI".to_owned(),
+        ));
+    };
+    let mut options = ClientOptions::parse(uri)
+        .await
+        .map_err(|error| Failure::Usage(format!("invalid connection string: {error}")))?;
+    let timeout = Duration::from_secs(cli.timeout.max(1));
+    options.server_selection_timeout = Some(timeout);
+    options.connect_timeout = Some(timeout);
+    options.app_name = Some("dlock".to_owned());
+    let hosts: Vec<String> = options.hosts.iter().map(ToString::to_string).collect();
+    let _ = HOSTS.set(hosts.join(","));
+    let name = cli
+        .database
+        .clone()
+        .or_else(|| options.default_database.clone())
+        .ok_or_else(|| {
+            Failure::Usage(
+                "no database: pass --database or name one in the connection string".to_owned(),
+            )
+        })?;
+    let client = Client::with_options(options)
+        .map_err(|error| Failure::Usage(format!("invalid connection options: {error}")))?;
+    Ok(client.database(&name))
+}
+
+/// A failed read or write, named by the server's hosts (never the connection string, which may
+/// hold a password).
+fn server_failure(database: &Database, error: &mongodb::error::Error) -> Failure {
+    let hosts = HOSTS.get().map_or("", String::as_str);
+    Failure::Server(format!(
+        "MongoDB at {hosts} (database {:?}) failed: {error}",
+        database.name()
+    ))
+}
+
+/// The hosts of the connection string, for messages.
+static HOSTS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn with_kind(filter: LockFilter, kind: Option<Kind>) -> LockFilter {
+    match kind {
+        Some(kind) => filter.with_kind(kind.into()),
+        None => filter,
+    }
+}
+
+/// The holders of lock `name`; for a free exclusive lock, its last holder; for a free lock of
+/// another kind, nothing (it exists). Not found when no collection has a lock of that name.
+async fn show(
+    provider: &Provider,
+    database: &Database,
+    collections: &Collections,
+    name: &str,
+    kind: Option<Kind>,
+) -> Result<Vec<LockStatus>, Failure> {
+    let holders = provider
+        .held_locks_matching(&with_kind(LockFilter::new().with_name(name), kind))
+        .await?;
+    if !holders.is_empty() {
+        return Ok(holders);
+    }
+    let wants = |wanted: Kind| kind.is_none_or(|kind| kind == wanted);
+    if wants(Kind::Exclusive)
+        && let Some(last) = provider.status(name).await?
+    {
+        return Ok(vec![last]);
+    }
+    let others = [
+        (
+            &collections.reader_writer,
+            wants(Kind::Read) || wants(Kind::Write),
+        ),
+        (&collections.semaphore, wants(Kind::Semaphore)),
+    ];
+    for (collection, wanted) in others {
+        let documents = database.collection::<mongodb::bson::Document>(collection);
+        if wanted
+            && documents
+                .count_documents(doc! { "_id": name })
+                .await
+                .map_err(|error| server_failure(database, &error))?
+                > 0
+        {
+            return Ok(Vec::new());
+        }
+    }
+    Err(Failure::NotFound(format!(
+        "no lock named {name:?} in {}",
+        collections.listed()
+    )))
+}
+
+async fn release(
+    provider: &Provider,
+    name: &str,
+    holder: Option<&str>,
+    kind: Option<Kind>,
+    yes: bool,
+    json: bool,
+) -> Result<(), Failure> {
+    let mut holders = provider
+        .held_locks_matching(&with_kind(LockFilter::new().with_name(name), kind))
+        .await?;
+    if holders.is_empty() {
+        return Err(Failure::NotFound(format!(
+            "lock {name:?} is not held: nothing to release"
+        )));
+    }
+    if let Some(wanted) = holder {
+        let ids: Vec<&str> = holders
+            .iter()
+            .filter_map(|h| h.lock_id.as_deref())
+            .collect();
+        if !ids.contains(&wanted) {
+            return Err(Failure::NotFound(format!(
+                "lock {name:?} has no holder with lock id {wanted:?} (its holders: {})",
+                ids.join(", ")
+            )));
+        }
+        holders.retain(|h| h.lock_id.as_deref() == Some(wanted));
+    }
+    if !yes {
+        // On stderr with the question: stdout keeps only the outcome (`--json` stays parseable).
+        eprint!("{}", output::table(&holders));
+        let question = format!(
+            "Force-release {} of {name:?}? Each finds out at its next renewal and may act as the \
+             holder until then.",
+            output::count(holders.len(), "holder")
+        );
+        confirm(false, &question)?;
+    }
+    let mut released = Vec::new();
+    let mut gone = Vec::new();
+    for holder in &holders {
+        let id = holder.lock_id.clone().unwrap_or_default();
+        if provider.force_release_holder(holder).await? {
+            released.push(id);
+        } else {
+            gone.push(id);
+        }
+    }
+    output::released(name, &released, &gone, json);
+    Ok(())
+}
+
+/// Asks `question` on the terminal (stderr) unless `yes`; anything but `y` or `yes` on stdin
+/// (or a closed stdin) is a no.
+fn confirm(yes: bool, question: &str) -> Result<(), Failure> {
+    if yes {
+        return Ok(());
+    }
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut answer);
+    match answer.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(()),
+        _ => Err(Failure::NotConfirmed),
+    }
+}
+
+/// `90`, `90s`, `15m`, `6h`, `2d`.
+fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let seconds_per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 60 * 60,
+        "d" => 24 * 60 * 60,
+        _ => {
+            return Err(format!(
+                "{text:?}: use a number of seconds, or 90s, 15m, 6h, 2d"
+            ));
+        }
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: use a number of seconds, or 90s, 15m, 6h, 2d"))?;
+    number
+        .checked_mul(seconds_per)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_with_or_without_a_unit() {
+        assert_eq!(parse_age("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_age("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_age("6h"), Ok(Duration::from_secs(6 * 3600)));
+        assert_eq!(parse_age("2d"), Ok(Duration::from_secs(2 * 86400)));
+        assert!(parse_age("6 hours").unwrap_err().contains("6 hours"));
+        assert!(parse_age("h").is_err());
+        assert!(parse_age("99999999999999999999d").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,196 @@
+//! What `dlock` prints: a table for people, or one JSON document for scripts (`--json`).
+
+use std::time::Duration;
+
+use distributed_lock_mongodb::{LockKind, LockStatus};
+use mongodb::bson::{Bson, DateTime};
+use serde_json::{Value, json};
+
+/// Prints `holders` (a table, or a JSON array); `empty` is the table's text when there are none.
+pub fn holders(holders: &[LockStatus], json: bool, empty: &str) {
+    if json {
+        let rows: Vec<Value> = holders.iter().map(holder_json).collect();
+        println!("{}", Value::Array(rows));
+    } else if holders.is_empty() {
+        println!("{empty}");
+    } else {
+        print!("{}", table(holders));
+    }
+}
+
+/// The outcome of a forced release.
+pub fn released(name: &str, released: &[String], gone: &[String], json: bool) {
+    if json {
+        println!(
+            "{}",
+            json!({ "name": name, "released": released, "already_gone": gone })
+        );
+        return;
+    }
+    let mut line = format!("released {} of {name:?}", count(released.len(), "holder"));
+    if !gone.is_empty() {
+        line.push_str(&format!(
+            " ({} had already released or changed: {})",
+            count(gone.len(), "holder"),
+            gone.join(", ")
+        ));
+    }
+    println!("{line}");
+}
+
+/// The outcome of a purge.
+pub fn purged(deleted: u64, json: bool) {
+    if json {
+        println!("{}", json!({ "deleted": deleted }));
+    } else {
+        println!("deleted {deleted} expired lock document{}", plural(deleted));
+    }
+}
+
+/// `1 holder`, `2 holders`.
+pub fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", plural(n as u64))
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn kind(kind: LockKind) -> &'static str {
+    match kind {
+        LockKind::Exclusive => "exclusive",
+        LockKind::Write => "write",
+        LockKind::Read => "read",
+        LockKind::Semaphore => "semaphore",
+        LockKind::Document => "document",
+        _ => "other",
+    }
+}
+
+fn date(date: Option<DateTime>) -> Value {
+    date.and_then(|date| date.try_to_rfc3339_string().ok())
+        .map_or(Value::Null, Value::String)
+}
+
+fn millis(duration: Option<Duration>) -> Value {
+    duration.map_or(Value::Null, |duration| {
+        json!(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+    })
+}
+
+fn holder_json(holder: &LockStatus) -> Value {
+    let details = holder.details.as_ref();
+    json!({
+        "name": holder.name,
+        "kind": kind(holder.kind),
+        "held": holder.is_held(),
+        "lock_id": holder.lock_id,
+        "fencing_token": holder.fencing_token.map(|token| token.get()),
+        "acquired_at": date(holder.acquired_at),
+        "renewed_at": date(holder.renewed_at),
+        "expires_at": date(holder.expires_at),
+        "remaining_ms": millis(holder.remaining),
+        "held_for_ms": millis(holder.held_for()),
+        "owner": holder.owner(),
+        "host": holder.host(),
+        "pid": holder.pid(),
+        "extra": details
+            .filter(|details| !details.extra.is_empty())
+            .map(|details| Bson::Document(details.extra.clone()).into_relaxed_extjson()),
+    })
+}
+
+/// `0.4 s`, `12.3 s`, `5 min 3 s`, `3 h 12 min`, `2 d 4 h`.
+pub fn duration(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    match seconds {
+        0..60 => format!("{:.1} s", duration.as_secs_f64()),
+        60..3_600 => format!("{} min {} s", seconds / 60, seconds % 60),
+        3_600..86_400 => format!("{} h {} min", seconds / 3_600, seconds % 3_600 / 60),
+        _ => format!("{} d {} h", seconds / 86_400, seconds % 86_400 / 3_600),
+    }
+}
+
+/// The holders as a table with a header line, one line per holder.
+pub fn table(holders: &[LockStatus]) -> String {
+    let mut header = vec![
+        "NAME", "KIND", "LOCK ID", "TOKEN", "LEFT", "HELD FOR", "OWNER", "HOST", "PID",
+    ];
+    let with_extra = holders.iter().any(|holder| {
+        holder
+            .details
+            .as_ref()
+            .is_some_and(|details| !details.extra.is_empty())
+    });
+    if with_extra {
+        header.push("DETAILS");
+    }
+    let text = |value: Option<String>| value.unwrap_or_else(|| "-".to_owned());
+    let rows: Vec<Vec<String>> = holders
+        .iter()
+        .map(|holder| {
+            let mut row = vec![
+                holder.name.clone(),
+                kind(holder.kind).to_owned(),
+                text(holder.lock_id.clone()),
+                text(holder.fencing_token.map(|token| token.to_string())),
+                holder.remaining.map_or_else(|| "free".to_owned(), duration),
+                text(holder.held_for().map(duration)),
+                text(holder.owner().map(str::to_owned)),
+                text(holder.host().map(str::to_owned)),
+                text(holder.pid().map(|pid| pid.to_string())),
+            ];
+            if with_extra {
+                let extra = holder.details.as_ref().map(|details| &details.extra);
+                row.push(text(extra.filter(|extra| !extra.is_empty()).map(|extra| {
+                    Bson::Document(extra.clone())
+                        .into_relaxed_extjson()
+                        .to_string()
+                })));
+            }
+            row
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|column| {
+            rows.iter()
+                .map(|row| row[column].chars().count())
+                .chain([header[column].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        format!("{}\n", padded.join("  ").trim_end())
+    };
+    let mut out = line(header.clone());
+    for row in &rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_at_a_glance() {
+        assert_eq!(duration(Duration::from_millis(400)), "0.4 s");
+        assert_eq!(duration(Duration::from_millis(12_340)), "12.3 s");
+        assert_eq!(duration(Duration::from_secs(303)), "5 min 3 s");
+        assert_eq!(
+            duration(Duration::from_secs(3 * 3600 + 12 * 60)),
+            "3 h 12 min"
+        );
+        assert_eq!(
+            duration(Duration::from_secs(2 * 86_400 + 4 * 3600)),
+            "2 d 4 h"
+        );
+    }
+}

@@ -1,0 +1,483 @@
+//! `dlock` end to end: the binary against the embedded server (or `MONGODB_URI`), with locks of
+//! every kind held by the library, and bad input that must change nothing.
+
+#[path = "../../tests/common/server.rs"]
+mod server;
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use distributed_lock_mongodb::{LockDetails, LockOptions, LockStatus, Provider};
+use mongodb::bson::{DateTime, doc};
+use mongodb::{Client, Database};
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+
+/// What a run of `dlock` printed, and its exit code.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\nstdout:\n{}\nstderr:\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `dlock args` with `stdin` as its standard input (and no `MONGODB_URI` in its
+/// environment: tests pass `--uri`).
+async fn dlock(args: &[&str], stdin: &str) -> Run {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(args)
+        .env_remove("MONGODB_URI")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dlock starts");
+    let mut input = child.stdin.take().expect("piped stdin");
+    input.write_all(stdin.as_bytes()).await.expect("stdin");
+    drop(input);
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("dlock ends (a hang is a failure)")
+        .expect("dlock's output");
+    Run {
+        code: output.status.code().expect("an exit code, not a signal"),
+        stdout: String::from_utf8(output.stdout).expect("UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("UTF-8"),
+    }
+}
+
+/// `dlock --uri … --database <database> args`.
+async fn dlock_on(database: &Database, args: &[&str], stdin: &str) -> Run {
+    let uri = server::uri();
+    let mut all = vec!["--uri", uri.as_str(), "--database", database.name()];
+    all.extend(args);
+    dlock(&all, stdin).await
+}
+
+/// A database of the test's own, emptied first (a real server keeps the last run's).
+async fn fresh_database(name: &str) -> Database {
+    let database = Client::with_uri_str(server::uri())
+        .await
+        .expect("valid URI")
+        .database(&format!("dlock_{name}"));
+    database.drop().await.expect("drop the test database");
+    database
+}
+
+fn provider(database: &Database) -> Provider {
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(6))
+        .build()
+        .expect("valid options");
+    Provider::new(database)
+        .with_options(options)
+        .with_details(LockDetails::new().with_owner("billing"))
+        // Exclusive locks keep DistributedLock.MongoDB's layout (no details) unless told.
+        .with_details_in_exclusive_locks(true)
+}
+
+fn json(run: &Run) -> Value {
+    serde_json::from_str(&run.stdout).unwrap_or_else(|error| panic!("{error}: {run}"))
+}
+
+fn lock_ids(holders: &[LockStatus]) -> BTreeSet<String> {
+    holders.iter().filter_map(|h| h.lock_id.clone()).collect()
+}
+
+fn json_lock_ids(rows: &Value) -> BTreeSet<String> {
+    rows.as_array()
+        .expect("an array of holders")
+        .iter()
+        .map(|row| row["lock_id"].as_str().expect("a lock id").to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_every_kind_with_holders_tokens_time_left_and_details() {
+    let database = fresh_database("list").await;
+    let provider = provider(&database);
+    let exclusive = provider
+        .create_lock("nightly-report")
+        .acquire()
+        .await
+        .unwrap();
+    let orders = provider.create_reader_writer_lock("orders");
+    let _readers = (
+        orders.acquire_read().await.unwrap(),
+        orders.acquire_read().await.unwrap(),
+    );
+    let uploads = provider.create_semaphore("uploads", 3);
+    let _places = (
+        uploads.acquire().await.unwrap(),
+        uploads.acquire().await.unwrap(),
+    );
+    let held = provider.held_locks().await.unwrap();
+    assert_eq!(held.len(), 5);
+
+    let table = dlock_on(&database, &["list"], "").await;
+    assert_eq!(table.code, 0, "{table}");
+    let lines: Vec<&str> = table.stdout.lines().collect();
+    assert!(lines[0].starts_with("NAME"), "{table}");
+    assert!(
+        lines[0].contains("TOKEN") && lines[0].contains("LEFT"),
+        "{table}"
+    );
+    assert_eq!(lines.len(), 1 + 5, "{table}");
+    let row = |name: &str, kind: &str| {
+        lines
+            .iter()
+            .filter(|line| line.starts_with(name) && line.contains(kind))
+            .count()
+    };
+    assert_eq!(row("nightly-report", "exclusive"), 1, "{table}");
+    assert_eq!(row("orders", "read"), 2, "{table}");
+    assert_eq!(row("uploads", "semaphore"), 2, "{table}");
+    let report = lines
+        .iter()
+        .find(|line| line.starts_with("nightly-report"))
+        .unwrap();
+    let token = exclusive.fencing_token().to_string();
+    assert!(
+        report.split_whitespace().any(|cell| cell == token),
+        "{report}"
+    );
+    assert!(report.contains("billing"), "{report}");
+
+    let listed = dlock_on(&database, &["--json", "list"], "").await;
+    assert_eq!(listed.code, 0, "{listed}");
+    let rows = json(&listed);
+    assert_eq!(json_lock_ids(&rows), lock_ids(&held));
+    for row in rows.as_array().unwrap() {
+        assert_eq!(row["held"], true, "{row}");
+        assert_eq!(row["owner"], "billing", "{row}");
+        let left = row["remaining_ms"].as_u64().expect("time left");
+        assert!(left > 0 && left <= 6_000, "{row}");
+    }
+    let nightly = &rows.as_array().unwrap()[0];
+    assert_eq!(nightly["name"], "nightly-report", "{rows}");
+    assert_eq!(nightly["fencing_token"], exclusive.fencing_token().get());
+
+    let readers = dlock_on(&database, &["--json", "list", "--kind", "read"], "").await;
+    assert_eq!(readers.code, 0, "{readers}");
+    assert_eq!(json(&readers).as_array().unwrap().len(), 2, "{readers}");
+    let by_owner = dlock_on(&database, &["--json", "list", "--owner", "nobody"], "").await;
+    assert_eq!(json(&by_owner), Value::Array(Vec::new()), "{by_owner}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_names_the_holder_and_a_free_lock_its_last_holder() {
+    let database = fresh_database("show").await;
+    let provider = provider(&database);
+    let guard = provider.create_lock("deploy").acquire().await.unwrap();
+    let token = guard.fencing_token().get();
+    let held = provider.held_locks().await.unwrap();
+
+    let shown = dlock_on(&database, &["show", "deploy"], "").await;
+    assert_eq!(shown.code, 0, "{shown}");
+    let lock_id = held[0].lock_id.as_deref().unwrap();
+    assert!(shown.stdout.contains(lock_id), "{shown}");
+
+    guard.release().await.unwrap();
+    let free = dlock_on(&database, &["--json", "show", "deploy"], "").await;
+    assert_eq!(free.code, 0, "{free}");
+    let rows = json(&free);
+    assert_eq!(rows[0]["held"], false, "{free}");
+    assert_eq!(rows[0]["fencing_token"], token, "{free}");
+    let table = dlock_on(&database, &["show", "deploy"], "").await;
+    assert!(table.stdout.contains("free"), "{table}");
+
+    // A reader-writer lock nobody holds now exists, and is free.
+    let lock = provider.create_reader_writer_lock("orders");
+    lock.acquire_write().await.unwrap().release().await.unwrap();
+    let free_rw = dlock_on(&database, &["show", "orders"], "").await;
+    assert_eq!(free_rw.code, 0, "{free_rw}");
+    assert_eq!(
+        free_rw.stdout.trim(),
+        "lock \"orders\" is free",
+        "{free_rw}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_asks_first_and_frees_only_the_holders_named() {
+    let database = fresh_database("release").await;
+    let provider = provider(&database);
+    let orders = provider.create_reader_writer_lock("orders");
+    let first = orders.acquire_read().await.unwrap();
+    let second = orders.acquire_read().await.unwrap();
+    let readers = provider.held_locks().await.unwrap();
+    let target = readers[0].lock_id.clone().unwrap();
+
+    // Declined: nothing changes.
+    let args = ["release", "orders", "--holder", target.as_str()];
+    let declined = dlock_on(&database, &args, "n\n").await;
+    assert_eq!(declined.code, 4, "{declined}");
+    assert!(declined.stderr.contains("[y/N]"), "{declined}");
+    assert_eq!(
+        lock_ids(&provider.held_locks().await.unwrap()),
+        lock_ids(&readers)
+    );
+    let no_answer = dlock_on(&database, &args, "").await;
+    assert_eq!(no_answer.code, 4, "{no_answer}");
+    assert_eq!(provider.held_locks().await.unwrap().len(), 2);
+
+    // Confirmed: that reader only; its holder finds out at its next renewal.
+    let confirmed = dlock_on(&database, &args, "y\n").await;
+    assert_eq!(confirmed.code, 0, "{confirmed}");
+    assert!(
+        confirmed.stdout.contains("released 1 holder of \"orders\""),
+        "{confirmed}"
+    );
+    let left = provider.held_locks().await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_ne!(left[0].lock_id.as_deref(), Some(target.as_str()));
+    // The released reader's guard hears it at its next renewal (cadence 2 s); the other not.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while !first.is_lost() && !second.is_lost() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the released reader hears it was lost at its next renewal");
+    let released = [first.is_lost(), second.is_lost()];
+    assert_eq!(released.iter().filter(|lost| **lost).count(), 1);
+
+    // A lock id that is not a holder's: not found, nothing released.
+    let bogus = dlock_on(
+        &database,
+        &["release", "orders", "--holder", "bogus", "--yes"],
+        "",
+    )
+    .await;
+    assert_eq!(bogus.code, 1, "{bogus}");
+    assert!(bogus.stderr.contains("\"bogus\""), "{bogus}");
+    assert_eq!(provider.held_locks().await.unwrap().len(), 1);
+
+    // Every holder; the lock is free for others at once. The question and the holders it
+    // shows go to stderr: stdout is the JSON outcome alone.
+    let exclusive = provider.create_lock("deploy");
+    let _guard = exclusive.acquire().await.unwrap();
+    let all = dlock_on(&database, &["--json", "release", "deploy"], "y\n").await;
+    assert_eq!(all.code, 0, "{all}");
+    assert!(
+        all.stderr.contains("deploy") && all.stderr.contains("[y/N]"),
+        "{all}"
+    );
+    assert_eq!(json(&all)["released"].as_array().unwrap().len(), 1, "{all}");
+    let other = Provider::new(&database).create_lock("deploy");
+    assert!(other.try_acquire().await.unwrap().is_some());
+    let again = dlock_on(&database, &["release", "nobody-holds-this", "--yes"], "").await;
+    assert_eq!(again.code, 1, "{again}");
+    assert!(again.stderr.contains("not held"), "{again}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_deletes_only_documents_whose_lease_ended_over_a_day_ago() {
+    let database = fresh_database("purge").await;
+    // No acquisition in the exclusive collection of this database: no TTL index there, so the
+    // old document stays until the purge (on any server).
+    let day_and_more = DateTime::from_millis(DateTime::now().timestamp_millis() - 26 * 3_600_000);
+    let locks = database.collection::<mongodb::bson::Document>("distributed_locks");
+    locks
+        .insert_many([
+            doc! { "_id": "old", "expiresAt": day_and_more, "fencingToken": 3_i64 },
+            doc! { "_id": "recent", "expiresAt": DateTime::now(), "fencingToken": 4_i64 },
+        ])
+        .await
+        .unwrap();
+    let provider = provider(&database);
+    let _place = provider
+        .create_semaphore("uploads", 2)
+        .acquire()
+        .await
+        .unwrap();
+
+    let declined = dlock_on(&database, &["purge"], "no\n").await;
+    assert_eq!(declined.code, 4, "{declined}");
+    assert_eq!(locks.count_documents(doc! {}).await.unwrap(), 2);
+
+    let purged = dlock_on(&database, &["purge"], "yes\n").await;
+    assert_eq!(purged.code, 0, "{purged}");
+    assert!(
+        purged.stdout.contains("deleted 1 expired lock document"),
+        "{purged}"
+    );
+    let ids: Vec<_> = locks.distinct("_id", doc! {}).await.unwrap();
+    assert_eq!(ids, vec![mongodb::bson::Bson::String("recent".into())]);
+    assert_eq!(provider.held_locks().await.unwrap().len(), 1);
+    let again = dlock_on(&database, &["--json", "purge", "--yes"], "").await;
+    assert_eq!(json(&again)["deleted"], 0, "{again}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_named_exits_non_zero_and_changes_nothing() {
+    let database = fresh_database("bad_input").await;
+    let provider = provider(&database);
+    let _guard = provider.create_lock("deploy").acquire().await.unwrap();
+    let held = lock_ids(&provider.held_locks().await.unwrap());
+
+    let no_uri = dlock(&["list", "--database", "x"], "").await;
+    assert_eq!(no_uri.code, 2, "{no_uri}");
+    assert!(
+        no_uri.stderr.contains("--uri or set MONGODB_URI"),
+        "{no_uri}"
+    );
+
+    let bad_uri = dlock(&["--uri", "not-a-uri", "list"], "").await;
+    assert_eq!(bad_uri.code, 2, "{bad_uri}");
+    assert!(
+        bad_uri.stderr.contains("invalid connection string"),
+        "{bad_uri}"
+    );
+
+    let started = Instant::now();
+    let unreachable = dlock(
+        &[
+            "--uri",
+            "mongodb://127.0.0.1:1/?directConnection=true",
+            "--database",
+            "x",
+            "--timeout",
+            "1",
+            "list",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(unreachable.code, 3, "{unreachable}");
+    assert!(unreachable.stderr.contains("127.0.0.1:1"), "{unreachable}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let no_database = dlock(&["--uri", "mongodb://127.0.0.1:1", "list"], "").await;
+    assert_eq!(no_database.code, 2, "{no_database}");
+    assert!(no_database.stderr.contains("--database"), "{no_database}");
+
+    let unknown_collection = dlock_on(
+        &database,
+        &[
+            "--collection",
+            "no_such_locks",
+            "release",
+            "deploy",
+            "--yes",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(unknown_collection.code, 1, "{unknown_collection}");
+    assert!(
+        unknown_collection
+            .stderr
+            .contains("collection \"no_such_locks\" does not exist"),
+        "{unknown_collection}"
+    );
+
+    let wrong_database = dlock_on(&fresh_database("empty").await, &["list"], "").await;
+    assert_eq!(wrong_database.code, 1, "{wrong_database}");
+    assert!(
+        wrong_database
+            .stderr
+            .contains("none of the lock collections"),
+        "{wrong_database}"
+    );
+
+    let unknown_lock = dlock_on(&database, &["show", "no-such-lock"], "").await;
+    assert_eq!(unknown_lock.code, 1, "{unknown_lock}");
+    assert!(
+        unknown_lock
+            .stderr
+            .contains("no lock named \"no-such-lock\""),
+        "{unknown_lock}"
+    );
+    assert!(unknown_lock.stdout.is_empty(), "{unknown_lock}");
+
+    let bad_kind = dlock_on(&database, &["list", "--kind", "mutex"], "").await;
+    assert_eq!(bad_kind.code, 2, "{bad_kind}");
+    assert!(bad_kind.stderr.contains("mutex"), "{bad_kind}");
+
+    let bad_age = dlock_on(&database, &["list", "--held-for-at-least", "6 hours"], "").await;
+    assert_eq!(bad_age.code, 2, "{bad_age}");
+
+    // The same collection for two kinds: the library refuses it, nothing is read or written.
+    let shared = dlock_on(
+        &database,
+        &[
+            "--reader-writer-collection",
+            "distributed_locks",
+            "release",
+            "deploy",
+            "--yes",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(shared.code, 2, "{shared}");
+    assert!(shared.stderr.contains("distributed_locks"), "{shared}");
+
+    assert_eq!(lock_ids(&provider.held_locks().await.unwrap()), held);
+}
+
+#[tokio::test]
+async fn help_describes_every_command_option_and_exit_code() {
+    let help = dlock(&["--help"], "").await;
+    assert_eq!(help.code, 0, "{help}");
+    for needed in [
+        "list",
+        "show",
+        "release",
+        "purge",
+        "--uri",
+        "MONGODB_URI",
+        "--database",
+        "--json",
+        "--collection",
+        "--reader-writer-collection",
+        "--semaphore-collection",
+        "--timeout",
+        "Exit codes",
+        "0  done",
+        "1  not found",
+        "2  bad usage",
+        "3  MongoDB failed",
+        "4  not confirmed",
+    ] {
+        assert!(
+            help.stdout.contains(needed),
+            "{needed:?} missing from\n{help}"
+        );
+    }
+    let release = dlock(&["release", "--help"], "").await;
+    for needed in ["--holder", "--yes", "--kind", "Dangerous", "confirmation"] {
+        assert!(
+            release.stdout.contains(needed),
+            "{needed:?} missing from\n{release}"
+        );
+    }
+    let list = dlock(&["list", "--help"], "").await;
+    for needed in [
+        "--kind",
+        "--owner",
+        "--held-for-at-least",
+        "exclusive",
+        "semaphore",
+    ] {
+        assert!(
+            list.stdout.contains(needed),
+            "{needed:?} missing from\n{list}"
+        );
+    }
+}
