@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+// docs.rs marks the items that need a cargo feature (`blocking`).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -39,6 +41,7 @@ pub mod memory;
 
 // The blocking façade over the provider and the primitives.
 #[cfg(feature = "blocking")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
 pub mod blocking;
 
 // The protocol's decision functions, for the repository's model checker (not part of the API).
