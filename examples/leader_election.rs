@@ -1,13 +1,17 @@
 //! One instance of a service runs a scheduled job; another takes over when it stops or dies.
 //!
 //! Every instance campaigns for leadership of "report-scheduler". The leader runs the job every
-//! second, stops as soon as its term ends, and tags each run with the term's fencing token. On Ctrl-C an instance shuts its provider down, which releases leadership at once; an
+//! second, stops as soon as its term ends, and tags each run with the term's fencing token. On
+//! Ctrl-C an instance shuts its provider down, which releases leadership at once; an
 //! instance killed outright (`kill -9`) loses it when its lease expires (5 s here), and a
 //! follower is elected then.
 //!
 //! `scripts/run-example leader_election [instance-name] [seconds]` runs one instance (for 20 s by
-//! default). To watch a failover, start a MongoDB, export its `MONGODB_URI`, run the example in
-//! two terminals and stop the one that leads.
+//! default), each run against a private embedded server. To watch a failover, both instances
+//! need one server: run `scripts/test-server` (it prints `export MONGODB_URI=...` and keeps an
+//! embedded server until Ctrl-C) or start a MongoDB; then, in two terminals with that
+//! `MONGODB_URI` exported, run `scripts/run-example leader_election instance-1 60` and
+//! `... instance-2 60`, and stop the one that leads.
 
 use std::time::Duration;
 

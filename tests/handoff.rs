@@ -197,14 +197,7 @@ async fn waiters_in_line(
             tokio::time::sleep(Duration::from_millis(10)).await;
             guard.release().await.unwrap();
         }));
-        let in_line = common::eventually(Duration::from_secs(10), || async {
-            distributed_lock_mongodb::__testing::offers_standing(
-                common::DATABASE,
-                collection,
-                lock.name(),
-            ) == queued
-        })
-        .await;
+        let in_line = common::offers_become(collection, lock.name(), queued).await;
         assert!(in_line, "waiter {queued} did not queue");
     }
     waiters
@@ -441,18 +434,14 @@ async fn locks_built_apart_on_one_deployment_hand_over_in_one_command() {
         .with_options(sleepy_options());
     let guard = holder_lock.acquire().await.unwrap();
     let token = guard.fencing_token();
-    let waiter =
-        tokio::spawn(async move { waiter_lock.acquire_timeout(Duration::from_secs(60)).await });
+    let waiter = {
+        // A clone: the lock object itself lives on (its family stays linked while it lives).
+        let waiter_lock = waiter_lock.clone();
+        tokio::spawn(async move { waiter_lock.acquire_timeout(Duration::from_secs(60)).await })
+    };
     // The waiter's first attempt finds the holder's lease, then it waits in line (20 s between
     // polls) with an offer standing.
-    let queued = common::eventually(Duration::from_secs(10), || async {
-        distributed_lock_mongodb::__testing::offers_standing(
-            common::DATABASE,
-            collection.name(),
-            holder_lock.name(),
-        ) == 1
-    })
-    .await;
+    let queued = common::offers_become(collection.name(), holder_lock.name(), 1).await;
     assert!(queued, "{:?}", waiter_log.started());
     holder_log.clear();
     guard.release().await.unwrap();
@@ -492,14 +481,7 @@ async fn locks_built_apart_on_one_deployment_hand_over_in_one_command() {
         let holder_lock = holder_lock.clone();
         tokio::spawn(async move { holder_lock.acquire_timeout(Duration::from_secs(60)).await })
     };
-    let queued = common::eventually(Duration::from_secs(10), || async {
-        distributed_lock_mongodb::__testing::offers_standing(
-            common::DATABASE,
-            collection.name(),
-            holder_lock.name(),
-        ) == 1
-    })
-    .await;
+    let queued = common::offers_become(collection.name(), holder_lock.name(), 1).await;
     assert!(queued, "{:?}", holder_log.started());
     next.release().await.unwrap();
     let back = tokio::time::timeout(Duration::from_secs(5), again)
@@ -520,6 +502,7 @@ async fn locks_built_apart_on_one_deployment_hand_over_in_one_command() {
         waiter_log.started()
     );
     back.release().await.unwrap();
+    drop(waiter_lock);
     assert!(
         !stored(&collection, holder_lock.name())
             .await

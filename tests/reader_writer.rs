@@ -596,14 +596,7 @@ async fn a_writers_release_admits_every_local_reader_behind_it_in_one_command() 
             drop(read);
         }));
         // The writer is held here: the reader queues at once, with an offer.
-        let in_line = common::eventually(Duration::from_secs(10), || async {
-            distributed_lock_mongodb::__testing::offers_standing(
-                common::DATABASE,
-                &collection,
-                lock.name(),
-            ) == queued
-        })
-        .await;
+        let in_line = common::offers_become(&collection, lock.name(), queued).await;
         assert!(in_line, "reader {queued} did not queue");
     }
     log.clear();

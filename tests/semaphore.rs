@@ -349,14 +349,7 @@ async fn each_release_hands_its_place_to_a_local_waiter_in_the_release_command()
             drop(place);
         }));
         // Its first attempt fails; then it waits in line with an offer (and 20 s between polls).
-        let in_line = common::eventually(Duration::from_secs(10), || async {
-            distributed_lock_mongodb::__testing::offers_standing(
-                common::DATABASE,
-                &collection,
-                semaphore.name(),
-            ) == queued
-        })
-        .await;
+        let in_line = common::offers_become(&collection, semaphore.name(), queued).await;
         assert!(in_line, "waiter {queued} did not queue");
     }
     log.clear();

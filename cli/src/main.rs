@@ -22,7 +22,7 @@ Exit codes:
   0  done (a list may be empty)
   1  not found: unknown collection, unknown lock or holder, nothing held to release
   2  bad usage or input: unknown option, no or invalid connection string, invalid name
-  3  MongoDB failed: unreachable, refused the command (nothing is known to have changed)
+  3  MongoDB failed: unreachable, or refused a command (the message says what was done before)
   4  not confirmed: the question was answered no (or stdin closed); nothing changed";
 
 /// Inspect and free the locks that distributed-lock-mongodb keeps in MongoDB: exclusive locks,
@@ -55,7 +55,8 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
-    /// Give up on an unreachable server after this many seconds.
+    /// Give up on an unreachable server after this many seconds, and on the whole command (a
+    /// server that accepts connections but stalls) after six times as long.
     #[arg(long, value_name = "SECONDS", default_value_t = 10, global = true)]
     timeout: u64,
 
@@ -189,11 +190,23 @@ impl From<Error> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let outcome = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| Failure::Server(format!("could not start a runtime: {error}")))
-        .and_then(|runtime| runtime.block_on(run(cli)));
+    let outcome =
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| Failure::Server(format!("could not start a runtime: {error}")))
+            .and_then(|runtime| {
+                let limit = Duration::from_secs(cli.timeout.max(1).saturating_mul(6));
+                runtime.block_on(async {
+                    tokio::time::timeout(limit, run(cli)).await.unwrap_or_else(|_| {
+                    Err(Failure::Server(format!(
+                        "MongoDB did not finish the command within {} s; what it did before is \
+                         unknown (run `dlock list` to see)",
+                        limit.as_secs()
+                    )))
+                })
+                })
+            });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
@@ -293,6 +306,8 @@ impl Collections {
     async fn check(&self, database: &Database) -> Result<(), Failure> {
         let existing = database
             .list_collection_names()
+            // Only what this user may read: enough, and no listCollections privilege needed.
+            .authorized_collections(true)
             .await
             .map_err(|error| server_failure(database, &error))?;
         if let Some(missing) = self.named.iter().find(|name| !existing.contains(name)) {
@@ -451,18 +466,41 @@ async fn release(
         );
         confirm(false, &question)?;
     }
-    let mut released = Vec::new();
-    let mut gone = Vec::new();
-    for holder in &holders {
+    let (mut released, mut gone) = (Vec::new(), Vec::new());
+    for (done, holder) in holders.iter().enumerate() {
         let id = holder.lock_id.clone().unwrap_or_default();
-        if provider.force_release_holder(holder).await? {
-            released.push(id);
-        } else {
-            gone.push(id);
+        match provider.force_release_holder(holder).await {
+            Ok(true) => released.push(id),
+            Ok(false) => gone.push(id),
+            // Say what was done before the failure: some holders may be released already.
+            Err(error) => {
+                let left: Vec<&str> = holders[done..]
+                    .iter()
+                    .filter_map(|holder| holder.lock_id.as_deref())
+                    .collect();
+                return Err(Failure::Server(format!(
+                    "{error}; released before it: {}; not released (or unknown): {}",
+                    listed(&released),
+                    left.join(", ")
+                )));
+            }
         }
     }
     output::released(name, &released, &gone, json);
+    if released.is_empty() {
+        return Err(Failure::NotFound(format!(
+            "nothing released: every holder of {name:?} had already released or changed"
+        )));
+    }
     Ok(())
+}
+
+fn listed(ids: &[String]) -> String {
+    if ids.is_empty() {
+        "none".to_owned()
+    } else {
+        ids.join(", ")
+    }
 }
 
 /// Asks `question` on the terminal (stderr) unless `yes`; anything but `y` or `yes` on stdin

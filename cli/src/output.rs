@@ -1,5 +1,6 @@
 //! What `dlock` prints: a table for people, or one JSON document for scripts (`--json`).
 
+use std::io::Write;
 use std::time::Duration;
 
 use distributed_lock_mongodb::{LockKind, LockStatus};
@@ -10,21 +11,18 @@ use serde_json::{Value, json};
 pub fn holders(holders: &[LockStatus], json: bool, empty: &str) {
     if json {
         let rows: Vec<Value> = holders.iter().map(holder_json).collect();
-        println!("{}", Value::Array(rows));
+        out(&Value::Array(rows).to_string());
     } else if holders.is_empty() {
-        println!("{empty}");
+        out(empty);
     } else {
-        print!("{}", table(holders));
+        out(table(holders).trim_end());
     }
 }
 
 /// The outcome of a forced release.
 pub fn released(name: &str, released: &[String], gone: &[String], json: bool) {
     if json {
-        println!(
-            "{}",
-            json!({ "name": name, "released": released, "already_gone": gone })
-        );
+        out(&json!({ "name": name, "released": released, "already_gone": gone }).to_string());
         return;
     }
     let mut line = format!("released {} of {name:?}", count(released.len(), "holder"));
@@ -35,16 +33,33 @@ pub fn released(name: &str, released: &[String], gone: &[String], json: bool) {
             gone.join(", ")
         ));
     }
-    println!("{line}");
+    out(&line);
 }
 
 /// The outcome of a purge.
 pub fn purged(deleted: u64, json: bool) {
     if json {
-        println!("{}", json!({ "deleted": deleted }));
+        out(&json!({ "deleted": deleted }).to_string());
     } else {
-        println!("deleted {deleted} expired lock document{}", plural(deleted));
+        out(&format!(
+            "deleted {deleted} expired lock document{}",
+            plural(deleted)
+        ));
     }
+}
+
+/// Prints `text` and a newline on stdout; a reader that went away (`dlock list | head -1`) is
+/// not an error worth a panic.
+fn out(text: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
+/// What a cell shows of `text` stored by any client: control characters (a newline, a
+/// terminal escape) as `?`, so they cannot break the table or drive the operator's terminal.
+fn cell(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// `1 holder`, `2 holders`.
@@ -148,7 +163,7 @@ pub fn table(holders: &[LockStatus]) -> String {
                         .to_string()
                 })));
             }
-            row
+            row.into_iter().map(|text| cell(&text)).collect()
         })
         .collect();
     let widths: Vec<usize> = (0..header.len())
@@ -178,6 +193,12 @@ pub fn table(holders: &[LockStatus]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_text_cannot_drive_the_terminal() {
+        assert_eq!(cell("orders/1842"), "orders/1842");
+        assert_eq!(cell("a\nb\u{1b}[31mred"), "a?b?[31mred");
+    }
 
     #[test]
     fn durations_read_at_a_glance() {

@@ -238,6 +238,10 @@ impl Queue {
         }
         self.groups.insert(a, kept);
         self.groups.insert(b, kept);
+        LINKED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .extend([a, b]);
     }
 
     /// Whether an exclusive lease of the lock is held in this process by `family`'s group.
@@ -305,7 +309,10 @@ impl Queue {
 static QUEUES: LazyLock<Mutex<HashMap<Arc<str>, Queue>>> = LazyLock::new(Mutex::default);
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-/// Families whose hub is gone, not yet forgotten by the queues (see `forget_family`).
+/// Families linked to another in some queue, until their hub is gone. Locked after `QUEUES` (by
+/// `link`), before `GONE` (by `forget_family`).
+static LINKED: LazyLock<Mutex<HashSet<u64>>> = LazyLock::new(Mutex::default);
+/// Linked families whose hub is gone, not yet forgotten by the queues (see `forget_family`).
 static GONE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
 fn queues() -> MutexGuard<'static, HashMap<Arc<str>, Queue>> {
@@ -321,13 +328,21 @@ fn queues() -> MutexGuard<'static, HashMap<Arc<str>, Queue>> {
     queues
 }
 
-/// Forgets `family` in every queue: its hub (and so every lock and guard of the family) is gone.
-/// Noted here, done by the next use of the queues: a hub may be dropped while they are locked
-/// (with an offer it made, say), and their lock is not reentrant.
+/// Forgets `family`, whose hub is gone (its guards may outlive it), in every queue it was
+/// linked in. Noted here, done by the next use of the queues: a hub may be dropped while they
+/// are locked (with an offer it made, say), and their lock is not reentrant. Families never
+/// linked (most: every lock object of a provider starts with a hub of its own that it drops)
+/// cost nothing.
 pub(crate) fn forget_family(family: u64) {
-    GONE.lock()
+    let linked = LINKED
+        .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .push(family);
+        .remove(&family);
+    if linked {
+        GONE.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(family);
+    }
 }
 
 /// Runs `change` on `key`'s queue, if it exists, and removes the queue once unused.
@@ -466,7 +481,6 @@ impl Drop for Ticket {
             let was_first = queue.first_of(family) == Some(id);
             let position = queue.waiters.iter().position(|waiter| waiter.id == id)?;
             let me = queue.waiters.remove(position)?;
-            queue.forget_if_departed(family);
             if was_first {
                 match acquired {
                     // With room, the next may succeed too; without, it becomes the poller.
@@ -488,6 +502,8 @@ impl Drop for Ticket {
                 // Woken for a release it will not attempt for: the wake goes to the next.
                 queue.wake_first(family);
             }
+            // Last: the wakes above go to this family's group.
+            queue.forget_if_departed(family);
             me.offer.map(|offer| offer.deliver)
         });
         // An offer nobody took: nothing to deliver to a waiter that is gone, but the contract
@@ -692,10 +708,11 @@ impl Holding {
                 {
                     queue.held.swap_remove(position);
                 }
-                queue.forget_if_departed(key.family);
                 if !queue.held_by_group_of(key.family) {
                     queue.poll_first(key.family);
                 }
+                // Last: the poll above goes to this family's group.
+                queue.forget_if_departed(key.family);
             });
         }
     }
@@ -1039,7 +1056,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_family_keeps_its_group_while_it_lives() {
-        let (one, two) = (key(11, "db", "coll", "kept"), key(12, "db", "coll", "kept"));
+        // Ids far from the hubs' (counted from 0 in this process): no real hub forgets them. The
+        // group keeps the smaller id as its label; a forgotten id never comes back in real use
+        // (hub ids are never reused), so the test forgets the other one.
+        let (eleven, twelve) = (u64::MAX - 12, u64::MAX - 11);
+        let (one, two) = (
+            key(eleven, "db", "coll", "kept"),
+            key(twelve, "db", "coll", "kept"),
+        );
         let holding = Holding::new(&one, "lease-of-eleven");
         let ticket = Ticket::join(&two, false);
         saw_stored(&two, "lease-of-eleven");
@@ -1055,7 +1079,7 @@ mod tests {
         // Its hub is dropped while it waits: forgotten once it leaves, though family 11 still
         // uses the queue.
         let last = Ticket::join(&two, false);
-        forget_family(12);
+        forget_family(twelve);
         assert!(last.held_here(), "still here");
         drop(last);
         let new_user = Ticket::join(&two, false);
