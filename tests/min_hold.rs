@@ -11,7 +11,6 @@ use distributed_lock_mongodb::{
 };
 use mongodb::bson::{DateTime, Document, doc};
 use mongodb::{Collection, Database};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn min_hold_options(expiry_ms: u64, cadence_ms: u64, min_hold_ms: u64) -> LockOptions {
     LockOptions::builder()
@@ -125,13 +124,7 @@ async fn a_holder_killed_before_its_min_hold_keeps_the_lock_taken_until_then() {
         "200",
         &MIN_HOLD_MS.to_string(),
     ]);
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the worker acquires")
-        .unwrap()
-        .unwrap();
-    assert!(first.starts_with("acquired "), "{first}");
+    let _output = common::workers::acquired(&mut child).await;
     let first = acquired_at(&collection, &name).await;
     // It renews (renewedAt moves) without shortening the lease below acquiredAt + min_hold.
     let renewed = common::eventually(Duration::from_secs(10), || async {

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::process::Stdio;
 
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 
 /// Starts the worker example with `args`, against the same server as this test.
 pub fn spawn(args: &[&str]) -> Child {
@@ -34,6 +35,22 @@ pub fn spawn_against(uri: &str, args: &[&str]) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("start lock_worker")
+}
+
+/// Waits (at most 30 s) for a `hold` worker's first line, which says it acquired the lock, and
+/// returns the rest of its output, to keep while the worker lives (its stdout stays open).
+///
+/// # Panics
+/// If the worker prints nothing in time, or something else first.
+pub async fn acquired(child: &mut Child) -> Lines<BufReader<ChildStdout>> {
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker acquires")
+        .expect("read the worker's output")
+        .expect("a first line");
+    assert!(first.starts_with("acquired "), "{first}");
+    lines
 }
 
 /// Waits at most `limit` for a worker to exit successfully and returns the last line it printed
