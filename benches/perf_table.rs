@@ -13,10 +13,9 @@
 
 #[path = "support/raw_commands.rs"]
 mod raw_commands;
-#[path = "../tests/common/server.rs"]
-mod server;
 
 use raw_commands::{raw_acquire, raw_release, with_ttl_index};
+use test_support::server;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};

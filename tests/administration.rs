@@ -1,6 +1,6 @@
 //! Status, listing, forced release and purge of a provider's locks.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Bad input: every case gives a clear `Error` naming the problem or a documented success, never
 //! a panic (not even in a background task), and an error writes nothing.
 
-mod common;
+use test_support as common;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,6 +1,6 @@
 //! The blocking API (feature `blocking`): plain threads, no async runtime in the caller.
 
-mod common;
+use test_support as common;
 
 use std::sync::mpsc;
 use std::thread;

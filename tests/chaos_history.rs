@@ -26,7 +26,7 @@
 //! Against a real MongoDB (`MONGODB_URI`, and `MONGODB_URI_2` for a second router) the clock
 //! steps are left out; `scripts/real-cluster` adds real failovers.
 
-mod common;
+use test_support as common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

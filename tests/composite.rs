@@ -1,6 +1,6 @@
 //! Several locks acquired together: sorted, all or nothing, deadlock-free.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! Locks embedded in business documents: claim, commit, replace, release, loss, inserts.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

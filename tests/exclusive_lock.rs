@@ -1,6 +1,6 @@
 //! Acquire, try and timeout semantics of the exclusive lock.
 
-mod common;
+use test_support as common;
 
 use std::time::{Duration, Instant};
 

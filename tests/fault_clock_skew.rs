@@ -3,7 +3,7 @@
 //! failover): the lock must stay safe when the clients of one lock evaluate `$$NOW` on
 //! different clocks, within the configured `max_clock_skew`.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! A holder process is killed: the lock frees itself one expiry after the last renewal.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! A partitioned holder and a second client: the second acquires only after the lease expired,
 //! and by then the first has already seen `lost`.
 
-mod common;
+use test_support as common;
 
 use std::time::{Duration, Instant};
 

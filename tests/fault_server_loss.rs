@@ -1,6 +1,6 @@
 //! The server becomes unreachable while a lock is held, then comes back.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! level: replies lost after a write was applied, half-open connections, duplicate-key races,
 //! elections and write-concern errors. Each test fails without the fix it names.
 
-mod common;
+use test_support as common;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! Fenced writes refuse stale holders, including one that was partitioned.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

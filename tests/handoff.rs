@@ -1,6 +1,6 @@
 //! In-process handoff: a release wakes the longest-waiting local waiter at once.
 
-mod common;
+use test_support as common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! command exist only there. On a real replica set the same assertions hold for everything but
 //! those three.
 
-mod common;
+use test_support as common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

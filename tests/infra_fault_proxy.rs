@@ -1,7 +1,7 @@
 //! The test infrastructure itself: the fault proxy's command rules and the dedicated embedded
 //! server with a skewed second port, against a real wire-protocol server with raw driver calls.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

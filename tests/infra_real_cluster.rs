@@ -901,12 +901,7 @@ fn the_compose_file_has_what_the_script_and_the_readme_use() {
         assert!(script.contains(needle), "the init script lacks {needle}");
     }
     // The tests' database (where the chaos run's collections live) is on the shard that fails over.
-    let tests_database = read("tests/common/mod.rs")
-        .split("pub const DATABASE: &str = \"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("tests/common/mod.rs defines DATABASE")
-        .to_owned();
+    let tests_database = test_support::DATABASE;
     assert!(script.contains(&format!(r#"primaryShard("{tests_database}", "shard1")"#)));
     // mongosh where the image has it, else the legacy shell.
     assert!(script.contains(

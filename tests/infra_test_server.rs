@@ -5,7 +5,7 @@
 //! and a clock that can be stepped. On a real MongoDB the first two are plain checks of the
 //! behaviour the shims imitate; the clock tests always start an embedded server of their own.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

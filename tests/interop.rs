@@ -1,7 +1,7 @@
 //! Sharing locks with DistributedLock.MongoDB (.NET) and with earlier acquisitions: foreign
 //! holders and fencing-token continuity. (Odd stored values: bad_input.rs.)
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

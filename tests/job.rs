@@ -1,6 +1,6 @@
 //! Scheduled jobs: at most one run per window across instances whose timers disagree.
 
-mod common;
+use test_support as common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

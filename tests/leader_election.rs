@@ -1,7 +1,7 @@
 //! Leader election: one leader at a time, a successor after resigning, dropping, losing the
 //! lease or shutting down; a cut-off leader steps down before its successor is elected.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The lease: renewal keeps a lock held, loss is signalled, release and drop end it.
 
-mod common;
+use test_support as common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! implementations: MongoDB (`Provider`) and the in-memory double (`memory::MemoryLockProvider`).
 //! Then the double's own test controls.
 
-mod common;
+use test_support as common;
 
 use std::sync::Arc;
 use std::time::Duration;

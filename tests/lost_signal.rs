@@ -2,7 +2,7 @@
 //! connection strictly before the server-side expiry (measured against the server's clock);
 //! never while renewals merely suffer latency the lease can absorb.
 
-mod common;
+use test_support as common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! runtime shut down is lost at once, and a guard whose loop never gets to run (a starved
 //! executor) turns lost by itself at its local deadline.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

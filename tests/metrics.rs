@@ -1,7 +1,7 @@
 //! The `metrics` feature: acquisitions by outcome, attempts, wait and hold times, losses by
 //! reason and renewal commands, per kind of lock. One test: the recorder is process-wide.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `min_hold`: a lock released, dropped or lost by its holder's death before `acquiredAt +
 //! min_hold` stays taken on the server until then, by the server's clock.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

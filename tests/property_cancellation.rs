@@ -1,6 +1,6 @@
 //! Cancelled acquisitions leave nothing behind.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! Many tasks contending for one lock: never two holders, tokens strictly increasing.
 
-mod common;
+use test_support as common;
 
 use std::sync::Arc;
 use std::time::Duration;

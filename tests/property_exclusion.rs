@@ -1,10 +1,9 @@
 //! Mutual exclusion across OS processes, checked on a protected resource document.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};
 
 const PROCESSES: usize = 4;
@@ -31,15 +30,26 @@ async fn four_processes_of_eight_tasks_never_overlap() {
             ])
         })
         .collect();
-    let mut acquisitions = 0;
+    // (sequence number, fencing token) of every acquisition, from every process.
+    let mut held: Vec<(i64, i64)> = Vec::new();
     for child in &mut children {
-        let summary = common::workers::summary(child, Duration::from_secs(540)).await;
+        let output = common::workers::output(child, Duration::from_secs(540)).await;
+        let mut lines: Vec<&str> = output.lines().collect();
         assert_eq!(
-            summary,
-            format!("done acquisitions={} rejected=0", TASKS * ROUNDS),
+            lines.pop(),
+            Some(format!("done acquisitions={} rejected=0", TASKS * ROUNDS).as_str()),
         );
-        acquisitions += TASKS * ROUNDS;
+        for line in lines {
+            let fields: Vec<&str> = line.split(' ').collect();
+            match fields.as_slice() {
+                ["held", sequence, token] => {
+                    held.push((sequence.parse().unwrap(), token.parse().unwrap()));
+                }
+                _ => panic!("unexpected worker output: {line}"),
+            }
+        }
     }
+    let acquisitions = PROCESSES * TASKS * ROUNDS;
 
     let resource = database
         .collection::<Document>(&resource_name)
@@ -53,27 +63,16 @@ async fn four_processes_of_eight_tasks_never_overlap() {
         "two holders at once: {resource}"
     );
     assert_eq!(resource.get_i32("holders").unwrap(), 0);
-    let log: Vec<Document> = database
-        .collection::<Document>(&format!("{resource_name}_log"))
-        .find(doc! {})
-        .sort(doc! { "_id": 1 })
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    let tokens: Vec<i64> = log
-        .iter()
-        .map(|entry| entry.get_i64("token").unwrap())
-        .collect();
+    held.sort_unstable();
+    let sequences: Vec<i64> = held.iter().map(|(sequence, _)| *sequence).collect();
     assert_eq!(
-        tokens.len(),
-        acquisitions,
-        "every holder's fenced write was applied"
+        sequences,
+        (1..=acquisitions as i64).collect::<Vec<_>>(),
+        "every acquisition entered the resource once, under its own sequence number"
     );
     assert!(
-        tokens.windows(2).all(|pair| pair[0] < pair[1]),
-        "tokens increase in acquisition order"
+        held.windows(2).all(|pair| pair[0].1 < pair[1].1),
+        "tokens increase in the order the holders entered"
     );
     println!(
         "exclusion: {PROCESSES} processes × {TASKS} tasks, {acquisitions} acquisitions, max holders 1, 0 rejected fenced writes"

@@ -3,7 +3,7 @@
 //! once, however slowly it would poll. (On MongoDB, change streams need a replica set or a
 //! sharded cluster; the embedded server imitates them, launcher shim 8.)
 
-mod common;
+use test_support as common;
 
 use std::sync::Arc;
 use std::time::Duration;

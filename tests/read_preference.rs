@@ -1,7 +1,7 @@
 //! Reads whose result the crate acts on go to the primary with a read concern that cannot show
 //! a lease the primary has already ended, whatever the client's defaults say.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Reader-writer locks: shared readers, an exclusive writer, writer preference, the waiting
 //! writer's marker, lease loss, and holders' details.
 
-mod common;
+use test_support as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

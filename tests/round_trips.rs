@@ -1,6 +1,6 @@
 //! What an acquisition costs on the wire, and the TTL index it sets up.
 
-mod common;
+use test_support as common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Semaphores: at most `max_count` holders, each with its own lease.
 
-mod common;
+use test_support as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! (one lease renewed alone by a findAndModify that reads the server's clock, the others by one
 //! update), and losses are still detected lock by lock.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `Provider::shutdown`: every lease of every kind released, dropped guards' releases waited
 //! for, waiting and later acquisitions refused with `Error::ShutDown`.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

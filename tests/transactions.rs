@@ -1,6 +1,6 @@
 //! Lease-checked transactions (`transaction` on the guards) and document checkpoints.
 
-mod common;
+use test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Watching a lock without holding it: holders kept up to date by push, or by polling.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

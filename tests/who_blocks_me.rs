@@ -1,7 +1,7 @@
 //! "Who blocks me": an acquisition that times out names what held the lock at that moment, for
 //! every kind, in its error and in one line of its message.
 
-mod common;
+use test_support as common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Work bound to the lease: `run_while_held` on every guard, the `*_and_run` methods of every
 //! kind, and `max_hold`.
 
-mod common;
+use test_support as common;
 
 use std::future::Future;
 use std::sync::Arc;

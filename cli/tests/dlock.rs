@@ -1,9 +1,6 @@
 //! `dlock` end to end: the binary against the embedded server (or `MONGODB_URI`), with locks of
 //! every kind held by the library, and bad input that must change nothing.
 
-#[path = "../../tests/common/server.rs"]
-mod server;
-
 use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -12,6 +9,7 @@ use distributed_lock_mongodb::{LockDetails, LockOptions, LockStatus, Provider};
 use mongodb::bson::{DateTime, doc};
 use mongodb::{Client, Database};
 use serde_json::Value;
+use test_support::server;
 use tokio::io::AsyncWriteExt;
 
 /// What a run of `dlock` printed, and its exit code.

@@ -961,13 +961,13 @@ pub async fn address_of(uri: &str) -> SocketAddr {
 
 /// The test server's address, from its URI (a single host).
 pub async fn upstream_address() -> SocketAddr {
-    address_of(&super::server::uri()).await
+    address_of(&crate::server::uri()).await
 }
 
 /// A proxy to the test server and a client that connects through it (directly, no discovery),
 /// with short timeouts so a refused server is noticed quickly.
 pub async fn proxied_client() -> (FaultProxy, Client) {
-    proxied_client_with(&super::server::uri(), |_| {}).await
+    proxied_client_with(&crate::server::uri(), |_| {}).await
 }
 
 /// Like [`proxied_client`], to the server at `uri`, with client options changed by `configure`

@@ -9,7 +9,7 @@ use tokio::process::{Child, ChildStdout, Command};
 
 /// Starts the worker example with `args`, against the same server as this test.
 pub fn spawn(args: &[&str]) -> Child {
-    spawn_against(&super::server::uri(), args)
+    spawn_against(&crate::server::uri(), args)
 }
 
 /// Starts the worker example with `args`, against the server at `uri`.
@@ -59,18 +59,35 @@ pub async fn acquired(child: &mut Child) -> Lines<BufReader<ChildStdout>> {
 /// # Panics
 /// If it does not exit in time or fails; the message shows what it printed.
 pub async fn summary(child: &mut Child, limit: std::time::Duration) -> String {
-    use tokio::io::AsyncReadExt;
-    let status = tokio::time::timeout(limit, child.wait())
+    output(child, limit)
         .await
-        .unwrap_or_else(|_| panic!("the worker did not finish within {limit:?}"))
-        .expect("wait for the worker");
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Waits at most `limit` for a worker to exit successfully and returns all it printed. Its output
+/// is read while it runs, so a worker that prints more than a pipe holds does not stall.
+///
+/// # Panics
+/// If it does not exit in time or fails; the message shows what it printed.
+pub async fn output(child: &mut Child, limit: std::time::Duration) -> String {
+    use tokio::io::AsyncReadExt;
     let mut output = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        stdout
-            .read_to_string(&mut output)
-            .await
-            .expect("read the worker's output");
-    }
+    let mut stdout = child.stdout.take();
+    let read = async {
+        if let Some(stdout) = stdout.as_mut() {
+            stdout
+                .read_to_string(&mut output)
+                .await
+                .expect("read the worker's output");
+        }
+    };
+    let (status, ()) = tokio::time::timeout(limit, async { tokio::join!(child.wait(), read) })
+        .await
+        .unwrap_or_else(|_| panic!("the worker did not finish within {limit:?}"));
+    let status = status.expect("wait for the worker");
     assert!(status.success(), "worker failed: {output}");
-    output.lines().last().unwrap_or_default().to_owned()
+    output
 }

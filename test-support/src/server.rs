@@ -4,9 +4,6 @@
 //!
 //! Tests that need isolation or a special server start their own with [`start_dedicated`].
 
-// The examples include this file too, and use only `uri`.
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -147,8 +144,8 @@ fn embedded_python() -> PathBuf {
         .unwrap_or_else(|| repository_root().join(".venv/bin/python"))
 }
 
-/// The repository's root: the nearest folder at or above the including crate's manifest that
-/// holds the launcher (the library's tests and a workspace member's tests include this file).
+/// The repository's root: the nearest folder at or above this crate's manifest that holds the
+/// launcher.
 fn repository_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest

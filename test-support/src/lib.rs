@@ -1,7 +1,10 @@
-//! Shared helpers for the integration tests. Each test binary talks to its own embedded server
-//! (or to `MONGODB_URI`), and each test uses its own lock names and collections.
-
-#![allow(dead_code)] // each test binary uses a different subset
+//! What the integration tests, the benches, the worker fixture and `dlock`'s tests share: the
+//! embedded server ([`server`]), the fault proxy ([`proxy`]), worker processes ([`workers`]) and
+//! small helpers. One crate of the workspace, compiled once, where each test binary used to
+//! compile its own copy.
+//!
+//! Each test binary talks to its own embedded server (or to `MONGODB_URI`), and each test uses
+//! its own lock names and collections.
 
 pub mod proxy;
 pub mod server;
