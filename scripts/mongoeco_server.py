@@ -31,7 +31,7 @@ cites the MongoDB manual page it imitates:
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
-second line of stdout. See start_skewed_port below; tests/fault_clock_skew.rs uses it.
+second line of stdout. See serve() below; tests/fault_clock_skew.rs uses it.
 """
 
 import argparse

@@ -12,6 +12,12 @@ use mongodb::bson::{Document, doc};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_held_locks_cost_two_renewal_commands_per_cadence() {
     const LOCKS: usize = 1_000;
+    // Warnings (a lease lost, with its reason; a late renewal) go to the test's output, shown if
+    // it fails.
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_test_writer()
+        .try_init();
     // A thousand locks get a server of their own, away from this file's other tests.
     let server = common::server::isolated();
     let (database, commands) = common::counting_database_on(&server.uri, |_| {}).await;
@@ -64,12 +70,17 @@ async fn a_thousand_held_locks_cost_two_renewal_commands_per_cadence() {
     assert!(expires_at > acquired_until, "and was renewed");
     for guard in guards {
         let name = guard.name().to_owned();
+        let lost_before = guard.is_lost();
         if let Err(error) = guard.release().await {
             // Seen once in CI beside a CPU hog (entity-0, right after the checks above): say
-            // what the server stored, for the next look.
+            // what the server stored and whether the guard was lost before its release, for
+            // the next look (the "lock lost" warning above it names the reason).
             let stored = control.find_one(doc! { "_id": &name }).await;
             let (now, _) = common::server_now_and_expiry(&control, &name).await;
-            panic!("releasing {name}: {error}; stored at {now:?}: {stored:?}");
+            panic!(
+                "releasing {name}: {error} (lost before the release: {lost_before}); stored at \
+                 {now:?}: {stored:?}"
+            );
         }
     }
 }
