@@ -20,7 +20,14 @@ fn sleepy_options() -> LockOptions {
         .unwrap()
 }
 
-async fn wait_in_line(lock: &MongoDistributedLock) -> tokio::task::JoinHandle<Instant> {
+/// Starts a waiter for `lock` (held) and returns once it waits in line, as the `position`-th
+/// (from 1) of `collection`'s waiters for it.
+async fn wait_in_line(
+    lock: &MongoDistributedLock,
+    collection: &str,
+    position: usize,
+) -> tokio::task::JoinHandle<Instant> {
+    let name = lock.name().to_owned();
     let lock = lock.clone();
     let waiter = tokio::spawn(async move {
         let guard = lock.acquire_timeout(Duration::from_secs(60)).await.unwrap();
@@ -30,18 +37,21 @@ async fn wait_in_line(lock: &MongoDistributedLock) -> tokio::task::JoinHandle<In
         guard.release().await.unwrap();
         acquired
     });
-    // Let this waiter make its first (failed) attempt and join the queue before the next one.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // It joins the queue (with its offer) before the next one starts.
+    assert!(
+        common::offers_become(collection, &name, position).await,
+        "waiter {position} did not queue"
+    );
     waiter
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_wake_local_waiters_one_at_a_time_in_arrival_order() {
-    let (lock, _) = common::fresh_lock("fifo", sleepy_options()).await;
+    let (lock, collection) = common::fresh_lock("fifo", sleepy_options()).await;
     let guard = lock.acquire().await.unwrap();
     let mut waiters = Vec::new();
-    for _ in 0..4 {
-        waiters.push(wait_in_line(&lock).await);
+    for position in 1..=4 {
+        waiters.push(wait_in_line(&lock, collection.name(), position).await);
     }
     let released = Instant::now();
     guard.release().await.unwrap();
@@ -67,7 +77,7 @@ async fn releases_wake_local_waiters_one_at_a_time_in_arrival_order() {
 
 #[tokio::test]
 async fn dropping_a_guard_wakes_a_waiter_too() {
-    let (lock, _) = common::fresh_lock("dropwake", sleepy_options()).await;
+    let (lock, collection) = common::fresh_lock("dropwake", sleepy_options()).await;
     let guard = lock.acquire().await.unwrap();
     let waiter = {
         let lock = lock.clone();
@@ -77,7 +87,7 @@ async fn dropping_a_guard_wakes_a_waiter_too() {
                 .map(|g| g.fencing_token())
         })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(common::offers_become(collection.name(), lock.name(), 1).await);
     let token = guard.fencing_token();
     drop(guard);
     let next = tokio::time::timeout(Duration::from_secs(5), waiter)
@@ -90,18 +100,18 @@ async fn dropping_a_guard_wakes_a_waiter_too() {
 
 #[tokio::test]
 async fn a_cancelled_waiter_leaves_the_queue_and_the_next_one_is_woken() {
-    let (lock, _) = common::fresh_lock("leave", sleepy_options()).await;
+    let (lock, collection) = common::fresh_lock("leave", sleepy_options()).await;
     let guard = lock.acquire().await.unwrap();
     let first = {
         let lock = lock.clone();
         tokio::spawn(async move { lock.acquire().await.map(|g| g.fencing_token()) })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(common::offers_become(collection.name(), lock.name(), 1).await);
     let second = {
         let lock = lock.clone();
         tokio::spawn(async move { lock.acquire().await.map(|g| g.fencing_token()) })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(common::offers_become(collection.name(), lock.name(), 2).await);
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
     guard.release().await.unwrap();
@@ -126,11 +136,19 @@ fn sleepy_lock(
     (lock, database.collection(&collection))
 }
 
-/// A waiter for `lock` whose first attempt has failed, so that it waits in line.
-async fn queued_waiter(lock: &MongoDistributedLock) -> JoinHandle<Result<LockGuard>> {
-    let lock = lock.clone();
-    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+/// A waiter for `lock` (held here) that waits in line in `collection`, with its offer standing.
+async fn queued_waiter(
+    lock: &MongoDistributedLock,
+    collection: &Collection<Document>,
+) -> JoinHandle<Result<LockGuard>> {
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
+    });
+    assert!(
+        common::offers_become(collection.name(), lock.name(), 1).await,
+        "the waiter did not queue"
+    );
     waiter
 }
 
@@ -147,7 +165,7 @@ async fn a_release_hands_the_lock_to_a_local_waiter_in_one_command() {
     let guard = lock.acquire().await.unwrap();
     let token = guard.fencing_token();
     log.clear();
-    let waiter = queued_waiter(&lock).await;
+    let waiter = queued_waiter(&lock, &collection).await;
     guard.release().await.unwrap();
     // One command released the lock and gave it to the waiter: no separate release, and no
     // attempt by the waiter (the lock was held in this process when it called, so it queued at
@@ -295,7 +313,7 @@ async fn a_release_racing_a_takeover_by_another_process_hands_nothing_over() {
     let database = common::database().await;
     let (lock, collection) = sleepy_lock(&database, "race");
     let guard = lock.acquire().await.unwrap();
-    let mut waiter = queued_waiter(&lock).await;
+    let mut waiter = queued_waiter(&lock, &collection).await;
     // The lease ended behind the holder's back and another process took the lock.
     collection
         .update_one(
@@ -331,7 +349,7 @@ async fn a_transfer_whose_reply_was_lost_is_confirmed_by_its_retry() {
     let (lock, collection) = sleepy_lock(&database, "lostreply");
     let guard = lock.acquire().await.unwrap();
     let token = guard.fencing_token();
-    let waiter = queued_waiter(&lock).await;
+    let waiter = queued_waiter(&lock, &collection).await;
     let rule = proxy.add_rule(Rule::new("findAndModify", Action::DropReplyAndClose).times(1));
     guard.release().await.unwrap();
     assert_eq!(proxy.hits(rule), 1, "the transfer's first reply was lost");
@@ -357,10 +375,15 @@ async fn a_waiter_cancelled_while_the_lock_is_transferred_to_it_releases_it_at_o
     let database = client.database(common::DATABASE);
     let (lock, collection) = sleepy_lock(&database, "cancelled");
     let guard = lock.acquire().await.unwrap();
-    let waiter = queued_waiter(&lock).await;
-    proxy.add_rule(Rule::new("findAndModify", Action::Delay(Duration::from_millis(500))).times(1));
+    let waiter = queued_waiter(&lock, &collection).await;
+    let transfer = proxy
+        .add_rule(Rule::new("findAndModify", Action::Delay(Duration::from_millis(500))).times(1));
     let release = tokio::spawn(guard.release());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = common::eventually(Duration::from_secs(10), || async {
+        proxy.hits(transfer) == 1
+    })
+    .await;
+    assert!(sent, "the release hands the lock over");
     waiter.abort(); // while the transfer is on its way
     assert!(waiter.await.unwrap_err().is_cancelled());
     release.await.unwrap().unwrap();
@@ -408,8 +431,8 @@ async fn only_the_first_local_waiter_polls_the_server() {
             tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await })
         })
         .collect();
-    // Every waiter has made its first attempt and waits in line.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every waiter has made its first attempt and waits in line, its offer standing.
+    assert!(common::offers_become(&collection, lock.name(), WAITERS).await);
     log.clear();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let polls = log.count("findAndModify");
@@ -599,7 +622,7 @@ async fn a_waiter_whose_deadline_passes_during_its_transfer_gets_the_lock_not_a_
         let lock = lock.clone();
         async move { lock.acquire_timeout(Duration::from_secs(1)).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await; // it has queued, with its offer
+    assert!(common::offers_become(collection.name(), lock.name(), 1).await);
     let transfer = proxy.add_rule(
         Rule::new("findAndModify", Action::Delay(Duration::from_millis(1_500)))
             .where_present("query.lockId.$in"),
@@ -635,7 +658,7 @@ async fn a_waiter_whose_last_attempt_fails_during_its_transfer_gets_the_lock_not
         let lock = lock.clone();
         async move { lock.acquire_timeout(Duration::from_secs(1)).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await; // it has queued, with its offer
+    assert!(common::offers_become(collection.name(), lock.name(), 1).await);
     let transfer = proxy.add_rule(
         Rule::new("findAndModify", Action::Delay(Duration::from_millis(1_500)))
             .where_present("query.lockId.$in"),
@@ -691,10 +714,11 @@ fn a_transfer_cut_short_by_its_runtimes_end_leaves_no_lease_behind() {
         .busy_wait_sleep_time(Duration::from_millis(50), Duration::from_millis(200))
         .build()
         .unwrap();
+    let collection = common::unique("locks");
     let (proxy, provider) = main.block_on(async {
         let (proxy, client) = common::proxy::proxied_client().await;
         let provider = distributed_lock_mongodb::Provider::new(&client.database(common::DATABASE))
-            .with_collection(common::unique("locks"))
+            .with_collection(collection.as_str())
             .with_options(options);
         (proxy, provider)
     });
@@ -711,9 +735,8 @@ fn a_transfer_cut_short_by_its_runtimes_end_leaves_no_lease_behind() {
         Rule::new("findAndModify", Action::Delay(Duration::from_millis(1_000)))
             .where_present("query.lockId.$in"),
     );
-    main.block_on(async {
-        tokio::time::sleep(Duration::from_millis(300)).await; // the waiter has queued
-    });
+    // The waiter has queued, with its offer.
+    assert!(main.block_on(common::offers_become(&collection, &name, 1)));
     releasing.spawn(guard.release());
     main.block_on(async {
         let sent = common::eventually(Duration::from_secs(10), || async {
@@ -777,7 +800,7 @@ fn a_transfer_cut_short_with_its_waiter_on_the_same_runtime_leaves_no_lease_behi
             .where_present("query.lockId.$in"),
     );
     // The waiter queues and offers to take the lease over; the release then hands it over.
-    main.block_on(async { tokio::time::sleep(Duration::from_millis(300)).await });
+    assert!(main.block_on(common::offers_become(&collection, &name, 1)));
     dying.spawn(guard.release());
     main.block_on(async {
         let sent = common::eventually(Duration::from_secs(10), || async {

@@ -546,14 +546,14 @@ async fn a_writers_release_wakes_every_local_reader_waiting_behind_it() {
         .busy_wait_sleep_time(Duration::from_secs(20), Duration::from_secs(20))
         .build()
         .unwrap();
-    let (lock, _) = rw_lock(sleepy).await;
+    let (lock, collection) = rw_lock(sleepy).await;
     let writer = lock.acquire_write().await.unwrap();
     let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
     let mut readers = Vec::new();
-    for _ in 0..READERS {
-        let (lock, acquired) = (lock.clone(), acquired.clone());
+    for queued in 1..=READERS {
+        let (reader, acquired) = (lock.clone(), acquired.clone());
         readers.push(tokio::spawn(async move {
-            let read = lock
+            let read = reader
                 .acquire_read_timeout(Duration::from_secs(60))
                 .await
                 .unwrap();
@@ -561,8 +561,10 @@ async fn a_writers_release_wakes_every_local_reader_waiting_behind_it() {
             std::future::pending::<()>().await;
             drop(read);
         }));
+        // The writer is held here: the reader queues at once, with an offer.
+        let in_line = common::offers_become(collection.name(), lock.name(), queued).await;
+        assert!(in_line, "reader {queued} did not queue");
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     writer.release().await.unwrap();
     for reader in 0..READERS {
         tokio::time::timeout(Duration::from_secs(10), acquisitions.recv())

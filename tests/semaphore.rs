@@ -102,7 +102,8 @@ async fn several_places_freed_at_once_are_refilled_by_local_waiters_at_once() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await; // every waiter has failed and queued
+    // Every waiter has failed its first attempt and waits in line, with an offer.
+    assert!(common::offers_become(&collection, &name, 6).await);
     // Two places end on the server (as when their holders' leases end, or another process
     // releases them), then the third holder releases locally: the woken waiter finds three free
     // places and must pass the turn on.
@@ -281,8 +282,9 @@ fn sleepy_options() -> LockOptions {
 async fn releasing_every_place_at_once_refills_them_all_from_local_waiters() {
     const PLACES: u32 = 3;
     const WAITERS: usize = 6;
+    let collection = common::unique("semaphores");
     let provider = Provider::new(&common::database().await)
-        .with_semaphore_collection(common::unique("semaphores"))
+        .with_semaphore_collection(collection.as_str())
         .with_options(sleepy_options());
     let semaphore = provider.create_semaphore(common::unique("refill"), PLACES);
     let mut holders = Vec::new();
@@ -291,10 +293,10 @@ async fn releasing_every_place_at_once_refills_them_all_from_local_waiters() {
     }
     let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
     let mut waiters = Vec::new();
-    for _ in 0..WAITERS {
-        let (semaphore, acquired) = (semaphore.clone(), acquired.clone());
+    for queued in 1..=WAITERS {
+        let (waiter, acquired) = (semaphore.clone(), acquired.clone());
         waiters.push(tokio::spawn(async move {
-            let place = semaphore
+            let place = waiter
                 .acquire_timeout(Duration::from_secs(60))
                 .await
                 .unwrap();
@@ -303,9 +305,10 @@ async fn releasing_every_place_at_once_refills_them_all_from_local_waiters() {
             std::future::pending::<()>().await;
             drop(place);
         }));
+        // Its first attempt fails; then it waits in line with an offer.
+        let in_line = common::offers_become(&collection, semaphore.name(), queued).await;
+        assert!(in_line, "waiter {queued} did not queue");
     }
-    // Every waiter has failed its first attempt and waits in line.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     futures::future::join_all(holders.into_iter().map(|holder| holder.release())).await;
     for place in 0..PLACES {
         tokio::time::timeout(Duration::from_secs(10), acquisitions.recv())
