@@ -6,7 +6,10 @@
 //! (and its clones); fencing tokens that strictly increase per name; a guard's lease that stays
 //! held while the guard lives; `lost` that fires before anyone else can take the lock; release
 //! by [`release`](DistributedLockGuard::release) or on drop, which wakes the next waiter at once;
-//! waits that end with [`Error::Timeout`] as the MongoDB locks' do. What it adds: test controls
+//! waits that end with [`Error::Timeout`] as the MongoDB locks' do; the same refusals before
+//! anything happens (a name over 1 MiB is [`Error::InvalidArgument`], a call outside a Tokio
+//! runtime [`Error::NoRuntime`], and after [`shutdown`](MemoryLockProvider::shutdown)
+//! [`Error::ShutDown`]). What it adds: test controls
 //! that play the failures a real deployment has. [`MemoryLockProvider::expire`] ends the
 //! current lease as a lost renewal would (the holder's `lost` fires, then the lock is free);
 //! [`MemoryLockProvider::mark_lost`] makes the holder presume its lease lost while it still
@@ -31,6 +34,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -39,6 +43,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::lease::lost::LeaseState;
+use crate::lease::name_problem;
 use crate::traits::{DistributedLock, DistributedLockGuard, DistributedLockProvider};
 use crate::{Error, FencingToken, LostSignal, Result};
 
@@ -52,8 +57,10 @@ pub struct MemoryLockProvider {
 #[derive(Debug, Default)]
 struct Locks {
     names: Mutex<HashMap<String, Name>>,
-    /// Woken whenever a lock becomes free.
+    /// Woken whenever a lock becomes free, and at shutdown.
     freed: Notify,
+    /// Set (with `names` locked) by [`MemoryLockProvider::shutdown`]: nothing is taken any more.
+    shut_down: AtomicBool,
 }
 
 /// The state of one name: its last fencing token, and its holder.
@@ -79,11 +86,15 @@ impl Locks {
     }
 
     /// Takes `name` if it is free: the new guard's acquisition number and token, and its state.
-    fn try_take(&self, name: &str) -> Option<(u64, FencingToken, Arc<LeaseState>)> {
+    /// [`Error::ShutDown`] once the provider is shut down.
+    fn try_take(&self, name: &str) -> Result<Option<(u64, FencingToken, Arc<LeaseState>)>> {
         let mut names = self.names();
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
         let entry = names.entry(name.to_owned()).or_default();
         if entry.holder.is_some() {
-            return None;
+            return Ok(None);
         }
         entry.last_token += 1;
         let state = LeaseState::without_deadline();
@@ -92,7 +103,28 @@ impl Locks {
             acquisition,
             state: Arc::clone(&state),
         });
-        Some((acquisition, FencingToken::new(entry.last_token), state))
+        Ok(Some((
+            acquisition,
+            FencingToken::new(entry.last_token),
+            state,
+        )))
+    }
+
+    /// Refuses every acquisition from now on, and ends every lease: each is lost, then freed.
+    fn shut_down(&self) {
+        let ended: Vec<Arc<LeaseState>> = {
+            let mut names = self.names();
+            self.shut_down.store(true, Ordering::SeqCst);
+            names
+                .values_mut()
+                .filter_map(|entry| entry.holder.take())
+                .map(|holder| holder.state)
+                .collect()
+        };
+        for state in ended {
+            state.mark_lost();
+        }
+        self.freed.notify_waiters();
     }
 
     /// Frees `name` if acquisition `acquisition` still holds it.
@@ -170,6 +202,14 @@ impl MemoryLockProvider {
         self.locks.holder_state(name).is_some()
     }
 
+    /// Shuts the provider (and its clones) down, as [`Provider::shutdown`](crate::Provider::shutdown)
+    /// does: every lock held through it is lost (its `lost` fires, its release returns
+    /// [`Error::LockLost`]) and freed, waiting calls end with [`Error::ShutDown`], and so does
+    /// every later acquisition. A second call does nothing more.
+    pub async fn shutdown(&self) {
+        self.locks.shut_down();
+    }
+
     /// The fencing token of the last acquisition of `name`, if it was ever acquired.
     pub fn last_fencing_token(&self, name: &str) -> Option<FencingToken> {
         let names = self.locks.names();
@@ -208,11 +248,13 @@ impl MemoryLock {
     /// Waits until the lock is acquired.
     ///
     /// # Errors
-    /// None in practice; `Result` for the same signature as the MongoDB locks.
+    /// The refusals of the MongoDB locks: [`Error::InvalidArgument`] for a name over 1 MiB,
+    /// [`Error::NoRuntime`] outside a Tokio runtime, [`Error::ShutDown`] once the provider is
+    /// shut down (also while waiting).
     pub async fn acquire(&self) -> Result<MemoryGuard> {
         loop {
-            // Without a deadline the wait only ends with the lock.
-            if let Some(guard) = self.wait_for(None).await {
+            // Without a deadline the wait only ends with the lock (or an error).
+            if let Some(guard) = self.wait_for(None).await? {
                 return Ok(guard);
             }
         }
@@ -221,11 +263,11 @@ impl MemoryLock {
     /// Waits up to `timeout`.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when `timeout` runs out.
+    /// [`Error::Timeout`] when `timeout` runs out; the refusals of [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MemoryGuard> {
         let started = Instant::now();
         self.wait_for(Some(timeout))
-            .await
+            .await?
             .ok_or_else(|| Error::Timeout {
                 name: self.name.clone(),
                 waited: started.elapsed(),
@@ -236,38 +278,55 @@ impl MemoryLock {
     /// One attempt: `Ok(None)` if the lock is held.
     ///
     /// # Errors
-    /// None in practice; `Result` for the same signature as the MongoDB locks.
+    /// The refusals of [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<Option<MemoryGuard>> {
-        Ok(self.take())
+        self.check()?;
+        self.take()
     }
 
     /// Attempts for up to `timeout`: `Ok(None)` if the lock stayed held.
     ///
     /// # Errors
-    /// None in practice; `Result` for the same signature as the MongoDB locks.
+    /// The refusals of [`acquire`](Self::acquire).
     pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<MemoryGuard>> {
-        Ok(self.wait_for(Some(timeout)).await)
+        self.wait_for(Some(timeout)).await
     }
 
-    fn take(&self) -> Option<MemoryGuard> {
-        let (acquisition, fencing_token, state) = self.locks.try_take(&self.name)?;
-        Some(MemoryGuard {
-            name: self.name.clone(),
-            locks: Arc::clone(&self.locks),
-            acquisition,
-            fencing_token,
-            state,
-        })
+    /// What the MongoDB locks refuse before they try, in their order: a name too long to store,
+    /// a provider shut down, a call outside a Tokio runtime.
+    fn check(&self) -> Result<()> {
+        if let Some(problem) = name_problem(&self.name) {
+            return Err(Error::InvalidArgument(problem));
+        }
+        if self.locks.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        Ok(())
+    }
+
+    fn take(&self) -> Result<Option<MemoryGuard>> {
+        let taken = self.locks.try_take(&self.name)?;
+        Ok(
+            taken.map(|(acquisition, fencing_token, state)| MemoryGuard {
+                name: self.name.clone(),
+                locks: Arc::clone(&self.locks),
+                acquisition,
+                fencing_token,
+                state,
+            }),
+        )
     }
 
     /// Takes the lock as soon as it is free, within `timeout` if given.
-    async fn wait_for(&self, timeout: Option<Duration>) -> Option<MemoryGuard> {
+    async fn wait_for(&self, timeout: Option<Duration>) -> Result<Option<MemoryGuard>> {
+        self.check()?;
         let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         loop {
-            // Registered before the attempt, so a release in between is not missed.
+            // Registered before the attempt, so a release (or shutdown) in between is not missed.
             let freed = self.locks.freed.notified();
-            if let Some(guard) = self.take() {
-                return Some(guard);
+            if let Some(guard) = self.take()? {
+                return Ok(Some(guard));
             }
             match deadline {
                 None => freed.await,

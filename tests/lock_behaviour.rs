@@ -53,6 +53,8 @@ behaviours!(
     a_held_lock_is_not_lost_and_a_released_one_never_fires,
     names_are_independent,
     contenders_hold_the_lock_one_at_a_time,
+    a_name_over_a_mib_is_refused,
+    acquiring_outside_a_tokio_runtime_is_refused,
 );
 
 async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
@@ -170,7 +172,94 @@ async fn contenders_hold_the_lock_one_at_a_time(locks: Locks) {
     assert_eq!(tokens.len(), count, "every acquisition has its own token");
 }
 
+async fn a_name_over_a_mib_is_refused(locks: Locks) {
+    let lock = locks.create_lock(&"n".repeat((1 << 20) + 1));
+    for error in [
+        lock.acquire().await.map(drop).unwrap_err(),
+        lock.acquire_timeout(Duration::from_secs(1))
+            .await
+            .map(drop)
+            .unwrap_err(),
+        lock.try_acquire().await.map(drop).unwrap_err(),
+        lock.try_acquire_timeout(Duration::from_secs(1))
+            .await
+            .map(drop)
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(&error, Error::InvalidArgument(message) if message.contains("1 MiB")),
+            "{error}"
+        );
+    }
+    // The longest allowed name is fine.
+    let longest = locks.create_lock(&"n".repeat(1 << 20));
+    longest.acquire().await.unwrap().release().await.unwrap();
+}
+
+async fn acquiring_outside_a_tokio_runtime_is_refused(locks: Locks) {
+    let lock = locks.create_lock("outside");
+    // A plain thread, polled by an executor that is not Tokio's.
+    let errors = std::thread::spawn(move || {
+        futures::executor::block_on(async {
+            [
+                lock.acquire().await.map(drop).unwrap_err(),
+                lock.acquire_timeout(Duration::from_secs(1))
+                    .await
+                    .map(drop)
+                    .unwrap_err(),
+                lock.try_acquire().await.map(drop).unwrap_err(),
+                lock.try_acquire_timeout(Duration::from_secs(1))
+                    .await
+                    .map(drop)
+                    .unwrap_err(),
+            ]
+        })
+    })
+    .join()
+    .expect("no panic outside a runtime");
+    for error in errors {
+        assert!(matches!(error, Error::NoRuntime), "{error}");
+    }
+    // Nothing was taken.
+    let lock = locks.create_lock("outside");
+    lock.try_acquire()
+        .await
+        .unwrap()
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+}
+
 // The in-memory double's test controls.
+
+#[tokio::test]
+async fn shutdown_ends_every_lease_and_refuses_what_comes_after() {
+    let locks = MemoryLockProvider::new();
+    let held = locks.create_lock("a").acquire().await.unwrap();
+    let waiting = {
+        let lock = locks.create_lock("a");
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    let clone = locks.clone();
+    clone.shutdown().await;
+    assert!(held.is_lost(), "a lease held through the provider is lost");
+    assert!(!locks.is_held("a"), "and freed");
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting call ends")
+        .unwrap();
+    assert!(matches!(waited, Err(Error::ShutDown)), "{waited:?}");
+    let lock = locks.create_lock("b");
+    assert!(matches!(lock.acquire().await, Err(Error::ShutDown)));
+    assert!(matches!(lock.try_acquire().await, Err(Error::ShutDown)));
+    assert!(matches!(
+        lock.try_acquire_timeout(Duration::from_secs(1)).await,
+        Err(Error::ShutDown)
+    ));
+    assert!(held.release().await.unwrap_err().is_lock_lost());
+    locks.shutdown().await; // a second call does nothing more
+}
 
 #[tokio::test]
 async fn expire_fires_lost_then_frees_the_lock_for_a_larger_token() {

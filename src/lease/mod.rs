@@ -57,6 +57,19 @@ use undo::Undo;
 /// every command about it, and must leave room within MongoDB's 16 MiB document limit.
 pub(crate) const MAX_NAME_BYTES: usize = 1 << 20;
 
+/// What is wrong with `name` as a lock name, if anything: only a length over
+/// [`MAX_NAME_BYTES`]. Also used by the in-memory locks, which refuse the same names.
+pub(crate) fn name_problem(name: &str) -> Option<String> {
+    (name.len() > MAX_NAME_BYTES).then(|| {
+        format!(
+            "lock name {:?} is {} bytes long; names are limited to {MAX_NAME_BYTES} bytes \
+             (1 MiB)",
+            shown_name(name),
+            name.len()
+        )
+    })
+}
+
 /// A named lock in a lock collection: what the exclusive lock, the reader-writer lock and the
 /// semaphore share with their guards. Each keeps its leases in the document `{_id: name}`.
 #[derive(Clone, Debug)]
@@ -153,13 +166,8 @@ impl Target {
     }
 
     fn find_problem(&self) -> Option<Problem> {
-        if self.name.len() > MAX_NAME_BYTES {
-            return Some(Problem::Argument(format!(
-                "lock name {:?} is {} bytes long; names are limited to {MAX_NAME_BYTES} bytes \
-                 (1 MiB)",
-                shown_name(&self.name),
-                self.name.len()
-            )));
+        if let Some(problem) = name_problem(&self.name) {
+            return Some(Problem::Argument(problem));
         }
         Problem::of_collection(self.collection.name())
     }
