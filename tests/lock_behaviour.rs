@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distributed_lock_mongodb::memory::MemoryLockProvider;
-use distributed_lock_mongodb::{DistributedLockProvider, Error, Provider};
+use distributed_lock_mongodb::{DistributedLock, DistributedLockProvider, Error, Provider};
 
 type Locks = Arc<dyn DistributedLockProvider>;
 
@@ -172,9 +172,9 @@ async fn contenders_hold_the_lock_one_at_a_time(locks: Locks) {
     assert_eq!(tokens.len(), count, "every acquisition has its own token");
 }
 
-async fn a_name_over_a_mib_is_refused(locks: Locks) {
-    let lock = locks.create_lock(&"n".repeat((1 << 20) + 1));
-    for error in [
+/// The errors of the four ways to acquire `lock`, each of which must fail.
+async fn refusals(lock: &dyn DistributedLock) -> [Error; 4] {
+    [
         lock.acquire().await.map(drop).unwrap_err(),
         lock.acquire_timeout(Duration::from_secs(1))
             .await
@@ -185,7 +185,12 @@ async fn a_name_over_a_mib_is_refused(locks: Locks) {
             .await
             .map(drop)
             .unwrap_err(),
-    ] {
+    ]
+}
+
+async fn a_name_over_a_mib_is_refused(locks: Locks) {
+    let lock = locks.create_lock(&"n".repeat((1 << 20) + 1));
+    for error in refusals(&*lock).await {
         assert!(
             matches!(&error, Error::InvalidArgument(message) if message.contains("1 MiB")),
             "{error}"
@@ -199,24 +204,9 @@ async fn a_name_over_a_mib_is_refused(locks: Locks) {
 async fn acquiring_outside_a_tokio_runtime_is_refused(locks: Locks) {
     let lock = locks.create_lock("outside");
     // A plain thread, polled by an executor that is not Tokio's.
-    let errors = std::thread::spawn(move || {
-        futures::executor::block_on(async {
-            [
-                lock.acquire().await.map(drop).unwrap_err(),
-                lock.acquire_timeout(Duration::from_secs(1))
-                    .await
-                    .map(drop)
-                    .unwrap_err(),
-                lock.try_acquire().await.map(drop).unwrap_err(),
-                lock.try_acquire_timeout(Duration::from_secs(1))
-                    .await
-                    .map(drop)
-                    .unwrap_err(),
-            ]
-        })
-    })
-    .join()
-    .expect("no panic outside a runtime");
+    let errors = std::thread::spawn(move || futures::executor::block_on(refusals(&*lock)))
+        .join()
+        .expect("no panic outside a runtime");
     for error in errors {
         assert!(matches!(error, Error::NoRuntime), "{error}");
     }
