@@ -32,6 +32,8 @@
 //! time advances only when nothing is; a holder releases after its `hold_ticks`. So every path
 //! makes progress, and liveness is checked up to [`Config::horizon`].
 
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use distributed_lock_mongodb::__model as code;
@@ -217,6 +219,31 @@ pub struct LeaseProtocol {
     lifetime_ms: i64,
     cadence_ms: i64,
     reply_limit_ticks: u8,
+    /// The commands the server has applied so far, each built once: the crate builds them from
+    /// the lock ids, the token and the options alone, and building them again for every delivery
+    /// (the crate's code, unoptimized in test builds) took half of the checker's time.
+    commands: Arc<RwLock<HashMap<CommandKey, Arc<Command>>>>,
+}
+
+/// A command the server applies: a filter, and the update of what it matched.
+#[derive(Debug)]
+struct Command {
+    filter: Document,
+    update: Vec<Document>,
+}
+
+/// Which [`Command`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum CommandKey {
+    Attempt(u8),
+    Renew(u8),
+    Release(u8),
+    Transfer {
+        releasing: u8,
+        waiter: u8,
+    },
+    /// A fenced write of the protected resource with this token.
+    Write(i64),
 }
 
 impl LeaseProtocol {
@@ -235,6 +262,64 @@ impl LeaseProtocol {
                 .expect("small"),
             options,
             config,
+            commands: Arc::default(),
+        }
+    }
+
+    /// The command `key` names, as the crate builds it (with the planted mistake, if any).
+    fn command(&self, key: CommandKey) -> Arc<Command> {
+        let cached = self
+            .commands
+            .read()
+            .expect("not poisoned")
+            .get(&key)
+            .cloned();
+        cached.unwrap_or_else(|| {
+            let built = Arc::new(self.build(key));
+            let mut commands = self.commands.write().expect("not poisoned");
+            Arc::clone(commands.entry(key).or_insert(built))
+        })
+    }
+
+    fn build(&self, key: CommandKey) -> Command {
+        match key {
+            CommandKey::Attempt(lock_id) => Command {
+                filter: code::attempt_filter(NAME),
+                update: self
+                    .planted_token(code::attempt_update(&lock_id_name(lock_id), &self.options)),
+            },
+            CommandKey::Renew(lock_id) => Command {
+                filter: code::renew_filter(NAME, &lock_id_name(lock_id)),
+                update: code::renew_update(&self.options),
+            },
+            CommandKey::Release(lock_id) => Command {
+                filter: if self.mistake(Mistake::CleanupByName) {
+                    code::attempt_filter(NAME)
+                } else {
+                    code::release_filter(NAME, &lock_id_name(lock_id))
+                },
+                update: code::release_update(&lock_id_name(lock_id)),
+            },
+            CommandKey::Transfer { releasing, waiter } => {
+                let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
+                let filter = code::transfer_filter(NAME, &releasing, &waiter);
+                let update = code::transfer_update(&waiter, &self.options, &releasing);
+                if self.mistake(Mistake::TransferOfALostLease) {
+                    Command {
+                        filter: code::attempt_filter(NAME),
+                        update: take_whatever_is_stored(update),
+                    }
+                } else {
+                    Command {
+                        filter,
+                        update: self.planted_token(update),
+                    }
+                }
+            }
+            CommandKey::Write(token) => Command {
+                filter: code::fenced_filter(doc! { "_id": "resource" }, token),
+                update: vec![doc! { "$set": { DEFAULT_FENCE_FIELD: token } }],
+            },
         }
     }
 
@@ -541,15 +626,6 @@ impl LeaseProtocol {
         Some(updated)
     }
 
-    fn transfer_pipeline(&self, waiter: &str, releasing: &str) -> (Document, Vec<Document>) {
-        let filter = code::transfer_filter(NAME, releasing, waiter);
-        let update = code::transfer_update(waiter, &self.options, releasing);
-        if self.mistake(Mistake::TransferOfALostLease) {
-            return (code::attempt_filter(NAME), take_whatever_is_stored(update));
-        }
-        (filter, self.planted_token(update))
-    }
-
     fn planted_token(&self, update: Vec<Document>) -> Vec<Document> {
         if self.mistake(Mistake::TokenNotIncremented) {
             keep_the_stored_token(update)
@@ -566,14 +642,13 @@ impl LeaseProtocol {
                 lock_id,
                 sent: _,
             } => {
-                let id = lock_id_name(lock_id);
-                let update = self.planted_token(code::attempt_update(&id, &self.options));
+                let attempt = self.command(CommandKey::Attempt(lock_id));
                 let router = Self::router_of(state, client);
                 let document = self
-                    .update(state, router, &code::attempt_filter(NAME), &update, true)
+                    .update(state, router, &attempt.filter, &attempt.update, true)
                     .expect("an upsert always returns the document");
-                let won =
-                    code::attempt_won(&document, &id).map(|token| token.expect("a numeric token"));
+                let won = code::attempt_won(&document, &lock_id_name(lock_id))
+                    .map(|token| token.expect("a numeric token"));
                 state.send(Message::AttemptReply {
                     client,
                     lock_id,
@@ -590,16 +665,10 @@ impl LeaseProtocol {
                 lock_id,
                 sent,
             } => {
-                let id = lock_id_name(lock_id);
+                let renew = self.command(CommandKey::Renew(lock_id));
                 let router = Self::router_of(state, client);
                 let live = self
-                    .update(
-                        state,
-                        router,
-                        &code::renew_filter(NAME, &id),
-                        &code::renew_update(&self.options),
-                        false,
-                    )
+                    .update(state, router, &renew.filter, &renew.update, false)
                     .is_some();
                 state.send(Message::RenewReply {
                     client,
@@ -638,14 +707,9 @@ impl LeaseProtocol {
                 }
             }
             Message::Release { client, lock_id } => {
-                let id = lock_id_name(lock_id);
-                let filter = if self.mistake(Mistake::CleanupByName) {
-                    code::attempt_filter(NAME)
-                } else {
-                    code::release_filter(NAME, &id)
-                };
+                let release = self.command(CommandKey::Release(lock_id));
                 let router = Self::router_of(state, client);
-                self.update(state, router, &filter, &code::release_update(&id), false);
+                self.update(state, router, &release.filter, &release.update, false);
             }
             Message::Transfer {
                 releasing,
@@ -653,11 +717,13 @@ impl LeaseProtocol {
                 lock_id,
                 sent,
             } => {
-                let (filter, update) =
-                    self.transfer_pipeline(&lock_id_name(lock_id), &lock_id_name(releasing));
+                let transfer = self.command(CommandKey::Transfer {
+                    releasing,
+                    waiter: lock_id,
+                });
                 let router = Self::router_of(state, waiter);
                 let token = self
-                    .update(state, router, &filter, &update, false)
+                    .update(state, router, &transfer.filter, &transfer.update, false)
                     .and_then(|document| code::attempt_won(&document, &lock_id_name(lock_id)))
                     .map(|token| token.expect("a numeric token"));
                 state.send(Message::TransferReply {
@@ -693,16 +759,13 @@ impl LeaseProtocol {
                     Some(stored) => doc! { "_id": "resource", DEFAULT_FENCE_FIELD: stored },
                     None => doc! { "_id": "resource" },
                 };
-                let fenced = code::fenced_filter(doc! { "_id": "resource" }, token);
+                let write = self.command(CommandKey::Write(token));
                 let stale = state.resource.is_some_and(|stored| stored >= token);
-                if eval::matches(&fenced, &resource, DateTime::from_millis(EPOCH_MS)) {
+                if eval::matches(&write.filter, &resource, DateTime::from_millis(EPOCH_MS)) {
                     if stale {
                         state.stale_writes_refused = false;
                     }
-                    let written = eval::apply_operators(
-                        &doc! { "$set": { DEFAULT_FENCE_FIELD: token } },
-                        &resource,
-                    );
+                    let written = eval::apply_operators(&write.update[0], &resource);
                     state.resource = written.get_i64(DEFAULT_FENCE_FIELD).ok();
                 } else if stale {
                     state.stale_write_refused = true;
