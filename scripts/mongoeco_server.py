@@ -11,8 +11,8 @@ never leaves a server behind.
 
 mongoeco 4.11.0 differs from a real server in ways the crate's code depends on; each shim below
 makes it behave like MongoDB at the wire boundary or in its engine, using mongoeco's own
-functions (see shared TEST-SERVER.md), and each but shim 4 (exercised by tests/transactions.rs)
-has a test of its own in tests/infra_test_server.rs (shim 8: tests/infra_change_streams.rs) that
+functions (see shared TEST-SERVER.md), and each but shim 4 (exercised by tests/suite/transactions.rs)
+has a test of its own in tests/suite/infra_test_server.rs (shim 8: tests/suite/infra_change_streams.rs) that
 cites the MongoDB manual page it imitates:
 
 1. Int64 limit/skip/batchSize arguments decoded into plain integers.
@@ -26,12 +26,12 @@ cites the MongoDB manual page it imitates:
 8. Change streams (`watch()`) as on a replica set: `$changeStream` aggregations, awaiting getMores,
    resume tokens over a bounded history, and a command (mongoecoKillChangeStreams) that makes
    every open stream's next getMore fail with CursorNotFound. Its tests are in
-   tests/infra_change_streams.rs. With --no-change-streams, `$changeStream` is refused (40573) as
+   tests/suite/infra_change_streams.rs. With --no-change-streams, `$changeStream` is refused (40573) as
    by a standalone mongod; --change-stream-history N bounds the history (default 5000 events).
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
-second line of stdout. See serve() below; tests/fault_clock_skew.rs uses it.
+second line of stdout. See serve() below; tests/suite/fault_clock_skew.rs uses it.
 """
 
 import argparse

@@ -455,7 +455,7 @@ fn the_default_dry_run_runs_every_part_in_order_against_the_right_clusters() {
         &lines,
         &format!(
             "env MONGODB_URI={MONGOS_1_URI} MONGODB_URI_2={MONGOS_2_URI} CHAOS_SECONDS=300 \
-             cargo test --all-features --test chaos_history -- --nocapture"
+             cargo test --all-features --test suite chaos_history:: -- --nocapture"
         ),
     );
     let bench = position(
@@ -494,10 +494,7 @@ fn the_default_dry_run_runs_every_part_in_order_against_the_right_clusters() {
             && failover[stepdown].contains("exec mongo ")
     );
     // It comes before the chaos run (it runs in the background during it), after the build.
-    let build = position(
-        &lines,
-        "cargo test --all-features --test chaos_history --no-run",
-    );
+    let build = position(&lines, "cargo test --all-features --test suite --no-run");
     let first_failover = position(&lines, "replSetStepDown");
     assert!(build < first_failover && first_failover < chaos);
     // Every member of shard1 is started again afterwards.
@@ -524,7 +521,7 @@ fn a_dry_run_of_the_chaos_part_on_4_4_runs_nothing_else() {
         &lines,
         &format!("env MONGODB_URI={MONGOS_1_URI} MONGODB_URI_2={MONGOS_2_URI}"),
     );
-    position(&lines, "--test chaos_history -- --nocapture");
+    position(&lines, "--test suite chaos_history:: -- --nocapture");
     position(&lines, "replSetStepDown");
     position(&lines, " stop '<primary>'");
     position(&lines, " start '<primary>'");
@@ -610,7 +607,7 @@ exit 0
 const FAKE_CARGO: &str = r#"#!/usr/bin/env bash
 echo "cargo $* MONGODB_URI=${MONGODB_URI:-} MONGODB_URI_2=${MONGODB_URI_2:-} CHAOS_SECONDS=${CHAOS_SECONDS:-}" >> "$FAKE_LOG"
 case "$*" in
-  *"chaos_history -- --nocapture"*) sleep "${FAKE_CHAOS_SLEEP:-0}"; exit "${FAKE_CHAOS_EXIT:-0}" ;;
+  *"chaos_history:: -- --nocapture"*) sleep "${FAKE_CHAOS_SLEEP:-0}"; exit "${FAKE_CHAOS_EXIT:-0}" ;;
 esac
 exit 0
 "#;
@@ -707,7 +704,7 @@ fn a_run_goes_on_after_a_failed_part_fails_over_shard1_and_tears_down() {
     let chaos = position(
         &log,
         &format!(
-            "cargo test --all-features --test chaos_history -- --nocapture \
+            "cargo test --all-features --test suite chaos_history:: -- --nocapture \
              MONGODB_URI={MONGOS_1_URI} MONGODB_URI_2={MONGOS_2_URI} CHAOS_SECONDS=42"
         ),
     );
