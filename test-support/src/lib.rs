@@ -323,7 +323,6 @@ pub async fn server_now_and_expiry(
     (now, expires_at)
 }
 
-/// Polls `condition` every 10 ms until it holds or `limit` passes; returns whether it held.
 /// Waits (up to 10 s) until `count` local waiters of lock `name` in `collection` of the test
 /// database have an offer standing (they wait in line for a transfer): whether they do.
 pub async fn offers_become(collection: &str, name: &str, count: usize) -> bool {
@@ -333,6 +332,7 @@ pub async fn offers_become(collection: &str, name: &str, count: usize) -> bool {
     .await
 }
 
+/// Polls `condition` every 10 ms until it holds or `limit` passes; returns whether it held.
 pub async fn eventually<F, Fut>(limit: Duration, mut condition: F) -> bool
 where
     F: FnMut() -> Fut,

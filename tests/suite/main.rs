@@ -24,6 +24,7 @@ mod fault_server_loss;
 mod fault_unknown_outcomes;
 mod fence;
 mod handoff;
+mod infra_architecture;
 mod infra_change_streams;
 mod infra_fault_proxy;
 mod infra_real_cluster;

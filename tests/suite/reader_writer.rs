@@ -664,8 +664,10 @@ async fn a_writer_queued_behind_a_local_reader_keeps_its_marker_and_goes_first()
         let lock = provider.create_reader_writer_lock(name.as_str());
         async move { lock.acquire_read().await }
     });
-    assert!(common::eventually(Duration::from_secs(5), || async { attempts() >= 1 }).await);
-    tokio::time::sleep(Duration::from_millis(50)).await; // its reply is in: it has queued
+    assert!(
+        common::offers_become(&collection, &name, 1).await,
+        "the reader found the lock busy and waits in line"
+    );
     let before = attempts();
     let writer = tokio::spawn({
         let lock = provider.create_reader_writer_lock(name.as_str());

@@ -12,7 +12,7 @@ use mongodb::bson::{Document, doc};
 
 /// Two providers on the same collections: `ours` is shut down, `theirs` (built apart, as in
 /// another process) checks that everything was released.
-async fn providers() -> (Provider, Provider, Collection<Document>) {
+async fn providers() -> (Provider, Provider, Collection<Document>, String) {
     let database = common::database().await;
     let (locks, rw, semaphores) = (
         common::unique("shutdown-locks"),
@@ -28,7 +28,7 @@ async fn providers() -> (Provider, Provider, Collection<Document>) {
             .with_options(common::options(30_000, 10_000))
     };
     let jobs = database.collection(&common::unique("shutdown-jobs"));
-    (build(), build(), jobs)
+    (build(), build(), jobs, locks)
 }
 
 fn is_shut_down<T: std::fmt::Debug>(result: Result<T, Error>) -> bool {
@@ -37,7 +37,7 @@ fn is_shut_down<T: std::fmt::Debug>(result: Result<T, Error>) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_releases_every_lease_of_every_kind_and_refuses_later_acquisitions() {
-    let (ours, theirs, jobs) = providers().await;
+    let (ours, theirs, jobs, locks) = providers().await;
     jobs.insert_one(doc! { "_id": "job", "status": "pending" })
         .await
         .unwrap();
@@ -72,8 +72,10 @@ async fn shutdown_releases_every_lease_of_every_kind_and_refuses_later_acquisiti
         let lock = ours.create_lock("busy");
         async move { lock.acquire().await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!waiting.is_finished(), "the lock is busy");
+    assert!(
+        common::offers_become(&locks, "busy", 1).await,
+        "the caller found the lock busy and waits in line"
+    );
 
     drop(dropped); // its release goes out in the background; shutdown waits for it
     let started = std::time::Instant::now();
@@ -141,7 +143,7 @@ async fn shutdown_releases_every_lease_of_every_kind_and_refuses_later_acquisiti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutting_down_a_provider_that_holds_nothing_returns_at_once() {
-    let (ours, _theirs, _jobs) = providers().await;
+    let (ours, _theirs, _jobs, _locks) = providers().await;
     tokio::time::timeout(Duration::from_secs(5), ours.shutdown())
         .await
         .expect("nothing to release");
@@ -241,12 +243,16 @@ fn a_second_concurrent_shutdown_returns_only_when_the_job_is_done() {
         let waiting = acquire_with_an_attempt_that_hangs(&provider, &proxy, &name).await;
         // The cleanups reach the server late: one shutdown is still sending when the other
         // finds nothing left to take.
-        proxy.add_rule(Rule::new("update", Action::Delay(Duration::from_millis(1500))).times(10));
+        let late = proxy
+            .add_rule(Rule::new("update", Action::Delay(Duration::from_millis(1500))).times(10));
         let first = tokio::spawn({
             let provider = provider.clone();
             async move { provider.shutdown().await }
         });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            common::eventually(Duration::from_secs(10), || async { proxy.hits(late) >= 1 }).await,
+            "the first shutdown sends a cleanup"
+        );
         tokio::time::timeout(Duration::from_secs(30), provider.shutdown())
             .await
             .expect("shutdown returns in bounded time");

@@ -1,0 +1,145 @@
+//! `scripts/check-architecture`, the layering rules CI enforces (DESIGN.md, "Architecture"): it
+//! passes on this tree, and on a copy of it with a rule broken it fails and names the problem.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A copy of `src/` and the script, in a directory of its own, removed when dropped.
+struct Copy {
+    root: PathBuf,
+}
+
+impl Copy {
+    fn new(name: &str) -> Copy {
+        let root = std::env::temp_dir().join(format!(
+            "check-architecture-{name}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let repository = Path::new(env!("CARGO_MANIFEST_DIR"));
+        copy_tree(&repository.join("src"), &root.join("src"));
+        std::fs::create_dir_all(root.join("scripts")).unwrap();
+        std::fs::copy(
+            repository.join("scripts/check-architecture"),
+            root.join("scripts/check-architecture"),
+        )
+        .unwrap();
+        Copy { root }
+    }
+
+    /// Adds `line` at the end of `file` (under `src/`), creating the file if needed.
+    fn append(&self, file: &str, line: &str) {
+        let path = self.root.join("src").join(file);
+        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+        text.push_str(line);
+        text.push('\n');
+        std::fs::write(path, text).unwrap();
+    }
+
+    /// The script's exit code and what it printed on stderr.
+    fn check(&self) -> (Option<i32>, String) {
+        check_architecture(&self.root)
+    }
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn check_architecture(root: &Path) -> (Option<i32>, String) {
+    let output = Command::new(root.join("scripts/check-architecture"))
+        .output()
+        .expect("run scripts/check-architecture (needs python3)");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn this_tree_keeps_every_rule() {
+    let (code, stderr) = check_architecture(Path::new(env!("CARGO_MANIFEST_DIR")));
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn a_copy_of_this_tree_keeps_every_rule() {
+    // The broken copies below differ from this one by a single line.
+    let (code, stderr) = Copy::new("unchanged").check();
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn a_foundation_that_imports_a_primitive_is_refused() {
+    let copy = Copy::new("upward");
+    copy.append("fencing.rs", "use crate::lock::MongoDistributedLock;");
+    let (code, stderr) = copy.check();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("fencing (foundations) imports lock, a layer above it"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_engine_that_imports_the_provider_is_refused() {
+    let copy = Copy::new("engine");
+    copy.append("lease/admin.rs", "use crate::provider::Provider;");
+    let (code, stderr) = copy.check();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("lease::admin (the lease engine) imports provider, a layer above it"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_primitive_that_imports_another_is_refused() {
+    let copy = Copy::new("sideways");
+    copy.append(
+        "rw_lock.rs",
+        "use crate::semaphore::MongoDistributedSemaphore;",
+    );
+    let (code, stderr) = copy.check();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("primitive rw_lock imports primitive semaphore"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_module_in_no_layer_is_refused() {
+    let copy = Copy::new("unplaced");
+    copy.append("newcomer.rs", "//! A module nobody placed.");
+    let (code, stderr) = copy.check();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("newcomer is in no layer"), "{stderr}");
+}
+
+#[test]
+fn an_import_cycle_is_refused() {
+    let copy = Copy::new("cycle");
+    // `details` imports `token` already; both are foundations, so only the cycle is wrong.
+    copy.append("token.rs", "use crate::details::LockDetails;");
+    let (code, stderr) = copy.check();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("import cycle: details -> token -> details"),
+        "{stderr}"
+    );
+}
