@@ -83,63 +83,57 @@ fn a_copy_of_this_tree_keeps_every_rule() {
     assert_eq!(code, Some(0), "{stderr}");
 }
 
-#[test]
-fn a_foundation_that_imports_a_primitive_is_refused() {
-    let copy = Copy::new("upward");
-    copy.append("fencing.rs", "use crate::lock::MongoDistributedLock;");
+/// Plants `line` at the end of `file` in a copy of `src/`: the check must fail and name `problem`.
+fn refused(file: &str, line: &str, problem: &str) {
+    let copy = Copy::new(file.replace(['/', '.'], "-").as_str());
+    copy.append(file, line);
     let (code, stderr) = copy.check();
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("fencing (foundations) imports lock, a layer above it"),
-        "{stderr}"
+    assert!(stderr.contains(problem), "no {problem:?} in: {stderr}");
+}
+
+#[test]
+fn a_foundation_that_imports_a_primitive_is_refused() {
+    refused(
+        "fencing.rs",
+        "use crate::lock::MongoDistributedLock;",
+        "fencing (foundations) imports lock, a layer above it",
     );
 }
 
 #[test]
 fn the_engine_that_imports_the_provider_is_refused() {
-    let copy = Copy::new("engine");
-    copy.append("lease/admin.rs", "use crate::provider::Provider;");
-    let (code, stderr) = copy.check();
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("lease::admin (the lease engine) imports provider, a layer above it"),
-        "{stderr}"
+    refused(
+        "lease/admin.rs",
+        "use crate::provider::Provider;",
+        "lease::admin (the lease engine) imports provider, a layer above it",
     );
 }
 
 #[test]
 fn a_primitive_that_imports_another_is_refused() {
-    let copy = Copy::new("sideways");
-    copy.append(
+    refused(
         "rw_lock.rs",
         "use crate::semaphore::MongoDistributedSemaphore;",
-    );
-    let (code, stderr) = copy.check();
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("primitive rw_lock imports primitive semaphore"),
-        "{stderr}"
+        "primitive rw_lock imports primitive semaphore",
     );
 }
 
 #[test]
 fn a_module_in_no_layer_is_refused() {
-    let copy = Copy::new("unplaced");
-    copy.append("newcomer.rs", "//! A module nobody placed.");
-    let (code, stderr) = copy.check();
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("newcomer is in no layer"), "{stderr}");
+    refused(
+        "newcomer.rs",
+        "//! A module nobody placed.",
+        "newcomer is in no layer",
+    );
 }
 
 #[test]
 fn an_import_cycle_is_refused() {
-    let copy = Copy::new("cycle");
     // `details` imports `token` already; both are foundations, so only the cycle is wrong.
-    copy.append("token.rs", "use crate::details::LockDetails;");
-    let (code, stderr) = copy.check();
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("import cycle: details -> token -> details"),
-        "{stderr}"
+    refused(
+        "token.rs",
+        "use crate::details::LockDetails;",
+        "import cycle: details -> token -> details",
     );
 }
