@@ -1,9 +1,11 @@
-//! In-memory locks with the crate's semantics, for unit-testing application code without
-//! MongoDB: program against [`DistributedLockProvider`] / [`DistributedLock`], give the code a
-//! [`MemoryLockProvider`] in tests.
+//! In-memory locks and semaphores with the crate's semantics, for unit-testing application code
+//! without MongoDB: program against [`DistributedLockProvider`] / [`DistributedLock`], give the
+//! code a [`MemoryLockProvider`] in tests.
 //!
-//! What it keeps of the real thing: one holder per name among everyone using the same provider
-//! (and its clones); fencing tokens that strictly increase per name; a guard's lease that stays
+//! What it keeps of the real thing: one holder per lock name (at most `max_count` per semaphore
+//! name, and a semaphore's callers must agree on it) among everyone using the same provider (and
+//! its clones), locks and semaphores of the same name being independent, as they are in their
+//! separate collections; fencing tokens that strictly increase per name; a guard's lease that stays
 //! held while the guard lives; `lost` that fires before anyone else can take the lock; release
 //! by [`release`](DistributedLockGuard::release) or on drop, which wakes the next waiter at once;
 //! waits that end with [`Error::Timeout`] as the MongoDB locks' do; the same refusals before
@@ -43,7 +45,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::lease::lost::LeaseState;
-use crate::lease::name_problem;
+use crate::lease::{max_count_mismatch, max_count_problem, name_problem};
 use crate::traits::{DistributedLock, DistributedLockGuard, DistributedLockProvider};
 use crate::{Error, FencingToken, LostSignal, Result};
 
@@ -56,18 +58,28 @@ pub struct MemoryLockProvider {
 
 #[derive(Debug, Default)]
 struct Locks {
-    names: Mutex<HashMap<String, Name>>,
+    names: Mutex<HashMap<Key, Name>>,
     /// Woken whenever a lock becomes free, and at shutdown.
     freed: Notify,
     /// Set (with `names` locked) by [`MemoryLockProvider::shutdown`]: nothing is taken any more.
     shut_down: AtomicBool,
 }
 
-/// The state of one name: its last fencing token, and its holder.
+/// A lock's or a semaphore's name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    /// Whether it names a semaphore: a lock and a semaphore of one name are independent.
+    semaphore: bool,
+    name: String,
+}
+
+/// The state of one name: its last fencing token, its holders, and for a semaphore the
+/// `max_count` its first acquisition recorded.
 #[derive(Debug, Default)]
 struct Name {
     last_token: i64,
-    holder: Option<Holder>,
+    holders: Vec<Holder>,
+    max_count: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -78,28 +90,39 @@ struct Holder {
 }
 
 impl Locks {
-    fn names(&self) -> MutexGuard<'_, HashMap<String, Name>> {
+    fn names(&self) -> MutexGuard<'_, HashMap<Key, Name>> {
         // The map stays consistent even if a holder panicked.
         self.names
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Takes `name` if it is free: the new guard's acquisition number and token, and its state.
-    /// [`Error::ShutDown`] once the provider is shut down.
-    fn try_take(&self, name: &str) -> Result<Option<(u64, FencingToken, Arc<LeaseState>)>> {
+    /// Takes a place of `key` if one is free (of `places`): the new guard's acquisition number
+    /// and token, and its state. [`Error::ShutDown`] once the provider is shut down; for a
+    /// semaphore whose first acquisition recorded another `max_count`, [`Error::InvalidArgument`].
+    fn try_take(
+        &self,
+        key: &Key,
+        places: u32,
+    ) -> Result<Option<(u64, FencingToken, Arc<LeaseState>)>> {
         let mut names = self.names();
         if self.shut_down.load(Ordering::SeqCst) {
             return Err(Error::ShutDown);
         }
-        let entry = names.entry(name.to_owned()).or_default();
-        if entry.holder.is_some() {
+        let entry = names.entry(key.clone()).or_default();
+        if key.semaphore {
+            let recorded = *entry.max_count.get_or_insert(places);
+            if recorded != places {
+                return Err(max_count_mismatch(&key.name, &recorded.to_string(), places));
+            }
+        }
+        if entry.holders.len() >= usize::try_from(places).unwrap_or(usize::MAX) {
             return Ok(None);
         }
         entry.last_token += 1;
         let state = LeaseState::without_deadline();
         let acquisition = u64::try_from(entry.last_token).unwrap_or(u64::MAX);
-        entry.holder = Some(Holder {
+        entry.holders.push(Holder {
             acquisition,
             state: Arc::clone(&state),
         });
@@ -117,7 +140,7 @@ impl Locks {
             self.shut_down.store(true, Ordering::SeqCst);
             names
                 .values_mut()
-                .filter_map(|entry| entry.holder.take())
+                .flat_map(|entry| entry.holders.drain(..))
                 .map(|holder| holder.state)
                 .collect()
         };
@@ -127,20 +150,17 @@ impl Locks {
         self.freed.notify_waiters();
     }
 
-    /// Frees `name` if acquisition `acquisition` still holds it.
-    fn free(&self, name: &str, acquisition: u64) -> bool {
+    /// Frees the place of `key` that acquisition `acquisition` holds, if it still does.
+    fn free(&self, key: &Key, acquisition: u64) -> bool {
         let freed = {
             let mut names = self.names();
-            let entry = names.get_mut(name);
-            match entry {
-                Some(entry)
-                    if entry.holder.as_ref().map(|h| h.acquisition) == Some(acquisition) =>
-                {
-                    entry.holder = None;
-                    true
-                }
-                _ => false,
-            }
+            names.get_mut(key).is_some_and(|entry| {
+                let before = entry.holders.len();
+                entry
+                    .holders
+                    .retain(|holder| holder.acquisition != acquisition);
+                entry.holders.len() < before
+            })
         };
         if freed {
             self.freed.notify_waiters();
@@ -148,11 +168,20 @@ impl Locks {
         freed
     }
 
-    /// The current holder's lease state of `name`.
+    /// The lease state of the holder of the exclusive lock `name`.
     fn holder_state(&self, name: &str) -> Option<(u64, Arc<LeaseState>)> {
         let names = self.names();
-        let holder = names.get(name)?.holder.as_ref()?;
+        let holder = names.get(&Key::lock(name))?.holders.first()?;
         Some((holder.acquisition, Arc::clone(&holder.state)))
+    }
+}
+
+impl Key {
+    fn lock(name: &str) -> Key {
+        Key {
+            semaphore: false,
+            name: name.to_owned(),
+        }
     }
 }
 
@@ -165,7 +194,27 @@ impl MemoryLockProvider {
     /// The in-memory lock called `name`.
     pub fn create_lock(&self, name: impl Into<String>) -> MemoryLock {
         MemoryLock {
-            name: name.into(),
+            key: Key {
+                semaphore: false,
+                name: name.into(),
+            },
+            places: 1,
+            locks: Arc::clone(&self.locks),
+        }
+    }
+
+    /// The in-memory semaphore called `name`, allowing `max_count` holders at once, as
+    /// [`Provider::create_semaphore`](crate::Provider::create_semaphore): each holder has a
+    /// guard of its own, and every caller of a name must agree on `max_count` (the first
+    /// acquisition records it). Independent of the lock of the same name. The test controls
+    /// below act on locks, not semaphores.
+    pub fn create_semaphore(&self, name: impl Into<String>, max_count: u32) -> MemoryLock {
+        MemoryLock {
+            key: Key {
+                semaphore: true,
+                name: name.into(),
+            },
+            places: max_count,
             locks: Arc::clone(&self.locks),
         }
     }
@@ -180,7 +229,7 @@ impl MemoryLockProvider {
         };
         // Lost strictly before anyone else can take the lock.
         state.mark_lost();
-        self.locks.free(name, acquisition)
+        self.locks.free(&Key::lock(name), acquisition)
     }
 
     /// Test control: makes the holder of `name` presume its lease lost (its `lost` fires, its
@@ -213,7 +262,7 @@ impl MemoryLockProvider {
     /// The fencing token of the last acquisition of `name`, if it was ever acquired.
     pub fn last_fencing_token(&self, name: &str) -> Option<FencingToken> {
         let names = self.locks.names();
-        let entry = names.get(name)?;
+        let entry = names.get(&Key::lock(name))?;
         (entry.last_token > 0).then(|| FencingToken::new(entry.last_token))
     }
 }
@@ -222,19 +271,28 @@ impl DistributedLockProvider for MemoryLockProvider {
     fn create_lock(&self, name: &str) -> Box<dyn DistributedLock> {
         Box::new(MemoryLockProvider::create_lock(self, name))
     }
+
+    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock> {
+        Box::new(MemoryLockProvider::create_semaphore(self, name, max_count))
+    }
 }
 
-/// An in-memory exclusive lock; see the [module docs](self).
+/// An in-memory exclusive lock, or a semaphore (a lock with `max_count` places); see the
+/// [module docs](self).
 #[derive(Clone)]
 pub struct MemoryLock {
-    name: String,
+    key: Key,
+    /// How many may hold it at once: 1, or a semaphore's `max_count`.
+    places: u32,
     locks: Arc<Locks>,
 }
 
 impl fmt::Debug for MemoryLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryLock")
-            .field("name", &self.name)
+            .field("name", &self.key.name)
+            .field("semaphore", &self.key.semaphore)
+            .field("places", &self.places)
             .finish_non_exhaustive()
     }
 }
@@ -242,15 +300,21 @@ impl fmt::Debug for MemoryLock {
 impl MemoryLock {
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.key.name
+    }
+
+    /// How many may hold it at once: 1 for a lock, `max_count` for a semaphore.
+    pub fn max_count(&self) -> u32 {
+        self.places
     }
 
     /// Waits until the lock is acquired.
     ///
     /// # Errors
-    /// The refusals of the MongoDB locks: [`Error::InvalidArgument`] for a name over 1 MiB,
-    /// [`Error::NoRuntime`] outside a Tokio runtime, [`Error::ShutDown`] once the provider is
-    /// shut down (also while waiting).
+    /// The refusals of the MongoDB locks: [`Error::InvalidArgument`] for a name over 1 MiB (and
+    /// for a semaphore, a `max_count` of 0 or one that differs from the count its first
+    /// acquisition recorded), [`Error::NoRuntime`] outside a Tokio runtime, [`Error::ShutDown`]
+    /// once the provider is shut down (also while waiting).
     pub async fn acquire(&self) -> Result<MemoryGuard> {
         loop {
             // Without a deadline the wait only ends with the lock (or an error).
@@ -269,7 +333,7 @@ impl MemoryLock {
         self.wait_for(Some(timeout))
             .await?
             .ok_or_else(|| Error::Timeout {
-                name: self.name.clone(),
+                name: self.key.name.clone(),
                 waited: started.elapsed(),
                 holders: Vec::new(),
             })
@@ -292,10 +356,16 @@ impl MemoryLock {
         self.wait_for(Some(timeout)).await
     }
 
-    /// What the MongoDB locks refuse before they try, in their order: a name too long to store,
-    /// a provider shut down, a call outside a Tokio runtime.
+    /// What the MongoDB locks refuse before they try, in their order: a name too long to store
+    /// (or a semaphore's `max_count` of 0), a provider shut down, a call outside a Tokio runtime.
     fn check(&self) -> Result<()> {
-        if let Some(problem) = name_problem(&self.name) {
+        let problem = name_problem(&self.key.name).or_else(|| {
+            self.key
+                .semaphore
+                .then(|| max_count_problem(&self.key.name, self.places))
+                .flatten()
+        });
+        if let Some(problem) = problem {
             return Err(Error::InvalidArgument(problem));
         }
         if self.locks.shut_down.load(Ordering::SeqCst) {
@@ -306,10 +376,10 @@ impl MemoryLock {
     }
 
     fn take(&self) -> Result<Option<MemoryGuard>> {
-        let taken = self.locks.try_take(&self.name)?;
+        let taken = self.locks.try_take(&self.key, self.places)?;
         Ok(
             taken.map(|(acquisition, fencing_token, state)| MemoryGuard {
-                name: self.name.clone(),
+                key: self.key.clone(),
                 locks: Arc::clone(&self.locks),
                 acquisition,
                 fencing_token,
@@ -346,7 +416,7 @@ crate::traits::impl_distributed_lock!(MemoryLock);
 #[must_use = "dropping the guard releases the lock at once"]
 #[clippy::has_significant_drop]
 pub struct MemoryGuard {
-    name: String,
+    key: Key,
     locks: Arc<Locks>,
     acquisition: u64,
     fencing_token: FencingToken,
@@ -356,7 +426,7 @@ pub struct MemoryGuard {
 impl fmt::Debug for MemoryGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryGuard")
-            .field("name", &self.name)
+            .field("name", &self.key.name)
             .field("fencing_token", &self.fencing_token)
             .field("lost", &self.state.is_lost())
             .finish_non_exhaustive()
@@ -366,7 +436,7 @@ impl fmt::Debug for MemoryGuard {
 impl MemoryGuard {
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.key.name
     }
 
     /// This acquisition's fencing token: larger than every earlier one of the same name.
@@ -397,10 +467,10 @@ impl MemoryGuard {
     /// Ends the hold: `LockLost` if it had been lost.
     fn end(&self) -> Result<()> {
         self.state.mark_released();
-        self.locks.free(&self.name, self.acquisition);
+        self.locks.free(&self.key, self.acquisition);
         if self.state.is_lost() {
             return Err(Error::LockLost {
-                name: self.name.clone(),
+                name: self.key.name.clone(),
             });
         }
         Ok(())

@@ -713,6 +713,10 @@ impl DistributedLockProvider for Provider {
     fn create_lock(&self, name: &str) -> Box<dyn DistributedLock> {
         Box::new(Provider::create_lock(self, name))
     }
+
+    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock> {
+        Box::new(Provider::create_semaphore(self, name, max_count))
+    }
 }
 
 /// A collection name of the provider, checked once, when it is set.

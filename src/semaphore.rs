@@ -8,7 +8,6 @@ use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 
-use crate::error::shown_name;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, ReadHolders, Takeover, Wait};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
@@ -16,7 +15,7 @@ use crate::lease::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
     MAX_COUNT,
 };
-use crate::lease::{Problem, Target, admin};
+use crate::lease::{self, Problem, Target, admin};
 use crate::token::read_i64;
 use crate::{
     Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
@@ -253,12 +252,11 @@ impl MongoDistributedSemaphore {
 
     async fn acquire_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let target = &self.target;
-        let checked = target.check().and_then(|()| match self.max_count {
-            0 => Err(Error::InvalidArgument(format!(
-                "semaphore {:?}: max_count must be at least 1",
-                shown_name(&target.name)
-            ))),
-            _ => target.options.check_min_hold_unsupported("semaphore"),
+        let checked = target.check().and_then(|()| {
+            match lease::max_count_problem(&target.name, self.max_count) {
+                Some(problem) => Err(Error::InvalidArgument(problem)),
+                None => target.options.check_min_hold_unsupported("semaphore"),
+            }
         });
         let what = Acquisition {
             kind: "semaphore",
@@ -371,10 +369,7 @@ fn joined(
         let stored = document
             .get(MAX_COUNT)
             .map_or_else(|| "none".to_owned(), ToString::to_string);
-        return Err(Error::InvalidArgument(format!(
-            "semaphore {:?} was created with max_count {stored}; this caller uses {max_count}",
-            shown_name(&target.name)
-        )));
+        return Err(lease::max_count_mismatch(&target.name, &stored, max_count));
     }
     let holders: Vec<&Document> = document
         .get_array(HOLDERS)

@@ -1,7 +1,7 @@
 //! The lock as an interface: program against these traits, and run the same code on MongoDB
 //! ([`Provider`](crate::Provider), [`MongoDistributedLock`](crate::MongoDistributedLock),
 //! [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore)) or, in unit tests, on the
-//! in-memory locks of [`memory`](crate::memory).
+//! in-memory locks and semaphores of [`memory`](crate::memory).
 //!
 //! # Why boxed futures
 //! `async fn` in a trait cannot be called through `dyn` in today's Rust, and its futures carry
@@ -112,6 +112,13 @@ pub trait DistributedLock: Send + Sync + Debug {
 pub trait DistributedLockProvider: Send + Sync + Debug {
     /// The exclusive lock called `name`.
     fn create_lock(&self, name: &str) -> Box<dyn DistributedLock>;
+
+    /// The semaphore called `name`, allowing `max_count` holders at once, each with a guard of
+    /// its own; independent of the exclusive lock of the same name. As
+    /// [`Provider::create_semaphore`](crate::Provider::create_semaphore): a `max_count` of 0,
+    /// or one that differs from the count the name's first acquisition recorded, makes every
+    /// acquisition [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock>;
 }
 
 /// Boxes a concrete guard.

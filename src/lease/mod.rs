@@ -70,6 +70,26 @@ pub(crate) fn name_problem(name: &str) -> Option<String> {
     })
 }
 
+/// What is wrong with `max_count` for the semaphore `name`, if anything: only 0. Also used by
+/// the in-memory semaphores.
+pub(crate) fn max_count_problem(name: &str, max_count: u32) -> Option<String> {
+    (max_count == 0).then(|| {
+        format!(
+            "semaphore {:?}: max_count must be at least 1",
+            shown_name(name)
+        )
+    })
+}
+
+/// The refusal of a semaphore `name` whose caller's `max_count` differs from the one its first
+/// acquisition recorded (`stored`). Also used by the in-memory semaphores.
+pub(crate) fn max_count_mismatch(name: &str, stored: &str, max_count: u32) -> Error {
+    Error::InvalidArgument(format!(
+        "semaphore {:?} was created with max_count {stored}; this caller uses {max_count}",
+        shown_name(name)
+    ))
+}
+
 /// A named lock in a lock collection: what the exclusive lock, the reader-writer lock and the
 /// semaphore share with their guards. Each keeps its leases in the document `{_id: name}`.
 #[derive(Clone, Debug)]

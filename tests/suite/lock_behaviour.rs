@@ -1,6 +1,6 @@
-//! The exclusive lock's behaviour, written once against the traits and run against both
-//! implementations: MongoDB (`Provider`) and the in-memory double (`memory::MemoryLockProvider`).
-//! Then the double's own test controls.
+//! The exclusive lock's and the semaphore's behaviour, written once against the traits and run
+//! against both implementations: MongoDB (`Provider`) and the in-memory double
+//! (`memory::MemoryLockProvider`). Then the double's own test controls.
 
 use test_support as common;
 
@@ -15,6 +15,7 @@ type Locks = Arc<dyn DistributedLockProvider>;
 async fn mongodb_locks() -> Locks {
     let provider = Provider::new(&common::database().await)
         .with_collection(common::unique("behaviour").as_str())
+        .with_semaphore_collection(common::unique("behaviour-semaphores").as_str())
         .with_options(common::options(5_000, 1_000));
     Arc::new(provider)
 }
@@ -55,6 +56,9 @@ behaviours!(
     contenders_hold_the_lock_one_at_a_time,
     a_name_over_a_mib_is_refused,
     acquiring_outside_a_tokio_runtime_is_refused,
+    a_semaphore_admits_max_count_holders_and_no_more,
+    semaphore_contenders_never_exceed_max_count,
+    a_semaphores_max_count_must_be_at_least_one_and_agreed,
 );
 
 async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
@@ -189,12 +193,14 @@ async fn refusals(lock: &dyn DistributedLock) -> [Error; 4] {
 }
 
 async fn a_name_over_a_mib_is_refused(locks: Locks) {
-    let lock = locks.create_lock(&"n".repeat((1 << 20) + 1));
-    for error in refusals(&*lock).await {
-        assert!(
-            matches!(&error, Error::InvalidArgument(message) if message.contains("1 MiB")),
-            "{error}"
-        );
+    let name = "n".repeat((1 << 20) + 1);
+    for lock in [locks.create_lock(&name), locks.create_semaphore(&name, 2)] {
+        for error in refusals(&*lock).await {
+            assert!(
+                matches!(&error, Error::InvalidArgument(message) if message.contains("1 MiB")),
+                "{error}"
+            );
+        }
     }
     // The longest allowed name is fine.
     let longest = locks.create_lock(&"n".repeat(1 << 20));
@@ -202,13 +208,17 @@ async fn a_name_over_a_mib_is_refused(locks: Locks) {
 }
 
 async fn acquiring_outside_a_tokio_runtime_is_refused(locks: Locks) {
-    let lock = locks.create_lock("outside");
-    // A plain thread, polled by an executor that is not Tokio's.
-    let errors = std::thread::spawn(move || futures::executor::block_on(refusals(&*lock)))
-        .join()
-        .expect("no panic outside a runtime");
-    for error in errors {
-        assert!(matches!(error, Error::NoRuntime), "{error}");
+    for lock in [
+        locks.create_lock("outside"),
+        locks.create_semaphore("outside", 2),
+    ] {
+        // A plain thread, polled by an executor that is not Tokio's.
+        let errors = std::thread::spawn(move || futures::executor::block_on(refusals(&*lock)))
+            .join()
+            .expect("no panic outside a runtime");
+        for error in errors {
+            assert!(matches!(error, Error::NoRuntime), "{error}");
+        }
     }
     // Nothing was taken.
     let lock = locks.create_lock("outside");
@@ -219,6 +229,100 @@ async fn acquiring_outside_a_tokio_runtime_is_refused(locks: Locks) {
         .release()
         .await
         .unwrap();
+}
+
+async fn a_semaphore_admits_max_count_holders_and_no_more(locks: Locks) {
+    let semaphore = locks.create_semaphore("s", 2);
+    let first = semaphore.acquire().await.unwrap();
+    assert_eq!(first.name(), "s");
+    let second = semaphore
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a second place");
+    assert!(second.fencing_token() > first.fencing_token());
+    let other = locks.create_semaphore("s", 2);
+    assert!(
+        other.try_acquire().await.unwrap().is_none(),
+        "both places taken"
+    );
+    let error = other
+        .acquire_timeout(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Timeout { name, .. } if name == "s"),
+        "{error}"
+    );
+    // The exclusive lock of the same name is another lock.
+    let lock = locks.create_lock("s").try_acquire().await.unwrap();
+    lock.expect("the lock called s is free")
+        .release()
+        .await
+        .unwrap();
+    first.release().await.unwrap();
+    let third = other
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a place was freed");
+    assert!(third.fencing_token() > second.fencing_token());
+    second.release().await.unwrap();
+    third.release().await.unwrap();
+}
+
+async fn semaphore_contenders_never_exceed_max_count(locks: Locks) {
+    const MAX_COUNT: usize = 2;
+    let occupancy = common::Occupancy::default();
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let (locks, occupancy) = (Arc::clone(&locks), occupancy.clone());
+            tokio::spawn(async move {
+                let semaphore = locks.create_semaphore("pool", MAX_COUNT as u32);
+                for _ in 0..4 {
+                    let place = semaphore.acquire().await.unwrap();
+                    let inside = occupancy.enter();
+                    // Held until the places are all taken (or 250 ms): whether holders overlap
+                    // must not depend on how fast a loaded machine runs.
+                    common::eventually(Duration::from_millis(250), || async {
+                        occupancy.inside() >= MAX_COUNT
+                    })
+                    .await;
+                    drop(inside);
+                    place.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        occupancy.most(),
+        MAX_COUNT,
+        "up to max_count holders at once, never more"
+    );
+}
+
+async fn a_semaphores_max_count_must_be_at_least_one_and_agreed(locks: Locks) {
+    let three = locks.create_semaphore("shared", 3);
+    let place = three.try_acquire().await.unwrap().expect("free");
+    place.release().await.unwrap();
+    let five = locks.create_semaphore("shared", 5);
+    for error in refusals(&*five).await {
+        assert!(
+            matches!(&error, Error::InvalidArgument(message)
+                if message.contains("max_count 3") && message.contains("uses 5")),
+            "{error}"
+        );
+    }
+    let zero = locks.create_semaphore("zero", 0);
+    for error in refusals(&*zero).await {
+        assert!(
+            matches!(&error, Error::InvalidArgument(message) if message.contains("at least 1")),
+            "{error}"
+        );
+    }
 }
 
 // The in-memory double's test controls.
