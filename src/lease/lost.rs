@@ -43,8 +43,9 @@ pub(crate) struct LeaseState {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Held; presumed lost at this instant unless a renewal extends it first.
-    Held { lost_at: Instant },
+    /// Held; presumed lost at `lost_at` unless a renewal extends it first. A lease without a
+    /// deadline (`None`) is held until it is marked lost or released.
+    Held { lost_at: Option<Instant> },
     /// Lost; `announced` once [`LeaseState::mark_lost`] reported it (a deadline passing is
     /// noticed by whoever asks first, and reported by the renewal loop).
     Lost { announced: bool },
@@ -56,7 +57,7 @@ impl LeaseState {
     /// The state of a lease won by a request sent at `sent_at`.
     pub(crate) fn starting(options: &LockOptions, sent_at: Instant) -> Arc<LeaseState> {
         LeaseState::new(
-            options.lost_deadline(sent_at),
+            Some(options.lost_deadline(sent_at)),
             options.max_hold().map(|max_hold| sent_at + max_hold),
         )
     }
@@ -64,13 +65,14 @@ impl LeaseState {
     /// The state of a lease with no deadline of its own, lost only when marked so (the
     /// in-memory locks of [`crate::memory`]).
     pub(crate) fn without_deadline() -> Arc<LeaseState> {
-        // Far enough never to be reached by a test, near enough never to overflow.
-        const NEVER: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
-        LeaseState::new(clock::now() + NEVER, None)
+        LeaseState::new(None, None)
     }
 
-    fn new(lost_at: Instant, hold_until: Option<Instant>) -> Arc<LeaseState> {
-        let lost_at = hold_until.map_or(lost_at, |hold_until| lost_at.min(hold_until));
+    fn new(lost_at: Option<Instant>, hold_until: Option<Instant>) -> Arc<LeaseState> {
+        let lost_at = match (lost_at, hold_until) {
+            (Some(lost_at), Some(hold_until)) => Some(lost_at.min(hold_until)),
+            (lost_at, hold_until) => lost_at.or(hold_until),
+        };
         Arc::new(LeaseState {
             inner: Mutex::new(Phase::Held { lost_at }),
             hold_until,
@@ -123,17 +125,20 @@ impl LeaseState {
     }
 
     /// Moves the deadline to `lost_at` if that is later and the lease is still held (its
-    /// deadline not passed), never past the end of the hold. Returns whether the lease is
-    /// still held.
+    /// deadline not passed), never past the end of the hold; a lease without a deadline keeps
+    /// none. Returns whether the lease is still held.
     pub(crate) fn extend(&self, lost_at: Instant) -> bool {
         let lost_at = self
             .hold_until
             .map_or(lost_at, |hold_until| lost_at.min(hold_until));
         let mut phase = self.phase();
         match *phase {
-            Phase::Held { lost_at: current } if clock::now() < current => {
+            Phase::Held { lost_at: None } => true,
+            Phase::Held {
+                lost_at: Some(current),
+            } if clock::now() < current => {
                 *phase = Phase::Held {
-                    lost_at: current.max(lost_at),
+                    lost_at: Some(current.max(lost_at)),
                 };
                 true
             }
@@ -145,10 +150,10 @@ impl LeaseState {
         }
     }
 
-    /// The deadline, while held.
+    /// The deadline, while held (`None` once lost or released, or for a lease without one).
     pub(crate) fn lost_at(&self) -> Option<Instant> {
         match self.current() {
-            Phase::Held { lost_at } => Some(lost_at),
+            Phase::Held { lost_at } => lost_at,
             Phase::Lost { .. } | Phase::Released => None,
         }
     }
@@ -195,7 +200,13 @@ impl LeaseState {
             match self.current() {
                 Phase::Lost { .. } => return,
                 Phase::Released => std::future::pending::<()>().await,
-                Phase::Held { lost_at } => {
+                Phase::Held { lost_at: None } => {
+                    // The sender lives in `self`: it cannot close while we borrow it.
+                    let _ = changes.changed().await;
+                }
+                Phase::Held {
+                    lost_at: Some(lost_at),
+                } => {
                     tokio::select! {
                         // The sender lives in `self`: it cannot close while we borrow it.
                         _ = changes.changed() => {}
@@ -211,7 +222,9 @@ impl LeaseState {
 
 /// `phase`, turned from `Held` into `Lost` if its deadline has passed.
 fn settle(phase: &mut Phase) -> Phase {
-    if let Phase::Held { lost_at } = *phase
+    if let Phase::Held {
+        lost_at: Some(lost_at),
+    } = *phase
         && clock::now() >= lost_at
     {
         *phase = Phase::Lost { announced: false };
@@ -307,7 +320,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_passed_deadline_is_lost_by_itself_and_stays_lost() {
-        let state = LeaseState::new(clock::now() + Duration::from_millis(30), None);
+        let state = LeaseState::new(Some(clock::now() + Duration::from_millis(30)), None);
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         assert!(!signal.is_lost());
         tokio::time::timeout(Duration::from_secs(5), signal.wait())
@@ -321,7 +334,7 @@ mod tests {
 
     #[tokio::test]
     async fn extending_moves_the_deadline_and_marking_wakes_waiters() {
-        let state = LeaseState::new(clock::now() + Duration::from_millis(50), None);
+        let state = LeaseState::new(Some(clock::now() + Duration::from_millis(50)), None);
         assert!(state.extend(clock::now() + Duration::from_secs(60)));
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         tokio::time::sleep(Duration::from_millis(80)).await;
@@ -341,7 +354,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_lease_is_never_lost() {
-        let state = LeaseState::new(clock::now() + Duration::from_millis(20), None);
+        let state = LeaseState::new(Some(clock::now() + Duration::from_millis(20)), None);
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         state.mark_released();
         tokio::time::sleep(Duration::from_millis(40)).await;
@@ -357,7 +370,10 @@ mod tests {
     #[tokio::test]
     async fn a_composite_is_lost_when_any_member_is() {
         let far = clock::now() + Duration::from_secs(60);
-        let (a, b) = (LeaseState::new(far, None), LeaseState::new(far, None));
+        let (a, b) = (
+            LeaseState::new(Some(far), None),
+            LeaseState::new(Some(far), None),
+        );
         let signal = LostSignal::new(vec![Arc::clone(&a), Arc::clone(&b)]);
         assert!(!signal.is_lost());
         b.mark_lost();
@@ -370,7 +386,10 @@ mod tests {
     #[tokio::test]
     async fn no_renewal_extends_a_lease_past_the_end_of_its_hold() {
         let hold_until = clock::now() + Duration::from_millis(40);
-        let state = LeaseState::new(clock::now() + Duration::from_secs(60), Some(hold_until));
+        let state = LeaseState::new(
+            Some(clock::now() + Duration::from_secs(60)),
+            Some(hold_until),
+        );
         assert!(state.extend(clock::now() + Duration::from_secs(120)));
         assert_eq!(state.lost_at(), Some(hold_until));
         assert!(!state.hold_ended());
@@ -384,8 +403,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_lease_without_a_deadline_is_held_until_marked_lost() {
+        let state = LeaseState::without_deadline();
+        let signal = LostSignal::new(vec![Arc::clone(&state)]);
+        let waiting = tokio::spawn({
+            let signal = signal.clone();
+            async move { signal.wait().await }
+        });
+        // No instant ends it: not a suspension, not a renewal that comes late.
+        clock::simulate_suspension(Duration::from_secs(20 * 365 * 24 * 60 * 60));
+        assert!(!signal.is_lost());
+        assert!(state.extend(clock::now()));
+        assert_eq!(state.lost_at(), None, "it still has no deadline");
+        assert!(!waiting.is_finished());
+        assert!(state.mark_lost());
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("marking it lost wakes its waiters")
+            .unwrap();
+        assert!(signal.is_lost());
+
+        let released = LeaseState::without_deadline();
+        released.mark_released();
+        assert!(!released.mark_lost(), "released first: never lost");
+    }
+
+    #[tokio::test]
     async fn time_the_host_spent_suspended_counts_toward_the_deadline() {
-        let state = LeaseState::new(clock::now() + Duration::from_secs(20), None);
+        let state = LeaseState::new(Some(clock::now() + Duration::from_secs(20)), None);
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         let waiting = tokio::spawn({
             let signal = signal.clone();
@@ -406,10 +451,10 @@ mod tests {
     #[tokio::test]
     async fn work_runs_to_its_output_unless_the_lease_is_lost_first() {
         let far = clock::now() + Duration::from_secs(60);
-        let held = LostSignal::new(vec![LeaseState::new(far, None)]);
+        let held = LostSignal::new(vec![LeaseState::new(Some(far), None)]);
         assert_eq!(held.unless_lost(async { 7 }).await, Some(7));
 
-        let state = LeaseState::new(far, None);
+        let state = LeaseState::new(Some(far), None);
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         let (dropped, mut work_dropped) = tokio::sync::oneshot::channel::<()>();
         let work = async move {
@@ -436,7 +481,7 @@ mod tests {
         );
 
         // Lost before the work starts: it never runs.
-        let lost = LostSignal::new(vec![LeaseState::new(far, None)]);
+        let lost = LostSignal::new(vec![LeaseState::new(Some(far), None)]);
         lost.leases[0].mark_lost();
         let ran = std::sync::atomic::AtomicBool::new(false);
         let outcome = lost

@@ -715,7 +715,7 @@ impl RenewalLoop {
 
     fn expire_overdue(&mut self) {
         for lease in self.leases.lock().values() {
-            if lease.state.lost_at().is_none() {
+            if lease.state.is_lost() {
                 lease.mark_lost(lease.overdue(Loss::Deadline));
             }
         }
