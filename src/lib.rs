@@ -73,7 +73,10 @@ pub use provider::Provider;
 pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard};
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 pub use token::FencingToken;
-pub use traits::{BoxedGuard, DistributedLock, DistributedLockGuard, DistributedLockProvider};
+pub use traits::{
+    BoxedGuard, BoxedReadGuard, DistributedLock, DistributedLockGuard, DistributedLockProvider,
+    DistributedReadGuard, DistributedReaderWriterLock,
+};
 pub use watch::LockWatch;
 
 /// Public types are `Send + Sync` (guards also `'static`), and the futures of every async method

@@ -1,22 +1,29 @@
-//! In-memory locks and semaphores with the crate's semantics, for unit-testing application code
-//! without MongoDB: program against [`DistributedLockProvider`] / [`DistributedLock`], give the
-//! code a [`MemoryLockProvider`] in tests.
+//! In-memory locks, semaphores and reader-writer locks with the crate's semantics, for
+//! unit-testing application code without MongoDB: program against [`DistributedLockProvider`] /
+//! [`DistributedLock`] / [`DistributedReaderWriterLock`], give the code a [`MemoryLockProvider`]
+//! in tests.
 //!
-//! What it keeps of the real thing: one holder per lock name (at most `max_count` per semaphore
-//! name, and a semaphore's callers must agree on it) among everyone using the same provider (and
-//! its clones), locks and semaphores of the same name being independent, as they are in their
-//! separate collections; fencing tokens that strictly increase per name; a guard's lease that stays
-//! held while the guard lives; `lost` that fires before anyone else can take the lock; release
-//! by [`release`](DistributedLockGuard::release) or on drop, which wakes the next waiter at once;
-//! waits that end with [`Error::Timeout`] as the MongoDB locks' do; the same refusals before
-//! anything happens (a name over 1 MiB is [`Error::InvalidArgument`], a call outside a Tokio
-//! runtime [`Error::NoRuntime`], and after [`shutdown`](MemoryLockProvider::shutdown)
-//! [`Error::ShutDown`]). What it adds: test controls
-//! that play the failures a real deployment has. [`MemoryLockProvider::expire`] ends the
-//! current lease as a lost renewal would (the holder's `lost` fires, then the lock is free);
-//! [`MemoryLockProvider::mark_lost`] makes the holder presume its lease lost while it still
-//! blocks others (a renewal whose reply never came), until it releases or the lease is
-//! expired. Nothing is shared between processes, and there is no renewal traffic to observe.
+//! What it keeps of the real thing, among everyone using the same provider (and its clones):
+//! - one holder per lock name; at most `max_count` per semaphore name, and a semaphore's callers
+//!   must agree on it; any number of readers or one writer per reader-writer name, new readers
+//!   waiting while a writer waits;
+//! - the three kinds of one name being independent, as they are in their separate collections;
+//! - fencing tokens that strictly increase per name (readers have none);
+//! - a guard's lease that stays held while the guard lives, with no deadline of its own;
+//! - `lost` that fires before anyone else can take the lock;
+//! - release by [`release`](DistributedLockGuard::release) or on drop, which wakes the next
+//!   waiter at once;
+//! - waits that end with [`Error::Timeout`] as the MongoDB locks' do;
+//! - the same refusals before anything happens: a name over 1 MiB is
+//!   [`Error::InvalidArgument`], a call outside a Tokio runtime [`Error::NoRuntime`], and after
+//!   [`shutdown`](MemoryLockProvider::shutdown) [`Error::ShutDown`].
+//!
+//! What it adds: test controls that play the failures a real deployment has, on locks.
+//! [`MemoryLockProvider::expire`] ends the current lease as a lost renewal would (the holder's
+//! `lost` fires, then the lock is free); [`MemoryLockProvider::mark_lost`] makes the holder
+//! presume its lease lost while it still blocks others (a renewal whose reply never came), until
+//! it releases or the lease is expired. Nothing is shared between processes, and there is no
+//! renewal traffic to observe.
 //!
 //! ```
 //! use distributed_lock_mongodb::memory::MemoryLockProvider;
@@ -46,7 +53,10 @@ use tokio::time::Instant;
 
 use crate::lease::lost::LeaseState;
 use crate::lease::{max_count_mismatch, max_count_problem, name_problem};
-use crate::traits::{DistributedLock, DistributedLockGuard, DistributedLockProvider};
+use crate::traits::{
+    DistributedLock, DistributedLockGuard, DistributedLockProvider, DistributedReadGuard,
+    DistributedReaderWriterLock,
+};
 use crate::{Error, FencingToken, LostSignal, Result};
 
 /// Creates in-memory locks that exclude each other by name; clones share the locks. See the
@@ -65,27 +75,50 @@ struct Locks {
     shut_down: AtomicBool,
 }
 
-/// A lock's or a semaphore's name.
+/// A lock's, a semaphore's or a reader-writer lock's name: the three kinds of one name are
+/// independent, as they are in their separate collections.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
-    /// Whether it names a semaphore: a lock and a semaphore of one name are independent.
-    semaphore: bool,
+    kind: Kind,
     name: String,
 }
 
-/// The state of one name: its last fencing token, its holders, and for a semaphore the
-/// `max_count` its first acquisition recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kind {
+    Lock,
+    Semaphore,
+    ReaderWriter,
+}
+
+/// What an acquisition asks of its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claim {
+    /// One of this many places: 1 for a lock, `max_count` for a semaphore.
+    Places(u32),
+    /// A read lock: shared with other readers, while no writer holds the lock or waits for it.
+    Read,
+    /// The write lock: alone.
+    Write,
+}
+
+/// The state of one name: its last fencing token, its holders, for a semaphore the
+/// `max_count` its first acquisition recorded, and for a reader-writer lock how many writers
+/// wait (holding back new readers, as the waiting-writer marker does).
 #[derive(Debug, Default)]
 struct Name {
     last_token: i64,
+    last_acquisition: u64,
     holders: Vec<Holder>,
     max_count: Option<u32>,
+    waiting_writers: usize,
 }
 
 #[derive(Debug)]
 struct Holder {
     /// Tells this acquisition from later ones of the same name.
     acquisition: u64,
+    /// Whether it holds a reader-writer lock to read.
+    reader: bool,
     state: Arc<LeaseState>,
 }
 
@@ -97,40 +130,62 @@ impl Locks {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Takes a place of `key` if one is free (of `places`): the new guard's acquisition number
-    /// and token, and its state. [`Error::ShutDown`] once the provider is shut down; for a
-    /// semaphore whose first acquisition recorded another `max_count`, [`Error::InvalidArgument`].
+    /// Takes `claim` of `key` if the name allows it: the new guard's acquisition number and
+    /// token (a reader's is the last writer's: readers have none of their own), and its state.
+    /// [`Error::ShutDown`] once the provider is shut down; for a semaphore whose first
+    /// acquisition recorded another `max_count`, [`Error::InvalidArgument`].
     fn try_take(
         &self,
         key: &Key,
-        places: u32,
+        claim: Claim,
     ) -> Result<Option<(u64, FencingToken, Arc<LeaseState>)>> {
         let mut names = self.names();
         if self.shut_down.load(Ordering::SeqCst) {
             return Err(Error::ShutDown);
         }
         let entry = names.entry(key.clone()).or_default();
-        if key.semaphore {
-            let recorded = *entry.max_count.get_or_insert(places);
-            if recorded != places {
-                return Err(max_count_mismatch(&key.name, &recorded.to_string(), places));
+        let free = match claim {
+            Claim::Places(places) => {
+                if key.kind == Kind::Semaphore {
+                    let recorded = *entry.max_count.get_or_insert(places);
+                    if recorded != places {
+                        return Err(max_count_mismatch(&key.name, &recorded.to_string(), places));
+                    }
+                }
+                entry.holders.len() < usize::try_from(places).unwrap_or(usize::MAX)
             }
-        }
-        if entry.holders.len() >= usize::try_from(places).unwrap_or(usize::MAX) {
+            Claim::Read => {
+                entry.waiting_writers == 0 && entry.holders.iter().all(|holder| holder.reader)
+            }
+            Claim::Write => entry.holders.is_empty(),
+        };
+        if !free {
             return Ok(None);
         }
-        entry.last_token += 1;
+        if claim != Claim::Read {
+            entry.last_token += 1;
+        }
+        entry.last_acquisition += 1;
         let state = LeaseState::without_deadline();
-        let acquisition = u64::try_from(entry.last_token).unwrap_or(u64::MAX);
         entry.holders.push(Holder {
-            acquisition,
+            acquisition: entry.last_acquisition,
+            reader: claim == Claim::Read,
             state: Arc::clone(&state),
         });
         Ok(Some((
-            acquisition,
+            entry.last_acquisition,
             FencingToken::new(entry.last_token),
             state,
         )))
+    }
+
+    /// Counts a writer of `key` as waiting until the returned value is dropped.
+    fn writer_waits(self: &Arc<Self>, key: &Key) -> WaitingWriter {
+        self.names().entry(key.clone()).or_default().waiting_writers += 1;
+        WaitingWriter {
+            locks: Arc::clone(self),
+            key: key.clone(),
+        }
     }
 
     /// Refuses every acquisition from now on, and ends every lease: each is lost, then freed.
@@ -176,12 +231,33 @@ impl Locks {
     }
 }
 
-impl Key {
-    fn lock(name: &str) -> Key {
-        Key {
-            semaphore: false,
-            name: name.to_owned(),
+/// A writer waiting for a reader-writer lock, holding back new readers until it is dropped.
+#[derive(Debug)]
+struct WaitingWriter {
+    locks: Arc<Locks>,
+    key: Key,
+}
+
+impl Drop for WaitingWriter {
+    fn drop(&mut self) {
+        if let Some(entry) = self.locks.names().get_mut(&self.key) {
+            entry.waiting_writers -= 1;
         }
+        // Readers held back by this writer may go in now.
+        self.locks.freed.notify_waiters();
+    }
+}
+
+impl Key {
+    fn new(kind: Kind, name: impl Into<String>) -> Key {
+        Key {
+            kind,
+            name: name.into(),
+        }
+    }
+
+    fn lock(name: &str) -> Key {
+        Key::new(Kind::Lock, name)
     }
 }
 
@@ -193,12 +269,13 @@ impl MemoryLockProvider {
 
     /// The in-memory lock called `name`.
     pub fn create_lock(&self, name: impl Into<String>) -> MemoryLock {
+        self.lock(Key::new(Kind::Lock, name), Claim::Places(1))
+    }
+
+    fn lock(&self, key: Key, claim: Claim) -> MemoryLock {
         MemoryLock {
-            key: Key {
-                semaphore: false,
-                name: name.into(),
-            },
-            places: 1,
+            key,
+            claim,
             locks: Arc::clone(&self.locks),
         }
     }
@@ -209,13 +286,19 @@ impl MemoryLockProvider {
     /// acquisition records it). Independent of the lock of the same name. The test controls
     /// below act on locks, not semaphores.
     pub fn create_semaphore(&self, name: impl Into<String>, max_count: u32) -> MemoryLock {
-        MemoryLock {
-            key: Key {
-                semaphore: true,
-                name: name.into(),
-            },
-            places: max_count,
-            locks: Arc::clone(&self.locks),
+        self.lock(Key::new(Kind::Semaphore, name), Claim::Places(max_count))
+    }
+
+    /// The in-memory reader-writer lock called `name`, as
+    /// [`Provider::create_reader_writer_lock`](crate::Provider::create_reader_writer_lock):
+    /// any number of readers or one writer, and while a writer waits, new readers wait too.
+    /// Independent of the lock and the semaphore of the same name. The test controls below act
+    /// on locks, not reader-writer locks.
+    pub fn create_reader_writer_lock(&self, name: impl Into<String>) -> MemoryReaderWriterLock {
+        let key = Key::new(Kind::ReaderWriter, name);
+        MemoryReaderWriterLock {
+            read: self.lock(key.clone(), Claim::Read),
+            write: self.lock(key, Claim::Write),
         }
     }
 
@@ -275,6 +358,10 @@ impl DistributedLockProvider for MemoryLockProvider {
     fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock> {
         Box::new(MemoryLockProvider::create_semaphore(self, name, max_count))
     }
+
+    fn create_reader_writer_lock(&self, name: &str) -> Box<dyn DistributedReaderWriterLock> {
+        Box::new(MemoryLockProvider::create_reader_writer_lock(self, name))
+    }
 }
 
 /// An in-memory exclusive lock, or a semaphore (a lock with `max_count` places); see the
@@ -282,8 +369,8 @@ impl DistributedLockProvider for MemoryLockProvider {
 #[derive(Clone)]
 pub struct MemoryLock {
     key: Key,
-    /// How many may hold it at once: 1, or a semaphore's `max_count`.
-    places: u32,
+    /// What each acquisition takes: one of its places, or a side of a reader-writer lock.
+    claim: Claim,
     locks: Arc<Locks>,
 }
 
@@ -291,8 +378,8 @@ impl fmt::Debug for MemoryLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryLock")
             .field("name", &self.key.name)
-            .field("semaphore", &self.key.semaphore)
-            .field("places", &self.places)
+            .field("kind", &self.key.kind)
+            .field("claim", &self.claim)
             .finish_non_exhaustive()
     }
 }
@@ -305,7 +392,10 @@ impl MemoryLock {
 
     /// How many may hold it at once: 1 for a lock, `max_count` for a semaphore.
     pub fn max_count(&self) -> u32 {
-        self.places
+        match self.claim {
+            Claim::Places(places) => places,
+            Claim::Read | Claim::Write => 1,
+        }
     }
 
     /// Waits until the lock is acquired.
@@ -359,11 +449,11 @@ impl MemoryLock {
     /// What the MongoDB locks refuse before they try, in their order: a name too long to store
     /// (or a semaphore's `max_count` of 0), a provider shut down, a call outside a Tokio runtime.
     fn check(&self) -> Result<()> {
-        let problem = name_problem(&self.key.name).or_else(|| {
-            self.key
-                .semaphore
-                .then(|| max_count_problem(&self.key.name, self.places))
-                .flatten()
+        let problem = name_problem(&self.key.name).or_else(|| match self.claim {
+            Claim::Places(places) if self.key.kind == Kind::Semaphore => {
+                max_count_problem(&self.key.name, places)
+            }
+            _ => None,
         });
         if let Some(problem) = problem {
             return Err(Error::InvalidArgument(problem));
@@ -376,7 +466,7 @@ impl MemoryLock {
     }
 
     fn take(&self) -> Result<Option<MemoryGuard>> {
-        let taken = self.locks.try_take(&self.key, self.places)?;
+        let taken = self.locks.try_take(&self.key, self.claim)?;
         Ok(
             taken.map(|(acquisition, fencing_token, state)| MemoryGuard {
                 key: self.key.clone(),
@@ -392,11 +482,15 @@ impl MemoryLock {
     async fn wait_for(&self, timeout: Option<Duration>) -> Result<Option<MemoryGuard>> {
         self.check()?;
         let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        let mut waiting_writer = None;
         loop {
             // Registered before the attempt, so a release (or shutdown) in between is not missed.
             let freed = self.locks.freed.notified();
             if let Some(guard) = self.take()? {
                 return Ok(Some(guard));
+            }
+            if self.claim == Claim::Write && waiting_writer.is_none() {
+                waiting_writer = Some(self.locks.writer_waits(&self.key));
             }
             match deadline {
                 None => freed.await,
@@ -502,5 +596,150 @@ impl DistributedLockGuard for MemoryGuard {
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
         Box::pin(MemoryGuard::release(*self))
+    }
+}
+
+/// An in-memory reader-writer lock; see the [module docs](self) and
+/// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock), whose
+/// behaviour it keeps: readers share the lock, a writer holds it alone, and while a writer
+/// waits (not on a single `try_acquire_write`), new readers wait too.
+#[derive(Clone, Debug)]
+pub struct MemoryReaderWriterLock {
+    read: MemoryLock,
+    write: MemoryLock,
+}
+
+impl MemoryReaderWriterLock {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.read.name()
+    }
+
+    /// Waits until a read lock is acquired: when no writer holds the lock and none waits.
+    ///
+    /// # Errors
+    /// The refusals of [`MemoryLock::acquire`].
+    pub async fn acquire_read(&self) -> Result<MemoryReadGuard> {
+        self.read.acquire().await.map(MemoryReadGuard)
+    }
+
+    /// Waits up to `timeout` for a read lock.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when `timeout` runs out; the refusals of [`MemoryLock::acquire`].
+    pub async fn acquire_read_timeout(&self, timeout: Duration) -> Result<MemoryReadGuard> {
+        self.read
+            .acquire_timeout(timeout)
+            .await
+            .map(MemoryReadGuard)
+    }
+
+    /// One attempt at a read lock: `Ok(None)` if a writer holds the lock or waits for it.
+    ///
+    /// # Errors
+    /// The refusals of [`MemoryLock::acquire`].
+    pub async fn try_acquire_read(&self) -> Result<Option<MemoryReadGuard>> {
+        Ok(self.read.try_acquire().await?.map(MemoryReadGuard))
+    }
+
+    /// Attempts at a read lock for up to `timeout`: `Ok(None)` if it stayed unavailable.
+    ///
+    /// # Errors
+    /// The refusals of [`MemoryLock::acquire`].
+    pub async fn try_acquire_read_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<MemoryReadGuard>> {
+        let guard = self.read.try_acquire_timeout(timeout).await?;
+        Ok(guard.map(MemoryReadGuard))
+    }
+
+    /// Waits until the write lock is acquired: when no reader and no other writer holds it.
+    /// New readers wait meanwhile.
+    ///
+    /// # Errors
+    /// The refusals of [`MemoryLock::acquire`].
+    pub async fn acquire_write(&self) -> Result<MemoryGuard> {
+        self.write.acquire().await
+    }
+
+    /// Waits up to `timeout` for the write lock.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when `timeout` runs out; the refusals of [`MemoryLock::acquire`].
+    pub async fn acquire_write_timeout(&self, timeout: Duration) -> Result<MemoryGuard> {
+        self.write.acquire_timeout(timeout).await
+    }
+
+    /// One attempt at the write lock: `Ok(None)` if readers or a writer hold it. It holds back
+    /// no reader.
+    ///
+    /// # Errors
+    /// The refusals of [`MemoryLock::acquire`].
+    pub async fn try_acquire_write(&self) -> Result<Option<MemoryGuard>> {
+        self.write.try_acquire().await
+    }
+
+    /// Attempts at the write lock for up to `timeout`: `Ok(None)` if it stayed unavailable.
+    ///
+    /// # Errors
+    /// The refusals of [`MemoryLock::acquire`].
+    pub async fn try_acquire_write_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<MemoryGuard>> {
+        self.write.try_acquire_timeout(timeout).await
+    }
+}
+
+crate::traits::impl_distributed_reader_writer_lock!(MemoryReaderWriterLock);
+
+/// Proof that a [`MemoryReaderWriterLock`] is held to read; behaves as
+/// [`ReadGuard`](crate::ReadGuard) does (no fencing token).
+#[must_use = "dropping the guard releases the read lock at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct MemoryReadGuard(MemoryGuard);
+
+impl MemoryReadGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    /// A signal that turns true when the read lock is lost (only at the provider's shutdown).
+    pub fn lost(&self) -> LostSignal {
+        self.0.lost()
+    }
+
+    /// Whether the read lock is lost.
+    pub fn is_lost(&self) -> bool {
+        self.0.is_lost()
+    }
+
+    /// Releases the read lock and wakes its waiters.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] if the read lock was lost before.
+    pub async fn release(self) -> Result<()> {
+        self.0.release().await
+    }
+}
+
+impl DistributedReadGuard for MemoryReadGuard {
+    fn name(&self) -> &str {
+        MemoryReadGuard::name(self)
+    }
+
+    fn lost(&self) -> LostSignal {
+        MemoryReadGuard::lost(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        MemoryReadGuard::is_lost(self)
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(MemoryReadGuard::release(*self))
     }
 }

@@ -14,7 +14,7 @@ use crate::error::shown_name;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{HOLDERS, Layout, READERS};
 use crate::lease::{Problem, admin, held, ttl_index};
-use crate::traits::{DistributedLock, DistributedLockProvider};
+use crate::traits::{DistributedLock, DistributedLockProvider, DistributedReaderWriterLock};
 use crate::{
     CompositeGuard, CompositeMember, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION,
     DEFAULT_SEMAPHORE_COLLECTION, DocumentLock, Error, Job, LeaderElection, LockDetails,
@@ -716,6 +716,10 @@ impl DistributedLockProvider for Provider {
 
     fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock> {
         Box::new(Provider::create_semaphore(self, name, max_count))
+    }
+
+    fn create_reader_writer_lock(&self, name: &str) -> Box<dyn DistributedReaderWriterLock> {
+        Box::new(Provider::create_reader_writer_lock(self, name))
     }
 }
 

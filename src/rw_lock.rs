@@ -789,6 +789,26 @@ impl ReadGuard {
     }
 }
 
+crate::traits::impl_distributed_reader_writer_lock!(MongoDistributedReaderWriterLock);
+
+impl crate::traits::DistributedReadGuard for ReadGuard {
+    fn name(&self) -> &str {
+        ReadGuard::name(self)
+    }
+
+    fn lost(&self) -> LostSignal {
+        ReadGuard::lost(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        ReadGuard::is_lost(self)
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(ReadGuard::release(*self))
+    }
+}
+
 impl Granted for ReadGuard {
     fn fencing_token(&self) -> Option<FencingToken> {
         None

@@ -1,7 +1,9 @@
 //! The lock as an interface: program against these traits, and run the same code on MongoDB
 //! ([`Provider`](crate::Provider), [`MongoDistributedLock`](crate::MongoDistributedLock),
-//! [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore)) or, in unit tests, on the
-//! in-memory locks and semaphores of [`memory`](crate::memory).
+//! [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore),
+//! [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock)) or, in unit
+//! tests, on the in-memory locks, semaphores and reader-writer locks of
+//! [`memory`](crate::memory).
 //!
 //! # Why boxed futures
 //! `async fn` in a trait cannot be called through `dyn` in today's Rust, and its futures carry
@@ -50,6 +52,10 @@ use crate::{FencingToken, LostSignal, Result};
 /// A held lock of any implementation, boxed: what the [`DistributedLock`] methods return.
 pub type BoxedGuard = Box<dyn DistributedLockGuard>;
 
+/// A held read lock of any implementation, boxed: what the `acquire_read*` methods of
+/// [`DistributedReaderWriterLock`] return.
+pub type BoxedReadGuard = Box<dyn DistributedReadGuard>;
+
 /// Proof that a lock is held; see [`LockGuard`](crate::LockGuard), whose contract every
 /// implementation follows: the lease stays held (renewed) while the guard lives, `lost` turns
 /// true before anyone else can take the lock, `release` ends the lease, and dropping the guard
@@ -69,6 +75,27 @@ pub trait DistributedLockGuard: Send + Sync + Debug {
     fn is_lost(&self) -> bool;
 
     /// Releases the lock.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if it had been lost before; otherwise as
+    /// the implementation's release.
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
+}
+
+/// Proof that a read lock is held; see [`ReadGuard`](crate::ReadGuard), whose contract every
+/// implementation follows. It is a [`DistributedLockGuard`] without a fencing token: readers
+/// share the lock, so there is no order among them to enforce.
+pub trait DistributedReadGuard: Send + Sync + Debug {
+    /// The lock's name.
+    fn name(&self) -> &str;
+
+    /// A signal that turns true when the read lock is known or presumed lost.
+    fn lost(&self) -> LostSignal;
+
+    /// Whether the read lock is known or presumed lost.
+    fn is_lost(&self) -> bool;
+
+    /// Releases the read lock.
     ///
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) if it had been lost before; otherwise as
@@ -107,6 +134,71 @@ pub trait DistributedLock: Send + Sync + Debug {
     fn try_acquire_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
 }
 
+/// A named reader-writer lock of any implementation: any number of readers at once, or one
+/// writer; the four ways to acquire each side, as on
+/// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock), including
+/// its writer preference (while a writer waits, new readers wait too).
+pub trait DistributedReaderWriterLock: Send + Sync + Debug {
+    /// The lock's name.
+    fn name(&self) -> &str;
+
+    /// Waits until a read lock is acquired.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::acquire_read`](crate::MongoDistributedReaderWriterLock::acquire_read).
+    fn acquire_read(&self) -> BoxFuture<'_, Result<BoxedReadGuard>>;
+
+    /// Waits up to `timeout` for a read lock; [`Error::Timeout`](crate::Error::Timeout) if it
+    /// runs out.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::acquire_read_timeout`](crate::MongoDistributedReaderWriterLock::acquire_read_timeout).
+    fn acquire_read_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<BoxedReadGuard>>;
+
+    /// One attempt at a read lock: `Ok(None)` if a writer holds the lock or waits for it.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::try_acquire_read`](crate::MongoDistributedReaderWriterLock::try_acquire_read).
+    fn try_acquire_read(&self) -> BoxFuture<'_, Result<Option<BoxedReadGuard>>>;
+
+    /// Attempts at a read lock for up to `timeout`: `Ok(None)` if it stayed unavailable.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::try_acquire_read_timeout`](crate::MongoDistributedReaderWriterLock::try_acquire_read_timeout).
+    fn try_acquire_read_timeout(
+        &self,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Option<BoxedReadGuard>>>;
+
+    /// Waits until the write lock is acquired; new readers wait meanwhile.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::acquire_write`](crate::MongoDistributedReaderWriterLock::acquire_write).
+    fn acquire_write(&self) -> BoxFuture<'_, Result<BoxedGuard>>;
+
+    /// Waits up to `timeout` for the write lock; [`Error::Timeout`](crate::Error::Timeout) if
+    /// it runs out.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::acquire_write_timeout`](crate::MongoDistributedReaderWriterLock::acquire_write_timeout).
+    fn acquire_write_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<BoxedGuard>>;
+
+    /// One attempt at the write lock: `Ok(None)` if readers or a writer hold it.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::try_acquire_write`](crate::MongoDistributedReaderWriterLock::try_acquire_write).
+    fn try_acquire_write(&self) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
+
+    /// Attempts at the write lock for up to `timeout`: `Ok(None)` if it stayed unavailable.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::try_acquire_write_timeout`](crate::MongoDistributedReaderWriterLock::try_acquire_write_timeout).
+    fn try_acquire_write_timeout(
+        &self,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
+}
+
 /// Creates locks by name: what application code holds (as
 /// `Arc<dyn DistributedLockProvider>` or a generic) instead of a concrete provider.
 pub trait DistributedLockProvider: Send + Sync + Debug {
@@ -119,10 +211,53 @@ pub trait DistributedLockProvider: Send + Sync + Debug {
     /// or one that differs from the count the name's first acquisition recorded, makes every
     /// acquisition [`Error::InvalidArgument`](crate::Error::InvalidArgument).
     fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock>;
+
+    /// The reader-writer lock called `name`; independent of the exclusive lock and the
+    /// semaphore of the same name.
+    fn create_reader_writer_lock(&self, name: &str) -> Box<dyn DistributedReaderWriterLock>;
 }
 
 /// Boxes a concrete guard.
 pub(crate) fn boxed<G: DistributedLockGuard + 'static>(guard: G) -> BoxedGuard {
+    Box::new(guard)
+}
+
+/// The four acquisition methods of a trait, each forwarding to the inherent method of the same
+/// name on `$lock` and boxing its guard with `$boxed` into `$guard`.
+macro_rules! forward_acquisitions {
+    ($lock:ty, $guard:ty, $boxed:path:
+     $acquire:ident, $acquire_timeout:ident, $try_acquire:ident, $try_acquire_timeout:ident) => {
+        fn $acquire(&self) -> futures::future::BoxFuture<'_, $crate::Result<$guard>> {
+            Box::pin(async move { <$lock>::$acquire(self).await.map($boxed) })
+        }
+
+        fn $acquire_timeout(
+            &self,
+            timeout: std::time::Duration,
+        ) -> futures::future::BoxFuture<'_, $crate::Result<$guard>> {
+            Box::pin(async move { <$lock>::$acquire_timeout(self, timeout).await.map($boxed) })
+        }
+
+        fn $try_acquire(&self) -> futures::future::BoxFuture<'_, $crate::Result<Option<$guard>>> {
+            Box::pin(async move { Ok(<$lock>::$try_acquire(self).await?.map($boxed)) })
+        }
+
+        fn $try_acquire_timeout(
+            &self,
+            timeout: std::time::Duration,
+        ) -> futures::future::BoxFuture<'_, $crate::Result<Option<$guard>>> {
+            Box::pin(async move {
+                Ok(<$lock>::$try_acquire_timeout(self, timeout)
+                    .await?
+                    .map($boxed))
+            })
+        }
+    };
+}
+pub(crate) use forward_acquisitions;
+
+/// Boxes a concrete read guard.
+pub(crate) fn boxed_read<G: DistributedReadGuard + 'static>(guard: G) -> BoxedReadGuard {
     Box::new(guard)
 }
 
@@ -135,44 +270,28 @@ macro_rules! impl_distributed_lock {
                 <$lock>::name(self)
             }
 
-            fn acquire(
-                &self,
-            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedGuard>> {
-                Box::pin(async move { <$lock>::acquire(self).await.map($crate::traits::boxed) })
-            }
-
-            fn acquire_timeout(
-                &self,
-                timeout: std::time::Duration,
-            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedGuard>> {
-                Box::pin(async move {
-                    <$lock>::acquire_timeout(self, timeout)
-                        .await
-                        .map($crate::traits::boxed)
-                })
-            }
-
-            fn try_acquire(
-                &self,
-            ) -> futures::future::BoxFuture<'_, $crate::Result<Option<$crate::traits::BoxedGuard>>>
-            {
-                Box::pin(async move {
-                    let guard = <$lock>::try_acquire(self).await?;
-                    Ok(guard.map($crate::traits::boxed))
-                })
-            }
-
-            fn try_acquire_timeout(
-                &self,
-                timeout: std::time::Duration,
-            ) -> futures::future::BoxFuture<'_, $crate::Result<Option<$crate::traits::BoxedGuard>>>
-            {
-                Box::pin(async move {
-                    let guard = <$lock>::try_acquire_timeout(self, timeout).await?;
-                    Ok(guard.map($crate::traits::boxed))
-                })
-            }
+            $crate::traits::forward_acquisitions!($lock, $crate::traits::BoxedGuard, $crate::traits::boxed:
+                acquire, acquire_timeout, try_acquire, try_acquire_timeout);
         }
     };
 }
 pub(crate) use impl_distributed_lock;
+
+/// Implements [`DistributedReaderWriterLock`] for a type with the inherent `acquire_read*` and
+/// `acquire_write*` methods and `name()`.
+macro_rules! impl_distributed_reader_writer_lock {
+    ($lock:ty) => {
+        impl $crate::traits::DistributedReaderWriterLock for $lock {
+            fn name(&self) -> &str {
+                <$lock>::name(self)
+            }
+
+            $crate::traits::forward_acquisitions!($lock, $crate::traits::BoxedReadGuard, $crate::traits::boxed_read:
+                acquire_read, acquire_read_timeout, try_acquire_read, try_acquire_read_timeout);
+
+            $crate::traits::forward_acquisitions!($lock, $crate::traits::BoxedGuard, $crate::traits::boxed:
+                acquire_write, acquire_write_timeout, try_acquire_write, try_acquire_write_timeout);
+        }
+    };
+}
+pub(crate) use impl_distributed_reader_writer_lock;

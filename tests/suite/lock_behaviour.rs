@@ -1,14 +1,20 @@
-//! The exclusive lock's and the semaphore's behaviour, written once against the traits and run
-//! against both implementations: MongoDB (`Provider`) and the in-memory double
-//! (`memory::MemoryLockProvider`). Then the double's own test controls.
+//! The behaviour of the exclusive lock, the semaphore and the reader-writer lock, written once
+//! against the traits and run against both implementations: MongoDB (`Provider`) and the
+//! in-memory double (`memory::MemoryLockProvider`). The exclusive lock's behaviours run again
+//! on the write side of reader-writer locks. Then the double's own test controls.
 
 use test_support as common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+
 use distributed_lock_mongodb::memory::MemoryLockProvider;
-use distributed_lock_mongodb::{DistributedLock, DistributedLockProvider, Error, Provider};
+use distributed_lock_mongodb::{
+    BoxedGuard, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock, Error,
+    Provider, Result,
+};
 
 type Locks = Arc<dyn DistributedLockProvider>;
 
@@ -16,6 +22,7 @@ async fn mongodb_locks() -> Locks {
     let provider = Provider::new(&common::database().await)
         .with_collection(common::unique("behaviour").as_str())
         .with_semaphore_collection(common::unique("behaviour-semaphores").as_str())
+        .with_reader_writer_collection(common::unique("behaviour-rw").as_str())
         .with_options(common::options(5_000, 1_000));
     Arc::new(provider)
 }
@@ -24,22 +31,75 @@ fn memory_locks() -> Locks {
     Arc::new(MemoryLockProvider::new())
 }
 
-/// One test per behaviour and implementation.
+/// The same provider.
+fn as_is(locks: Locks) -> Locks {
+    locks
+}
+
+/// A provider whose "exclusive locks" are the write sides of its reader-writer locks.
+fn writers(locks: Locks) -> Locks {
+    Arc::new(Writers(locks))
+}
+
+#[derive(Debug)]
+struct Writers(Locks);
+
+#[derive(Debug)]
+struct WriteSide(Box<dyn DistributedReaderWriterLock>);
+
+impl DistributedLockProvider for Writers {
+    fn create_lock(&self, name: &str) -> Box<dyn DistributedLock> {
+        Box::new(WriteSide(self.0.create_reader_writer_lock(name)))
+    }
+
+    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock> {
+        self.0.create_semaphore(name, max_count)
+    }
+
+    fn create_reader_writer_lock(&self, name: &str) -> Box<dyn DistributedReaderWriterLock> {
+        self.0.create_reader_writer_lock(name)
+    }
+}
+
+impl DistributedLock for WriteSide {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn acquire(&self) -> BoxFuture<'_, Result<BoxedGuard>> {
+        self.0.acquire_write()
+    }
+
+    fn acquire_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<BoxedGuard>> {
+        self.0.acquire_write_timeout(timeout)
+    }
+
+    fn try_acquire(&self) -> BoxFuture<'_, Result<Option<BoxedGuard>>> {
+        self.0.try_acquire_write()
+    }
+
+    fn try_acquire_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<Option<BoxedGuard>>> {
+        self.0.try_acquire_write_timeout(timeout)
+    }
+}
+
+/// One test per behaviour and implementation, in modules `$mongodb` and `$memory`, each
+/// given its provider through `$wrap`.
 macro_rules! behaviours {
-    ($($behaviour:ident),* $(,)?) => {
-        mod on_mongodb {
+    ($mongodb:ident, $memory:ident, $wrap:ident: $($behaviour:ident),* $(,)?) => {
+        mod $mongodb {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::mongodb_locks().await).await;
+                    super::$behaviour(super::$wrap(super::mongodb_locks().await)).await;
                 }
             )*
         }
-        mod in_memory {
+        mod $memory {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::memory_locks()).await;
+                    super::$behaviour(super::$wrap(super::memory_locks())).await;
                 }
             )*
         }
@@ -47,6 +107,18 @@ macro_rules! behaviours {
 }
 
 behaviours!(
+    writers_on_mongodb, writers_in_memory, writers:
+    a_held_lock_excludes_every_other_acquisition,
+    release_frees_the_lock_and_tokens_increase,
+    dropping_the_guard_frees_the_lock,
+    a_waiter_gets_the_lock_when_the_holder_releases,
+    a_held_lock_is_not_lost_and_a_released_one_never_fires,
+    names_are_independent,
+    contenders_hold_the_lock_one_at_a_time,
+);
+
+behaviours!(
+    on_mongodb, in_memory, as_is:
     a_held_lock_excludes_every_other_acquisition,
     release_frees_the_lock_and_tokens_increase,
     dropping_the_guard_frees_the_lock,
@@ -59,6 +131,11 @@ behaviours!(
     a_semaphore_admits_max_count_holders_and_no_more,
     semaphore_contenders_never_exceed_max_count,
     a_semaphores_max_count_must_be_at_least_one_and_agreed,
+    readers_share_the_lock_and_a_writer_holds_it_alone,
+    a_waiting_writer_holds_back_new_readers,
+    a_single_write_attempt_holds_back_no_reader,
+    the_kinds_of_one_name_are_independent,
+    reads_are_refused_as_writes_are,
 );
 
 async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
@@ -194,7 +271,12 @@ async fn refusals(lock: &dyn DistributedLock) -> [Error; 4] {
 
 async fn a_name_over_a_mib_is_refused(locks: Locks) {
     let name = "n".repeat((1 << 20) + 1);
-    for lock in [locks.create_lock(&name), locks.create_semaphore(&name, 2)] {
+    let writers = writers(Arc::clone(&locks));
+    for lock in [
+        locks.create_lock(&name),
+        locks.create_semaphore(&name, 2),
+        writers.create_lock(&name),
+    ] {
         for error in refusals(&*lock).await {
             assert!(
                 matches!(&error, Error::InvalidArgument(message) if message.contains("1 MiB")),
@@ -208,9 +290,11 @@ async fn a_name_over_a_mib_is_refused(locks: Locks) {
 }
 
 async fn acquiring_outside_a_tokio_runtime_is_refused(locks: Locks) {
+    let writers = writers(Arc::clone(&locks));
     for lock in [
         locks.create_lock("outside"),
         locks.create_semaphore("outside", 2),
+        writers.create_lock("outside"),
     ] {
         // A plain thread, polled by an executor that is not Tokio's.
         let errors = std::thread::spawn(move || futures::executor::block_on(refusals(&*lock)))
@@ -322,6 +406,165 @@ async fn a_semaphores_max_count_must_be_at_least_one_and_agreed(locks: Locks) {
             matches!(&error, Error::InvalidArgument(message) if message.contains("at least 1")),
             "{error}"
         );
+    }
+}
+
+async fn readers_share_the_lock_and_a_writer_holds_it_alone(locks: Locks) {
+    let rw = locks.create_reader_writer_lock("rw");
+    let first = rw.acquire_read().await.unwrap();
+    assert_eq!(first.name(), "rw");
+    let other = locks.create_reader_writer_lock("rw");
+    let second = other.try_acquire_read().await.unwrap();
+    let second = second.expect("readers share the lock");
+    assert!(
+        other.try_acquire_write().await.unwrap().is_none(),
+        "readers hold it"
+    );
+    let error = other
+        .acquire_write_timeout(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Timeout { name, .. } if name == "rw"),
+        "{error}"
+    );
+    first.release().await.unwrap();
+    assert!(
+        other.try_acquire_write().await.unwrap().is_none(),
+        "one reader left"
+    );
+    second.release().await.unwrap();
+
+    let writer = other
+        .try_acquire_write()
+        .await
+        .unwrap()
+        .expect("no reader left");
+    assert!(
+        rw.try_acquire_read().await.unwrap().is_none(),
+        "a writer holds it"
+    );
+    assert!(rw.try_acquire_write().await.unwrap().is_none(), "alone");
+    let waited = rw
+        .try_acquire_read_timeout(Duration::from_millis(100))
+        .await;
+    assert!(waited.unwrap().is_none());
+    let token = writer.fencing_token();
+    writer.release().await.unwrap();
+    let next = rw.acquire_write().await.unwrap();
+    assert!(next.fencing_token() > token, "writers' tokens increase");
+    next.release().await.unwrap();
+    rw.acquire_read().await.unwrap().release().await.unwrap();
+}
+
+async fn a_waiting_writer_holds_back_new_readers(locks: Locks) {
+    let reading = locks
+        .create_reader_writer_lock("rw")
+        .acquire_read()
+        .await
+        .unwrap();
+    let writer = {
+        let rw = locks.create_reader_writer_lock("rw");
+        tokio::spawn(async move { rw.acquire_write().await })
+    };
+    // The state to wait for: new readers are refused (a successful probe is released at once).
+    let rw = locks.create_reader_writer_lock("rw");
+    let held_back = common::eventually(Duration::from_secs(10), || async {
+        match rw.try_acquire_read().await.unwrap() {
+            Some(read) => {
+                read.release().await.unwrap();
+                false
+            }
+            None => true,
+        }
+    })
+    .await;
+    assert!(held_back, "new readers wait while the writer waits");
+    assert!(!writer.is_finished(), "the reader still holds the lock");
+    // A reader waiting behind the writer gets in after it.
+    let reader = {
+        let rw = locks.create_reader_writer_lock("rw");
+        tokio::spawn(async move { rw.acquire_read().await })
+    };
+    reading.release().await.unwrap();
+    let writing = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the writer gets in when the reader leaves")
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!reader.is_finished(), "no reader while the writer holds it");
+    writing.release().await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .expect("the reader gets in after the writer")
+        .unwrap()
+        .unwrap();
+    read.release().await.unwrap();
+}
+
+async fn a_single_write_attempt_holds_back_no_reader(locks: Locks) {
+    let rw = locks.create_reader_writer_lock("rw");
+    let first = rw.acquire_read().await.unwrap();
+    assert!(rw.try_acquire_write().await.unwrap().is_none());
+    let second = rw.try_acquire_read().await.unwrap();
+    second.expect("no writer waits").release().await.unwrap();
+    first.release().await.unwrap();
+}
+
+async fn the_kinds_of_one_name_are_independent(locks: Locks) {
+    let writing = locks
+        .create_reader_writer_lock("one")
+        .acquire_write()
+        .await
+        .unwrap();
+    let lock = locks.create_lock("one").try_acquire().await.unwrap();
+    let semaphore = locks
+        .create_semaphore("one", 1)
+        .try_acquire()
+        .await
+        .unwrap();
+    lock.expect("the lock is another lock")
+        .release()
+        .await
+        .unwrap();
+    let semaphore = semaphore.expect("so is the semaphore");
+    semaphore.release().await.unwrap();
+    writing.release().await.unwrap();
+}
+
+async fn reads_are_refused_as_writes_are(locks: Locks) {
+    let rw = locks.create_reader_writer_lock(&"n".repeat((1 << 20) + 1));
+    let errors = [
+        rw.acquire_read().await.map(drop).unwrap_err(),
+        rw.acquire_read_timeout(Duration::from_secs(1))
+            .await
+            .map(drop)
+            .unwrap_err(),
+        rw.try_acquire_read().await.map(drop).unwrap_err(),
+        rw.try_acquire_read_timeout(Duration::from_secs(1))
+            .await
+            .map(drop)
+            .unwrap_err(),
+    ];
+    for error in errors {
+        assert!(
+            matches!(&error, Error::InvalidArgument(message) if message.contains("1 MiB")),
+            "{error}"
+        );
+    }
+    let rw = locks.create_reader_writer_lock("outside");
+    let error = std::thread::spawn(move || {
+        futures::executor::block_on(async {
+            let read = rw.acquire_read().await.map(drop).unwrap_err();
+            let try_read = rw.try_acquire_read().await.map(drop).unwrap_err();
+            [read, try_read]
+        })
+    })
+    .join()
+    .expect("no panic outside a runtime");
+    for error in error {
+        assert!(matches!(error, Error::NoRuntime), "{error}");
     }
 }
 
