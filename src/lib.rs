@@ -111,8 +111,12 @@ fn _assert_send_sync() {
     send_sync::<memory::MemoryLockProvider>();
     send_sync::<memory::MemoryLock>();
     send_sync::<memory::MemoryGuard>();
+    send_sync::<memory::MemoryReaderWriterLock>();
+    send_sync::<memory::MemoryReadGuard>();
     send_sync::<std::sync::Arc<dyn DistributedLockProvider>>();
     send_sync::<BoxedGuard>();
+    send_sync::<BoxedReadGuard>();
+    send_sync::<Box<dyn DistributedReaderWriterLock>>();
     #[cfg(feature = "blocking")]
     {
         send_sync::<blocking::Provider>();
@@ -122,6 +126,11 @@ fn _assert_send_sync() {
         send_sync::<blocking::LockGuard>();
         send_sync::<blocking::ReadGuard>();
         send_sync::<blocking::CompositeGuard>();
+        send_sync::<blocking::DocumentLock<mongodb::bson::Document>>();
+        send_sync::<blocking::DocumentGuard<mongodb::bson::Document>>();
+        send_sync::<blocking::LeaderElection>();
+        send_sync::<blocking::Fence>();
+        send_sync::<blocking::LockWatch>();
     }
 
     fn futures(lock: &MongoDistributedLock, guard: LockGuard) {

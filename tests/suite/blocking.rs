@@ -7,8 +7,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use distributed_lock_mongodb::CompositeMember::{Exclusive, Read, Semaphore, Write};
-use distributed_lock_mongodb::blocking::Provider;
-use distributed_lock_mongodb::{Error, LockFilter, LockKind, LockOptions};
+use distributed_lock_mongodb::blocking::{LeaderElection, Provider};
+use distributed_lock_mongodb::{Error, FenceOutcome, LockFilter, LockKind, LockOptions};
+use mongodb::bson::{Bson, Document, doc};
 
 /// Bounds that only catch hangs.
 const HANG: Duration = Duration::from_secs(30);
@@ -363,6 +364,11 @@ fn blocking_calls_inside_a_tokio_runtime_return_an_error() {
     let provider = provider(common::options(10_000, 3_000));
     let lock = provider.create_lock(common::unique("in-runtime"));
     let guard = lock.acquire().unwrap();
+    let documents = provider.create_document_lock::<Document>(&common::unique("in-runtime"));
+    let election = provider
+        .create_leader_election(common::unique("in-runtime"))
+        .unwrap();
+    let mut watch = lock.watch(Duration::from_secs(1)).unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -378,6 +384,12 @@ fn blocking_calls_inside_a_tokio_runtime_return_an_error() {
         inside(provider.status("x").map(drop));
         inside(provider.shutdown());
         inside(guard.wait_lost(Duration::ZERO).map(drop));
+        inside(documents.try_lock(doc! {}).map(drop));
+        inside(election.wait_leader(Duration::ZERO).map(drop));
+        let fence = provider.create_fence();
+        let token = guard.fencing_token();
+        inside(fence.update_one("x", doc! {}, doc! {}, token).map(drop));
+        inside(watch.changed(Duration::ZERO).map(drop));
         inside(Provider::connect(&common::server::uri(), common::DATABASE).map(drop));
         // The guard is consumed: it is released in the background.
         inside(guard.release());
@@ -427,4 +439,132 @@ fn bad_input_is_an_error() {
     assert!(error.is_invalid_input(), "{error}");
     let error = provider.acquire_all::<&str>(&[], HANG).unwrap_err();
     assert!(error.is_invalid_input(), "{error}");
+}
+
+#[test]
+fn lock_status_holders_and_watch_block_on_the_async_reads() {
+    let provider = provider(common::options(10_000, 3_000));
+    let lock = provider.create_lock(common::unique("status"));
+    assert_eq!(lock.status().unwrap(), None, "never acquired");
+    assert!(lock.holders().unwrap().is_empty());
+    let mut watch = lock.watch(Duration::from_millis(100)).unwrap();
+    assert!(!watch.is_held());
+    let guard = lock.acquire().unwrap();
+    let status = lock.status().unwrap().expect("held");
+    assert!(status.is_held());
+    assert_eq!(status.fencing_token, Some(guard.fencing_token()));
+    assert_eq!(lock.holders().unwrap().len(), 1);
+    assert!(watch.changed(HANG).unwrap(), "the watch sees the holder");
+    assert!(watch.is_held());
+    assert_eq!(watch.holders()[0].lock_id, status.lock_id);
+    guard.release().unwrap();
+    assert!(watch.changed(HANG).unwrap(), "and the release");
+    assert!(!watch.is_held());
+    assert!(
+        !watch.changed(Duration::from_millis(300)).unwrap(),
+        "nothing changes while nobody acquires"
+    );
+}
+
+#[test]
+fn a_document_is_locked_checkpointed_and_committed_by_blocking_calls() {
+    let provider = provider(common::options(10_000, 3_000));
+    let jobs = provider.create_document_lock::<Document>(&common::unique("blocking-jobs"));
+    let guard = jobs
+        .lock_or_insert("job-1", doc! { "status": "pending" })
+        .expect("inserted and locked");
+    assert_eq!(guard.id(), &Bson::String("job-1".to_owned()));
+    assert_eq!(guard.document().get_str("status").unwrap(), "pending");
+
+    let other = jobs.clone();
+    let busy = thread::spawn(move || other.try_lock(doc! { "_id": "job-1" }).unwrap().is_none());
+    assert!(busy.join().unwrap(), "locked for every other caller");
+    guard.checkpoint(doc! { "$set": { "step": 1 } }).unwrap();
+    let first_token = guard.fencing_token();
+    guard
+        .commit(doc! { "$set": { "status": "done" } })
+        .expect("applied and unlocked");
+
+    let again = jobs
+        .lock_timeout(doc! { "_id": "job-1" }, HANG)
+        .expect("unlocked by the commit");
+    assert_eq!(again.document().get_str("status").unwrap(), "done");
+    assert_eq!(again.document().get_i32("step").unwrap(), 1);
+    assert!(again.fencing_token() > first_token);
+    assert!(jobs.holders(doc! { "_id": "job-1" }).unwrap().len() == 1);
+    again
+        .replace(doc! { "_id": "job-1", "status": "archived" })
+        .unwrap();
+    let last = jobs
+        .try_lock(doc! { "_id": "job-1" })
+        .unwrap()
+        .expect("free");
+    assert_eq!(last.document().get_str("status").unwrap(), "archived");
+    assert!(!last.wait_lost(Duration::from_millis(50)).unwrap());
+    last.release().unwrap();
+    assert!(jobs.holders(doc! { "_id": "job-1" }).unwrap().is_empty());
+}
+
+#[test]
+fn fenced_writes_apply_newer_tokens_only() {
+    let provider = provider(common::options(10_000, 3_000));
+    let collection = common::unique("blocking-fenced");
+    let documents = provider.create_document_lock::<Document>(&collection);
+    let older = documents.lock_or_insert("acct", doc! {}).unwrap();
+    let older_token = older.fencing_token();
+    older.release().unwrap();
+    let newer = documents.lock(doc! { "_id": "acct" }).unwrap();
+    let newer_token = newer.fencing_token();
+    newer.release().unwrap();
+
+    let fence = provider.create_fence().with_field("fence");
+    let filter = doc! { "_id": "acct" };
+    let add = doc! { "$inc": { "balance": 10 } };
+    let applied = fence.update_one(&collection, filter.clone(), add.clone(), newer_token);
+    assert_eq!(applied.unwrap(), FenceOutcome::Applied);
+    let stale = fence.update_one(&collection, filter, add.clone(), older_token);
+    assert_eq!(
+        stale.unwrap(),
+        FenceOutcome::Stale,
+        "an older token is refused"
+    );
+    let missing = fence.update_one(&collection, doc! { "_id": "none" }, add, newer_token);
+    assert_eq!(missing.unwrap(), FenceOutcome::NotFound);
+    let written = documents.try_lock(doc! { "_id": "acct" }).unwrap().unwrap();
+    assert_eq!(
+        written.document().get_i32("balance").unwrap(),
+        10,
+        "applied once"
+    );
+    written.release().unwrap();
+}
+
+#[test]
+fn one_leader_at_a_time_and_a_resignation_hands_over() {
+    let (first, second) = two_processes(common::options(3_000, 1_000));
+    let name = common::unique("leader");
+    let a = first.create_leader_election(name.as_str()).unwrap();
+    assert_eq!(a.name(), name);
+    assert!(a.wait_leader(HANG).unwrap(), "alone: elected");
+    let term = a.fencing_token().expect("a term while leading");
+    assert!(a.lost().is_some_and(|lost| !lost.is_lost()));
+    assert!(*a.watch().borrow());
+
+    let b = second.create_leader_election(name.as_str()).unwrap();
+    assert!(
+        !b.wait_leader(Duration::from_millis(500)).unwrap(),
+        "not while the first leads"
+    );
+    assert_eq!(b.fencing_token(), None);
+    let lock = second.create_lock(name.as_str());
+    let watch = LeaderElection::watch_leader(&lock, Duration::from_millis(100)).unwrap();
+    assert_eq!(watch.holders()[0].fencing_token, Some(term));
+
+    a.resign().unwrap();
+    assert!(
+        b.wait_leader(HANG).unwrap(),
+        "elected once the first resigned"
+    );
+    assert!(b.fencing_token().unwrap() > term);
+    b.resign().unwrap();
 }

@@ -1,0 +1,170 @@
+//! The blocking guards: of a lock, a writer or a semaphore place; of a reader; of a composite.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Background, wait_lost, wrapper};
+use crate::{FencingToken, LockKind, LostSignal, Result};
+
+/// Proof that a lock is held (an exclusive lock, a writer, or a semaphore place); see
+/// [`crate::LockGuard`].
+///
+/// The lease renews itself on the provider's runtime while the guard lives, whatever the
+/// holding thread does. [`release`](Self::release) ends it; dropping the guard releases it in
+/// the background without blocking.
+#[must_use = "dropping the guard releases the lock at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct LockGuard {
+    // Dropped first: its release is queued on the runtime the handle below keeps alive.
+    inner: crate::LockGuard,
+    background: Arc<Background>,
+}
+
+wrapper!(LockGuard wraps crate::LockGuard);
+
+impl LockGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// This acquisition's fencing token: larger than that of every earlier acquisition of the
+    /// same name.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.inner.fencing_token()
+    }
+
+    /// Whether the lock is known or presumed lost (checked against the lease's local deadline
+    /// on every call). Stop touching the protected resource once it is.
+    pub fn is_lost(&self) -> bool {
+        self.inner.is_lost()
+    }
+
+    /// The lock's [`LostSignal`]: its [`is_lost`](LostSignal::is_lost) works on any thread; its
+    /// async `wait` needs a Tokio runtime (see [`wait_lost`](Self::wait_lost) otherwise).
+    pub fn lost(&self) -> LostSignal {
+        self.inner.lost()
+    }
+
+    /// Blocks until the lock is known or presumed lost, for at most `timeout`: whether it was
+    /// lost.
+    ///
+    /// # Errors
+    /// [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio runtime.
+    pub fn wait_lost(&self, timeout: Duration) -> Result<bool> {
+        wait_lost(&self.background, &self.inner.lost(), timeout)
+    }
+
+    /// Stops renewing and releases the lock; see [`crate::LockGuard::release`].
+    ///
+    /// # Errors
+    /// As [`crate::LockGuard::release`]; [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio
+    /// runtime (the guard is dropped then, which releases the lock in the background).
+    pub fn release(self) -> Result<()> {
+        self.background.block_on(self.inner.release())?
+    }
+}
+
+/// Proof that a read lock is held; see [`crate::ReadGuard`]. Behaves like [`LockGuard`], without
+/// a fencing token.
+#[must_use = "dropping the guard releases the read lock at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct ReadGuard {
+    inner: crate::ReadGuard,
+    background: Arc<Background>,
+}
+
+wrapper!(ReadGuard wraps crate::ReadGuard);
+
+impl ReadGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Whether the read lock is known or presumed lost.
+    pub fn is_lost(&self) -> bool {
+        self.inner.is_lost()
+    }
+
+    /// The read lock's [`LostSignal`]; see [`LockGuard::lost`].
+    pub fn lost(&self) -> LostSignal {
+        self.inner.lost()
+    }
+
+    /// Blocks until the read lock is known or presumed lost, for at most `timeout`: whether it
+    /// was lost.
+    ///
+    /// # Errors
+    /// [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio runtime.
+    pub fn wait_lost(&self, timeout: Duration) -> Result<bool> {
+        wait_lost(&self.background, &self.inner.lost(), timeout)
+    }
+
+    /// Stops renewing and releases the read lock; see [`crate::ReadGuard::release`].
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`].
+    pub fn release(self) -> Result<()> {
+        self.background.block_on(self.inner.release())?
+    }
+}
+
+/// Several locks of any kinds acquired together by
+/// [`Provider::acquire_all`](super::Provider::acquire_all); see [`crate::CompositeGuard`].
+#[must_use = "dropping the guard releases every member at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct CompositeGuard {
+    inner: crate::CompositeGuard,
+    background: Arc<Background>,
+}
+
+wrapper!(CompositeGuard wraps crate::CompositeGuard);
+
+impl CompositeGuard {
+    /// The members' names, in acquisition order; see [`crate::CompositeGuard::names`].
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.inner.names()
+    }
+
+    /// Each member's kind and name, in acquisition order.
+    pub fn members(&self) -> impl Iterator<Item = (LockKind, &str)> {
+        self.inner.members()
+    }
+
+    /// Each member's fencing token, by name, in acquisition order (read locks have none).
+    pub fn fencing_tokens(&self) -> impl Iterator<Item = (&str, FencingToken)> {
+        self.inner.fencing_tokens()
+    }
+
+    /// Whether any member is known or presumed lost.
+    pub fn is_lost(&self) -> bool {
+        self.inner.is_lost()
+    }
+
+    /// A signal that turns true when any member is lost; see [`LockGuard::lost`].
+    pub fn lost(&self) -> LostSignal {
+        self.inner.lost()
+    }
+
+    /// Blocks until any member is known or presumed lost, for at most `timeout`: whether one
+    /// was lost.
+    ///
+    /// # Errors
+    /// [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio runtime.
+    pub fn wait_lost(&self, timeout: Duration) -> Result<bool> {
+        wait_lost(&self.background, &self.inner.lost(), timeout)
+    }
+
+    /// Releases every member; see [`crate::CompositeGuard::release`].
+    ///
+    /// # Errors
+    /// As [`crate::CompositeGuard::release`]; [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio
+    /// runtime (the members are released in the background then).
+    pub fn release(self) -> Result<()> {
+        self.background.block_on(self.inner.release())?
+    }
+}
