@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 use tokio::time::{Instant, timeout_at};
 
+use crate::LockKind;
 use crate::clock;
 use crate::error::{Operation, is_duplicate_id};
 use crate::fencing::check_operators;
@@ -368,7 +369,7 @@ where
         let target = &self.target;
         let matching = self.matching(filter.clone());
         let what = Acquisition {
-            kind: "document",
+            kind: LockKind::Document,
             name: target.documents.name(),
             collection: target.documents.name(),
             options: &target.options,
@@ -511,7 +512,7 @@ where
     let lease = Lease {
         id: id.clone(),
         name: format!("{}/{id}", target.documents.name()),
-        kind: "document",
+        kind: LockKind::Document,
         lock_id: lock_id.clone(),
         state: LeaseState::starting(&target.options, sent_at),
         waiters: None,

@@ -8,6 +8,7 @@ use mongodb::Database;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
 
+use crate::LockKind;
 use crate::lease::acquire::{self, Acquisition, Attempt, ReadHolders, Takeover, Wait};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
@@ -265,7 +266,7 @@ impl MongoDistributedLock {
     async fn acquire_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let target = &self.target;
         let what = Acquisition {
-            kind: "exclusive",
+            kind: LockKind::Exclusive,
             name: &target.name,
             collection: target.collection.name(),
             options: &target.options,
@@ -343,7 +344,7 @@ fn won(
     };
     let Some(lease) = target.hold(
         runtime,
-        "exclusive",
+        LockKind::Exclusive,
         &Layout::LockDocument,
         lock_id,
         sent_at,

@@ -23,6 +23,19 @@ pub enum LockKind {
     Document,
 }
 
+impl LockKind {
+    /// The kind as the tracing spans and the metrics' `kind` label show it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            LockKind::Exclusive => "exclusive",
+            LockKind::Write => "write",
+            LockKind::Read => "read",
+            LockKind::Semaphore => "semaphore",
+            LockKind::Document => "document",
+        }
+    }
+}
+
 /// One holder of a lock (or, for an exclusive lock that is free, its last holder), read at one
 /// server instant.
 #[derive(Clone, Debug, PartialEq)]

@@ -10,6 +10,7 @@ use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
+use crate::LockKind;
 use crate::error::shown_name;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, ReadHolders, Takeover, Wait};
 use crate::lease::held::{self, HeldLease};
@@ -105,10 +106,10 @@ enum Mode {
 
 impl Mode {
     /// The kind, as the tracing span and the metrics show it.
-    fn kind(self) -> &'static str {
+    fn kind(self) -> LockKind {
         match self {
-            Mode::Read => "read",
-            Mode::Write => "write",
+            Mode::Read => LockKind::Read,
+            Mode::Write => LockKind::Write,
         }
     }
 }

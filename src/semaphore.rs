@@ -8,6 +8,7 @@ use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 
+use crate::LockKind;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, ReadHolders, Takeover, Wait};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
@@ -259,7 +260,7 @@ impl MongoDistributedSemaphore {
             }
         });
         let what = Acquisition {
-            kind: "semaphore",
+            kind: LockKind::Semaphore,
             name: &target.name,
             collection: target.collection.name(),
             options: &target.options,
@@ -382,7 +383,7 @@ fn joined(
         return Ok(None);
     };
     let token = ours.get(FENCING_TOKEN).and_then(read_i64);
-    let Some(lease) = target.hold(runtime, "semaphore", &places(), lock_id, sent_at) else {
+    let Some(lease) = target.hold(runtime, LockKind::Semaphore, &places(), lock_id, sent_at) else {
         return Ok(None);
     };
     let Some(token) = token else {

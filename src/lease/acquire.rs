@@ -25,6 +25,7 @@ use super::metrics;
 use super::push;
 use super::schema::{Layout, new_lock_id};
 use super::undo::Undo;
+use crate::LockKind;
 use crate::clock;
 use crate::error::{Operation, holders_text, is_duplicate_key, shown_name};
 use crate::{Error, FencingToken, LockOptions, LockStatus, Result};
@@ -118,7 +119,7 @@ const SLOW_WAIT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(crate) struct Acquisition<'a> {
     /// `exclusive`, `read`, `write`, `semaphore` or `document`.
-    pub(crate) kind: &'static str,
+    pub(crate) kind: LockKind,
     pub(crate) name: &'a str,
     pub(crate) collection: &'a str,
     pub(crate) options: &'a LockOptions,
@@ -199,7 +200,7 @@ where
 {
     let span = tracing::debug_span!(
         "acquire",
-        kind = what.kind,
+        kind = what.kind.label(),
         lock = %shown_name(what.name),
         collection = %what.collection,
         outcome = tracing::field::Empty,

@@ -18,6 +18,7 @@ use super::metrics;
 use super::record::{Lease, Place};
 use super::renewal::{self, Command};
 use super::schema;
+use crate::LockKind;
 use crate::clock;
 use crate::error::shown_name;
 use crate::{Error, Result};
@@ -36,7 +37,7 @@ pub(crate) struct HeldLease {
     place: Place,
     id: Bson,
     /// For the hold-time metric.
-    kind: &'static str,
+    kind: LockKind,
     held_since: Instant,
 }
 

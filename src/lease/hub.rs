@@ -324,7 +324,7 @@ mod tests {
         let lease = Lease {
             id: "n".into(),
             name: "n".into(),
-            kind: "exclusive",
+            kind: crate::LockKind::Exclusive,
             lock_id: "won".into(),
             state: super::super::lost::LeaseState::starting(&options, clock::now()),
             waiters: None,

@@ -1,6 +1,7 @@
 //! Metrics through the [`metrics`](https://docs.rs/metrics) facade, with the `metrics` feature;
 //! without it every function here is a no-op. Names and labels are listed in the README.
 
+use crate::LockKind;
 use std::time::Duration;
 
 /// Why a lease was lost, for the tracing message and the metrics label.
@@ -58,10 +59,10 @@ impl Loss {
 }
 
 /// One acquisition call ended: `outcome` is `acquired`, `not_acquired` or `error`.
-pub(crate) fn acquisition(kind: &'static str, outcome: &'static str, waited: Duration) {
+pub(crate) fn acquisition(kind: LockKind, outcome: &'static str, waited: Duration) {
     #[cfg(feature = "metrics")]
     {
-        let labels = [("kind", kind), ("outcome", outcome)];
+        let labels = [("kind", kind.label()), ("outcome", outcome)];
         metrics::counter!("distributed_lock_acquisitions_total", &labels).increment(1);
         metrics::histogram!("distributed_lock_wait_seconds", &labels).record(waited);
     }
@@ -70,27 +71,27 @@ pub(crate) fn acquisition(kind: &'static str, outcome: &'static str, waited: Dur
 }
 
 /// One acquisition attempt was sent.
-pub(crate) fn attempt(kind: &'static str) {
+pub(crate) fn attempt(kind: LockKind) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("distributed_lock_attempts_total", "kind" => kind).increment(1);
+    metrics::counter!("distributed_lock_attempts_total", "kind" => kind.label()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = kind;
 }
 
 /// A guard began holding a lease here.
-pub(crate) fn hold_started(kind: &'static str) {
+pub(crate) fn hold_started(kind: LockKind) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!("distributed_lock_held", "kind" => kind).increment(1.0);
+    metrics::gauge!("distributed_lock_held", "kind" => kind.label()).increment(1.0);
     #[cfg(not(feature = "metrics"))]
     let _ = kind;
 }
 
 /// A guard ended (released, dropped or ended by its own write) after holding for `held`.
-pub(crate) fn hold_ended(kind: &'static str, held: Duration) {
+pub(crate) fn hold_ended(kind: LockKind, held: Duration) {
     #[cfg(feature = "metrics")]
     {
-        metrics::histogram!("distributed_lock_hold_seconds", "kind" => kind).record(held);
-        metrics::gauge!("distributed_lock_held", "kind" => kind).decrement(1.0);
+        metrics::histogram!("distributed_lock_hold_seconds", "kind" => kind.label()).record(held);
+        metrics::gauge!("distributed_lock_held", "kind" => kind.label()).decrement(1.0);
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (kind, held);
@@ -99,12 +100,12 @@ pub(crate) fn hold_ended(kind: &'static str, held: Duration) {
 /// A caller waiting to acquire a lock of `kind`, counted in the `distributed_lock_waiting` gauge
 /// until this is dropped (its call returned, or was cancelled).
 #[derive(Debug)]
-pub(crate) struct Waiting(&'static str);
+pub(crate) struct Waiting(LockKind);
 
 impl Waiting {
-    pub(crate) fn start(kind: &'static str) -> Waiting {
+    pub(crate) fn start(kind: LockKind) -> Waiting {
         #[cfg(feature = "metrics")]
-        metrics::gauge!("distributed_lock_waiting", "kind" => kind).increment(1.0);
+        metrics::gauge!("distributed_lock_waiting", "kind" => kind.label()).increment(1.0);
         Waiting(kind)
     }
 }
@@ -112,35 +113,35 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         #[cfg(feature = "metrics")]
-        metrics::gauge!("distributed_lock_waiting", "kind" => self.0).decrement(1.0);
+        metrics::gauge!("distributed_lock_waiting", "kind" => self.0.label()).decrement(1.0);
         #[cfg(not(feature = "metrics"))]
         let _ = self.0;
     }
 }
 
 /// A renewal was confirmed with `left` of its lease left (until the holder's deadline).
-pub(crate) fn lease_left(kind: &'static str, left: Duration) {
+pub(crate) fn lease_left(kind: LockKind, left: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("distributed_lock_lease_left_seconds", "kind" => kind).record(left);
+    metrics::histogram!("distributed_lock_lease_left_seconds", "kind" => kind.label()).record(left);
     #[cfg(not(feature = "metrics"))]
     let _ = (kind, left);
 }
 
 /// A lease was lost (reported once per lease).
-pub(crate) fn lost(kind: &'static str, loss: Loss) {
+pub(crate) fn lost(kind: LockKind, loss: Loss) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("distributed_lock_losses_total", "kind" => kind, "reason" => loss.label())
+    metrics::counter!("distributed_lock_losses_total", "kind" => kind.label(), "reason" => loss.label())
         .increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = (kind, loss.label());
 }
 
 /// A renewal command was answered (or failed) after `latency`.
-pub(crate) fn renewal(kind: &'static str, latency: Duration, succeeded: bool) {
+pub(crate) fn renewal(kind: LockKind, latency: Duration, succeeded: bool) {
     #[cfg(feature = "metrics")]
     {
         let outcome = if succeeded { "ok" } else { "error" };
-        let labels = [("kind", kind), ("outcome", outcome)];
+        let labels = [("kind", kind.label()), ("outcome", outcome)];
         metrics::counter!("distributed_lock_renewal_commands_total", &labels).increment(1);
         metrics::histogram!("distributed_lock_renewal_seconds", &labels).record(latency);
     }

@@ -45,6 +45,7 @@ use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
 
+use crate::LockKind;
 use crate::error::{is_duplicate_key, shown_name};
 use crate::{Error, LockOptions, Result};
 use held::HeldLease;
@@ -266,7 +267,7 @@ impl Target {
     pub(crate) fn hold(
         &self,
         runtime: &Handle,
-        kind: &'static str,
+        kind: LockKind,
         layout: &Layout,
         lock_id: String,
         sent_at: crate::clock::Instant,

@@ -12,6 +12,7 @@ use super::lost::LeaseState;
 use super::metrics::{self, Loss};
 use super::schema::Layout;
 use super::undo::Undo;
+use crate::LockKind;
 use crate::LockOptions;
 use crate::error::shown_name;
 
@@ -62,7 +63,7 @@ pub(crate) struct Lease {
     /// How the lock is named in messages.
     pub(crate) name: String,
     /// The kind of lock, for metrics: `exclusive`, `read`, `write`, `semaphore`, `document`.
-    pub(crate) kind: &'static str,
+    pub(crate) kind: LockKind,
     pub(crate) lock_id: String,
     /// Its deadline and lost state, shared with the guard.
     pub(crate) state: Arc<LeaseState>,

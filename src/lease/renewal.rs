@@ -79,6 +79,7 @@ use super::metrics::{self, Loss};
 use super::record::{Lease, LeaseTable, Place};
 use super::release::{ReleaseContext, ReleaseReply, first_finished, retry_delay};
 use super::schema::{self, LIVE_LOCK_IDS};
+use crate::LockKind;
 use crate::clock;
 use crate::error::{Operation, error_code, shown_name};
 use crate::{Error, Result};
@@ -141,7 +142,7 @@ pub(crate) fn release_in_background(
 pub(crate) fn start(
     runtime: &Handle,
     place: Place,
-    kind: &'static str,
+    kind: LockKind,
     leases: Arc<LeaseTable>,
     in_flight: Arc<InFlight>,
 ) -> mpsc::UnboundedSender<Command> {
@@ -240,7 +241,7 @@ struct RenewalLoop {
     runtime: Handle,
     place: Place,
     /// The kind of lock of the lease that started the loop, for metrics.
-    kind: &'static str,
+    kind: LockKind,
     leases: Arc<LeaseTable>,
     in_flight: Arc<InFlight>,
     next_renewal: clock::Instant,
@@ -894,7 +895,7 @@ mod tests {
                 layout: super::super::schema::Layout::LockDocument,
                 options,
             },
-            kind: "lock",
+            kind: LockKind::Exclusive,
             leases: Arc::default(),
             in_flight: Arc::default(),
             next_renewal: clock::now(),
