@@ -34,6 +34,7 @@ pub(crate) mod push;
 pub(crate) mod record;
 pub(crate) mod release;
 pub(crate) mod renewal;
+mod renewal_commands;
 pub(crate) mod schema;
 pub(crate) mod ttl_index;
 pub(crate) mod undo;

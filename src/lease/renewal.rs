@@ -16,6 +16,7 @@
 //! lock's collection may be sharded on a key other than `_id`, and before MongoDB 7.0 a
 //! `findAndModify` there needs the shard key: when the server says so, the loop renews with
 //! `update` commands only (they accept a filter on `_id`), without reading the server's clock.
+//! The commands and how their replies are read are in `renewal_commands`.
 //!
 //! # Writes held back by transactions
 //! On MongoDB a write to a document that an open transaction has written waits until that
@@ -62,13 +63,11 @@
 //! [`LockOptions::lost_deadline`]: crate::LockOptions
 //! [`LockOptions::max_hold`]: crate::LockOptions::max_hold
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
-use mongodb::bson::{Bson, Document, doc};
-use mongodb::options::{ReadConcern, ReturnDocument};
+use mongodb::bson::Bson;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
@@ -78,10 +77,10 @@ use super::in_flight::InFlight;
 use super::metrics::{self, Loss};
 use super::record::{Lease, LeaseTable, Place};
 use super::release::{ReleaseContext, ReleaseReply, first_finished, retry_delay};
-use super::schema::{self, LIVE_LOCK_IDS};
+use super::renewal_commands::{Failure, Renewed, Reply, renew_many, renew_one};
 use crate::LockKind;
 use crate::clock;
-use crate::error::{Operation, error_code, shown_name};
+use crate::error::{Operation, shown_name};
 use crate::{Error, Result};
 
 /// What a guard (or the hub) tells a renewal loop.
@@ -173,61 +172,14 @@ const RENEWAL_COMMAND_BYTES: usize = 2 << 20;
 /// The most leases in the command that retries those of a larger one that ran out of time.
 const SPLIT_COMMAND_LEASES: usize = 32;
 
-/// MaxTimeMSExpired: the command ran out of its server-side time limit.
-const MAX_TIME_MS_EXPIRED: i32 = 50;
-
 /// The largest `maxTimeMS` a server accepts (a 32-bit count of milliseconds).
 const MAX_TIME_LIMIT: Duration = Duration::from_millis(i32::MAX as u64);
-
-/// NotAReplicaSet: the server is a standalone.
-const NOT_A_REPLICA_SET: i32 = 123;
-
-/// ShardKeyNotFound: a `findAndModify` on a sharded collection without the shard key in its
-/// filter (before MongoDB 7.0).
-const SHARD_KEY_NOT_FOUND: i32 = 61;
 
 /// One renewal command in flight: the lock ids it covers, when it was sent, and its task.
 struct Renewal {
     sent_at: clock::Instant,
     lock_ids: Vec<String>,
     call: JoinHandle<std::result::Result<Reply, Failure>>,
-}
-
-/// A renewal command's answer.
-struct Reply {
-    renewed: Renewed,
-    /// The server's clock when it ran the command (a `findAndModify` tells it), in ms since the
-    /// epoch.
-    server_millis: Option<i64>,
-    received_at: clock::Instant,
-}
-
-/// Which leases of a renewal are still ours.
-enum Renewed {
-    All,
-    Only(HashSet<String>),
-}
-
-/// Why a renewal command failed.
-enum Failure {
-    /// It ran out of its server-side time limit: a document of it is held back (by a
-    /// transaction), or the server is very slow.
-    TimeLimit,
-    /// The server refused a `findAndModify` filtered on `_id` alone: the collection is sharded
-    /// on another key (a document lock's collection) and the server is older than 7.0, which
-    /// needs the shard key in a `findAndModify`'s filter.
-    ShardKeyRequired,
-    Other(String),
-}
-
-impl From<mongodb::error::Error> for Failure {
-    fn from(error: mongodb::error::Error) -> Failure {
-        match error_code(&error) {
-            Some(MAX_TIME_MS_EXPIRED) => Failure::TimeLimit,
-            Some(SHARD_KEY_NOT_FOUND) => Failure::ShardKeyRequired,
-            _ => Failure::Other(error.to_string()),
-        }
-    }
 }
 
 /// A reading of the server's clock: its time in ms, and when the command that read it was sent.
@@ -735,150 +687,6 @@ fn entry(lease: &Lease) -> (Bson, String, clock::Instant) {
     (lease.id.clone(), lease.lock_id.clone(), deadline)
 }
 
-/// Renews one lease with a `findAndModify` whose reply shows its new `expiresAt`, hence the
-/// server's clock (`expiresAt − expiry`: the command wrote `$$NOW + expiry`).
-async fn renew_one(
-    place: &Place,
-    id: &Bson,
-    lock_id: &str,
-    time_limit: Duration,
-) -> std::result::Result<Reply, Failure> {
-    let Place {
-        collection,
-        layout,
-        options,
-    } = place;
-    let lock_ids = [lock_id.to_owned()];
-    let ids = [id.clone()];
-    let renewed = collection
-        .find_one_and_update(
-            layout.renew_many_filter(&ids, &lock_ids),
-            layout.renew_update(options, &lock_ids),
-        )
-        .projection(layout.lease_projection(lock_id))
-        .return_document(ReturnDocument::After)
-        .write_concern(options.write_concern().clone())
-        .max_time(time_limit)
-        .await?;
-    let received_at = clock::now();
-    let Some(document) = renewed else {
-        return Ok(Reply {
-            renewed: Renewed::Only(HashSet::new()),
-            server_millis: None,
-            received_at,
-        });
-    };
-    let server_millis = layout.renewed_at_millis(&document, lock_id, options.expiry_millis());
-    Ok(Reply {
-        renewed: Renewed::All,
-        server_millis,
-        received_at,
-    })
-}
-
-/// Renews every listed lease that is still ours and live, in one `update` command with a time
-/// limit (the driver's `update_many` cannot send one); only when some did not match does a
-/// second command find out which. That read goes to the primary with read concern
-/// `linearizable`: a secondary, or a primary deposed without knowing it yet, could show a lease
-/// as ours and live after the real primary gave it away.
-async fn renew_many(
-    place: &Place,
-    ids: &[Bson],
-    lock_ids: &[String],
-    time_limit: Duration,
-) -> std::result::Result<Reply, Failure> {
-    let Place {
-        collection,
-        layout,
-        options,
-    } = place;
-    let mut command = doc! {
-        "update": collection.name(),
-        "updates": [{
-            "q": layout.renew_many_filter(ids, lock_ids),
-            "u": layout.renew_update(options, lock_ids),
-            "multi": true,
-        }],
-        "maxTimeMS": i64::try_from(time_limit.as_millis()).unwrap_or(i64::MAX),
-    };
-    let write_concern = mongodb::bson::to_document(options.write_concern())
-        .map_err(|error| Failure::Other(error.to_string()))?;
-    if !write_concern.is_empty() {
-        command.insert("writeConcern", write_concern);
-    }
-    let reply = collection
-        .client()
-        .database(&collection.namespace().db)
-        .run_command(command)
-        .selection_criteria(schema::primary())
-        .await?;
-    let received_at = clock::now();
-    if let Some(failure) = write_failure(&reply) {
-        return Err(failure);
-    }
-    let matched = reply.get("n").and_then(crate::token::read_i64);
-    // Each document matches at most once and holds at least one of our leases; as many matches
-    // as leases means one lease per document, each renewed.
-    if matched.is_some_and(|matched| usize::try_from(matched).is_ok_and(|n| n == lock_ids.len())) {
-        return Ok(Reply {
-            renewed: Renewed::All,
-            server_millis: None,
-            received_at,
-        });
-    }
-    // Leases just renewed are live now; the others are gone for good.
-    let read = |concern: ReadConcern| {
-        collection
-            .aggregate(layout.live_lock_ids(ids, lock_ids))
-            .selection_criteria(schema::primary())
-            .read_concern(concern)
-    };
-    let cursor = match read(ReadConcern::linearizable()).await {
-        // A standalone server refuses `linearizable`; with no secondary and no other primary,
-        // `local` is exact there.
-        Err(error) if error_code(&error) == Some(NOT_A_REPLICA_SET) => {
-            read(ReadConcern::local()).await?
-        }
-        other => other?,
-    };
-    let rows: Vec<Document> = cursor.try_collect().await?;
-    let live = rows
-        .iter()
-        .filter_map(|row| row.get_array(LIVE_LOCK_IDS).ok())
-        .flatten()
-        .filter_map(|lock_id| lock_id.as_str().map(str::to_owned))
-        .collect();
-    Ok(Reply {
-        renewed: Renewed::Only(live),
-        server_millis: None,
-        received_at,
-    })
-}
-
-/// The failure an `update` command's reply reports besides `ok: 0` (which the driver turns into
-/// an error): a write error, or a write-concern error (the renewal may or may not be durable).
-fn write_failure(reply: &Document) -> Option<Failure> {
-    if let Ok(errors) = reply.get_array("writeErrors")
-        && let Some(error) = errors.first().and_then(Bson::as_document)
-    {
-        let code = error.get("code").and_then(crate::token::read_i64);
-        if code == Some(i64::from(MAX_TIME_MS_EXPIRED)) {
-            return Some(Failure::TimeLimit);
-        }
-        return Some(Failure::Other(format!(
-            "write error {code:?}: {}",
-            error.get_str("errmsg").unwrap_or_default()
-        )));
-    }
-    if let Ok(error) = reply.get_document("writeConcernError") {
-        return Some(Failure::Other(format!(
-            "write concern error: {}",
-            error.get_str("errmsg").unwrap_or_default()
-        )));
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -931,19 +739,5 @@ mod tests {
         let t3 = t2 + Duration::from_secs(10);
         let server3 = server2 + millis(Duration::from_secs(70));
         assert!(renewals.server_clock_jumped(t3, server3, t3));
-    }
-
-    #[test]
-    fn write_errors_and_time_limits_in_update_replies_are_failures() {
-        assert!(write_failure(&doc! { "n": 1, "ok": 1 }).is_none());
-        let timed_out = doc! { "n": 0, "writeErrors": [{ "index": 0, "code": 50, "errmsg": "operation exceeded time limit" }] };
-        assert!(matches!(
-            write_failure(&timed_out),
-            Some(Failure::TimeLimit)
-        ));
-        let other = doc! { "n": 0, "writeErrors": [{ "index": 0, "code": 2, "errmsg": "bad" }] };
-        assert!(matches!(write_failure(&other), Some(Failure::Other(_))));
-        let concern = doc! { "n": 1, "writeConcernError": { "code": 64, "errmsg": "waiting for replication timed out" } };
-        assert!(matches!(write_failure(&concern), Some(Failure::Other(_))));
     }
 }
