@@ -1,0 +1,88 @@
+//! Handing a lease over in its release command: a waiter's offer, the outcome it receives,
+//! and which leases can be handed to which waiters.
+
+use mongodb::bson::Document;
+use mongodb::options::WriteConcern;
+
+use crate::clock;
+use crate::lease::schema::{HOLDERS, Layout, READERS};
+use crate::lease::undo::Undo;
+
+/// After this many transfers in a row, a release of the lock is a plain one: the next local
+/// waiter attempts as soon as it is over, and the waiters of other processes, woken by the same
+/// release through their change stream, race it on equal terms (each is about one round trip
+/// from the server) for the next acquisition.
+pub(crate) const MAX_TRANSFERS_IN_A_ROW: u32 = 8;
+
+/// Builds the pipeline that takes a lease over from the lease with the given lock id.
+pub(crate) type TakeoverUpdate = Box<dyn Fn(&str) -> Vec<Document> + Send>;
+
+/// A waiter's readiness to take a lease over in a release command: an exclusive lock's waiter
+/// from its holder, a semaphore's from a holder of a place, a reader from the writer (see
+/// [`takes_over`]).
+pub(crate) struct Offer {
+    /// The waiter's lock id.
+    pub(crate) lock_id: String,
+    /// Where the waiter's lease would be stored.
+    pub(crate) layout: Layout,
+    /// The attempt's pipeline, taking over from the lease with the given lock id.
+    pub(crate) update: TakeoverUpdate,
+    /// Ends the lease the waiter may have been given, should the outcome be unknown.
+    pub(crate) cleanup: Undo,
+    /// The waiter's write concern: only a releaser with the same one transfers to it.
+    pub(crate) write_concern: WriteConcern,
+    /// Receives the outcome (and builds the waiter's guard from it). Called exactly once: with
+    /// [`Transfer::NotDone`] if the offer is replaced, withdrawn, or its waiter leaves without
+    /// it.
+    pub(crate) deliver: Box<dyn FnOnce(Transfer) + Send>,
+}
+
+impl std::fmt::Debug for Offer {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Offer")
+            .field("lock_id", &self.lock_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of a transfer.
+#[derive(Debug)]
+pub(crate) enum Transfer {
+    /// The lease is the waiter's: the document after the command, sent first at `sent_at`.
+    Done {
+        document: Document,
+        sent_at: clock::Instant,
+    },
+    /// No transfer (the releasing lease was gone, or the outcome is unknown and was undone):
+    /// the waiter goes on waiting.
+    NotDone,
+    /// The releasing task ended (its runtime shut down) before it knew the outcome: the lease
+    /// may be the waiter's, or still the releasing one's (which `releasing` ends). The waiter
+    /// ends both and goes on waiting.
+    Abandoned { releasing: Undo },
+}
+
+/// What a release does for the local waiters.
+#[derive(Debug)]
+pub(crate) enum Handoff {
+    /// Hand the lease over to these waiters (one, or the readers behind a writer).
+    Transfer(Vec<Offer>),
+    /// Release, then wake waiters.
+    Wake,
+}
+
+/// Whether a lease stored as `releasing` says can be handed over in its release command to a
+/// waiter whose lease would be stored as `waiter` says: `Some(false)` to one such waiter (an
+/// exclusive lock's, a semaphore place's), `Some(true)` to every such waiter in a row (the
+/// readers behind a writer), `None` not at all (a reader's release, a document lock's).
+pub(crate) fn takes_over(releasing: &Layout, waiter: &Layout) -> Option<bool> {
+    match (releasing, waiter) {
+        (Layout::LockDocument, Layout::LockDocument) => Some(false),
+        (Layout::Members(from), Layout::Members(to)) if from == HOLDERS && to == HOLDERS => {
+            Some(false)
+        }
+        (Layout::Writer, Layout::Members(to)) if to == READERS => Some(true),
+        _ => None,
+    }
+}
