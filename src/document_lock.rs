@@ -8,7 +8,6 @@ use std::time::Duration;
 use mongodb::Collection;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReadConcern;
-use mongodb::options::ReturnDocument;
 use mongodb::results::UpdateResult;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -20,16 +19,12 @@ use crate::clock;
 use crate::error::{Operation, is_duplicate_id};
 use crate::fencing::check_operators;
 use crate::lease::acquire::{self, Acquisition, Attempt, Granted, ReadHolders, Wait};
-use crate::lease::backoff;
 use crate::lease::held::{self, HeldLease};
 use crate::lease::hub::RenewalHub;
-use crate::lease::lost::LeaseState;
-use crate::lease::record::{Lease, Place};
 use crate::lease::schema::{
     EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, lease_end, next_fencing_token, primary,
 };
-use crate::lease::undo::Undo;
-use crate::lease::{Problem, admin};
+use crate::lease::{Problem, Target, admin};
 use crate::token::read_i64;
 use crate::{Error, FencingToken, LockOptions, LockStatus, LockWatch, LostSignal, Result};
 use futures::future::BoxFuture;
@@ -86,22 +81,31 @@ impl ReadHolders for Matching {
     fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
         Box::pin(async {
             let target = &self.target;
-            Problem::check(target.problem.as_ref())?;
-            admin::document_holders(&target.documents, self.filter.clone(), &target.field).await
+            target.check()?;
+            admin::document_holders(&target.lock.collection, self.filter.clone(), &target.field)
+                .await
         })
     }
 }
 
 /// What a document lock and its guards share.
+/// The document locks of one collection: the engine's target for them, and where in each
+/// document the lock lives.
 #[derive(Clone, Debug)]
 struct Documents {
-    documents: Collection<Document>,
+    lock: Target,
     field: String,
     layout: Layout,
-    options: LockOptions,
-    renewals: Arc<RenewalHub>,
-    /// An unusable collection or field name, found when they were set.
-    problem: Option<Problem>,
+    /// An unusable field name, found when it was set.
+    field_problem: Option<Problem>,
+}
+
+impl Documents {
+    /// The first problem of the collection or the field name, as an error.
+    fn check(&self) -> Result<()> {
+        self.lock.check()?;
+        Problem::check(self.field_problem.as_ref())
+    }
 }
 
 impl<T> Clone for DocumentLock<T> {
@@ -116,9 +120,9 @@ impl<T> Clone for DocumentLock<T> {
 impl<T> fmt::Debug for DocumentLock<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DocumentLock")
-            .field("collection", &self.target.documents.namespace())
+            .field("collection", &self.target.lock.collection.namespace())
             .field("field", &self.target.field)
-            .field("options", &self.target.options)
+            .field("options", &self.target.lock.options)
             .finish()
     }
 }
@@ -131,12 +135,10 @@ where
     pub fn new(collection: &Collection<T>) -> Self {
         DocumentLock {
             target: Arc::new(Documents {
-                documents: collection.clone_with_type(),
+                lock: Target::of_documents(&collection.clone_with_type()),
                 field: DEFAULT_LOCK_FIELD.to_owned(),
                 layout: Layout::Embedded(DEFAULT_LOCK_FIELD.to_owned()),
-                options: LockOptions::default(),
-                renewals: Arc::default(),
-                problem: None,
+                field_problem: None,
             }),
             _documents: PhantomData,
         }
@@ -159,19 +161,18 @@ where
     /// [`LockOptions::default`].
     #[must_use]
     pub fn with_options(self, options: LockOptions) -> Self {
-        self.rebuilt(|target| target.options = options)
+        self.rebuilt(|target| target.lock.options = options)
     }
 
     /// Shares `renewals` (a provider's).
     pub(crate) fn with_renewals(self, renewals: &Arc<RenewalHub>) -> Self {
-        self.rebuilt(|target| target.renewals = Arc::clone(renewals))
+        self.rebuilt(|target| target.lock.share_renewals(renewals, None))
     }
 
     fn rebuilt(self, change: impl FnOnce(&mut Documents)) -> Self {
         let mut target = Documents::clone(&self.target);
         change(&mut target);
-        target.problem = Problem::of_collection(target.documents.name())
-            .or_else(|| field_problem(&target.field));
+        target.field_problem = field_problem(&target.field);
         DocumentLock {
             target: Arc::new(target),
             _documents: PhantomData,
@@ -180,7 +181,7 @@ where
 
     /// The name of the collection whose documents it locks.
     pub fn name(&self) -> &str {
-        self.target.documents.name()
+        self.target.lock.collection.name()
     }
 
     /// The field that holds the lock.
@@ -190,7 +191,7 @@ where
 
     /// The lock's options.
     pub fn options(&self) -> &LockOptions {
-        &self.target.options
+        &self.target.lock.options
     }
 
     /// Waits until a document matching `filter` is locked, and returns it. With several matching
@@ -370,15 +371,19 @@ where
         let matching = self.matching(filter.clone());
         let what = Acquisition {
             kind: LockKind::Document,
-            name: target.documents.name(),
-            collection: target.documents.name(),
-            options: &target.options,
-            checked: Problem::check(target.problem.as_ref())
-                .and_then(|()| target.options.check_min_hold_unsupported("document lock")),
+            name: target.lock.collection.name(),
+            collection: target.lock.collection.name(),
+            options: &target.lock.options,
+            checked: target.check().and_then(|()| {
+                target
+                    .lock
+                    .options
+                    .check_min_hold_unsupported("document lock")
+            }),
             waiters: None,
             shared: false,
             renews_while_waiting: false,
-            family: &target.renewals,
+            family: &target.lock.renewals,
             push: None,
             holders: &matching,
         };
@@ -386,7 +391,7 @@ where
             what,
             wait,
             |runtime, lock_id| Attempt {
-                cleanup: target.cleanup(&lock_id),
+                cleanup: target.lock.embedded_cleanup(&target.layout, &lock_id),
                 work: attempt::<T>(
                     Arc::clone(target),
                     filter.clone(),
@@ -398,25 +403,6 @@ where
             None,
         )
         .await
-    }
-}
-
-impl Documents {
-    /// What unlocks whichever document the attempt with `lock_id` may have locked, should its
-    /// outcome be unknown. The filter has no `_id` and no shard key (the attempt's filter may
-    /// match many documents, and which one it locked is unknown), so it is sent as a
-    /// multi-document update, which a sharded collection accepts without the shard key on every
-    /// MongoDB version; the lock id is in one document at most.
-    fn cleanup(&self, lock_id: &str) -> Undo {
-        Undo {
-            collection: self.documents.clone(),
-            filter: doc! { self.layout.lock_id_path(): lock_id },
-            update: self.layout.release_update(lock_id, None),
-            write_concern: self.options.write_concern().clone(),
-            patience: self.options.expiry(),
-            many: true,
-            name: self.documents.name().to_owned(),
-        }
     }
 }
 
@@ -434,11 +420,12 @@ where
     if let Some(guard) = lock_unlocked_match::<T>(&target, &filter, &runtime, &lock_id).await? {
         return Ok(Some(guard));
     }
-    let write_concern = target.options.write_concern().clone();
+    let write_concern = target.lock.options.write_concern().clone();
     match insert {
         Some(new_document) => {
             match target
-                .documents
+                .lock
+                .collection
                 .insert_one(new_document)
                 .write_concern(write_concern)
                 .await
@@ -454,7 +441,8 @@ where
         }
         None => {
             let exists = target
-                .documents
+                .lock
+                .collection
                 .find_one(filter)
                 .projection(doc! { "_id": 1 })
                 .selection_criteria(primary())
@@ -465,7 +453,7 @@ where
                 Ok(None)
             } else {
                 Err(Error::DocumentNotFound {
-                    collection: target.documents.name().to_owned(),
+                    collection: target.lock.collection.name().to_owned(),
                 })
             }
         }
@@ -489,17 +477,12 @@ where
         doc! { "$expr": { "$lte": [{ "$ifNull": [&expires_at, Bson::Null] }, "$$NOW"] } };
     let update = vec![doc! { "$set": { field.as_str(): {
         EMBEDDED_ID: &lock_id,
-        EXPIRES_AT: lease_end(target.options.expiry_millis()),
+        EXPIRES_AT: lease_end(target.lock.options.expiry_millis()),
         FENCING_TOKEN: next_fencing_token(&format!("{field}.{FENCING_TOKEN}")),
     } } }];
     let sent_at = clock::now();
-    let locked = target
-        .documents
-        .find_one_and_update(doc! { "$and": [filter.clone(), unlocked] }, update)
-        .return_document(ReturnDocument::After)
-        .write_concern(target.options.write_concern().clone())
-        .max_time(backoff::ATTEMPT_SERVER_TIME)
-        .await?;
+    let filter = doc! { "$and": [filter.clone(), unlocked] };
+    let locked = target.lock.lock_one(filter, update).await?;
     let Some(document) = locked else {
         return Ok(None);
     };
@@ -509,21 +492,9 @@ where
         .ok()
         .and_then(|lock| lock.get(FENCING_TOKEN))
         .and_then(read_i64);
-    let lease = Lease {
-        id: id.clone(),
-        name: format!("{}/{id}", target.documents.name()),
-        kind: LockKind::Document,
-        lock_id: lock_id.clone(),
-        state: LeaseState::starting(&target.options, sent_at),
-        waiters: None,
-        holding: None,
-    };
-    let place = Place {
-        collection: target.documents.clone(),
-        layout: target.layout.clone(),
-        options: target.options.clone(),
-    };
-    let lease = HeldLease::hold(runtime, &target.renewals, &place, lease);
+    let lease = target
+        .lock
+        .hold_embedded(runtime, &target.layout, id.clone(), lock_id, sent_at);
     // Cannot happen on a conforming server (the update wrote the token); dropping the lease
     // unlocks at once, as for the other kinds.
     let Some(token) = token else {
@@ -790,10 +761,10 @@ impl<T> DocumentGuard<T> {
         let target = Arc::clone(&self.target);
         let filter = self.live_filter(lock_id);
         let started = Instant::now();
-        let patience = target.options.expiry();
+        let patience = target.lock.options.expiry();
         let call = runtime.spawn(async move {
-            let documents = &target.documents;
-            let write_concern = target.options.write_concern().clone();
+            let documents = &target.lock.collection;
+            let write_concern = target.lock.options.write_concern().clone();
             match write {
                 Ending::Update(update) => {
                     documents

@@ -41,7 +41,7 @@ pub(crate) mod undo;
 
 use std::sync::Arc;
 
-use mongodb::bson::Document;
+use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
@@ -288,6 +288,80 @@ impl Target {
             ttl_index::ensure(runtime, &self.collection);
         }
         HeldLease::hold(runtime, &self.renewals, &self.place(layout), lease)
+    }
+}
+
+// The document locks of one collection: a `Target` named after the collection, whose leases
+// are embedded in the documents themselves (stored as a `Layout::Embedded` says) rather than in
+// a document per name. Their waiters do not queue in the process (each may wait for other
+// documents), so there is no handoff.
+impl Target {
+    /// The document locks of `collection` (the application's collection object, with its own
+    /// settings).
+    pub(crate) fn of_documents(collection: &Collection<Document>) -> Target {
+        let database = collection.client().database(&collection.namespace().db);
+        let mut target = Target::new(collection.name().to_owned(), &database, collection.name());
+        target.collection = collection.clone();
+        target
+    }
+
+    /// Locks one document matching `filter` with the pipeline `update` (which writes the lease
+    /// only where the document's lease has ended) and returns it after the update, or `None` if
+    /// no matching document was unlocked. The server gives it at most
+    /// [`backoff::ATTEMPT_SERVER_TIME`].
+    pub(crate) async fn lock_one(
+        &self,
+        filter: Document,
+        update: Vec<Document>,
+    ) -> Result<Option<Document>> {
+        let locked = self
+            .collection
+            .find_one_and_update(filter, update)
+            .return_document(ReturnDocument::After)
+            .write_concern(self.options.write_concern().clone())
+            .max_time(backoff::ATTEMPT_SERVER_TIME)
+            .await?;
+        Ok(locked)
+    }
+
+    /// Holds the lease `lock_id` embedded in the document `id` (stored as `layout` says), won
+    /// by an attempt sent at `sent_at`: see [`HeldLease::hold`]. Its name, in logs and
+    /// statuses, is `collection/_id`.
+    pub(crate) fn hold_embedded(
+        &self,
+        runtime: &Handle,
+        layout: &Layout,
+        id: Bson,
+        lock_id: String,
+        sent_at: crate::clock::Instant,
+    ) -> Option<HeldLease> {
+        let lease = Lease {
+            name: format!("{}/{id}", self.collection.name()),
+            id,
+            kind: LockKind::Document,
+            state: lost::LeaseState::starting(&self.options, sent_at),
+            waiters: None,
+            holding: None,
+            lock_id,
+        };
+        HeldLease::hold(runtime, &self.renewals, &self.place(layout), lease)
+    }
+
+    /// What unlocks whichever document the attempt with `lock_id` may have locked (its lease
+    /// stored as `layout` says), should its outcome be unknown. The filter has no `_id` and no
+    /// shard key (the attempt's filter may match many documents, and which one it locked is
+    /// unknown), so it is sent as a multi-document update, which a sharded collection accepts
+    /// without the shard key on every MongoDB version; the lock id is in one document at most.
+    pub(crate) fn embedded_cleanup(&self, layout: &Layout, lock_id: &str) -> Undo {
+        Undo {
+            collection: self.collection.clone(),
+            filter: doc! { layout.lock_id_path(): lock_id },
+            update: layout.release_update(lock_id, None),
+            write_concern: self.options.write_concern().clone(),
+            patience: self.options.expiry(),
+            many: true,
+            name: self.collection.name().to_owned(),
+        }
     }
 }
 
