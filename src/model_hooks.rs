@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use mongodb::bson::{Bson, Document};
 
-use crate::lease::{backoff, schema};
+use crate::lease::{hooks, schema};
 use crate::{Fence, FencingToken, LockOptions};
 
 /// How long after sending a confirmed acquire or renew request the holder may rely on its lease:
@@ -23,7 +23,7 @@ pub fn lease_lifetime(options: &LockOptions) -> Duration {
 /// up after it.
 pub fn attempt_reply_limit(options: &LockOptions) -> Duration {
     let started = tokio::time::Instant::now();
-    backoff::attempt_wait_limit(started, None, options.expiry()) - started
+    hooks::attempt_wait_limit(started, None, options.expiry()) - started
 }
 
 /// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document

@@ -13,7 +13,7 @@ use crate::composite::HeldMember;
 use crate::error::shown_name;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{HOLDERS, Layout, READERS};
-use crate::lease::{Problem, admin, held, ttl_index};
+use crate::lease::{Problem, admin, create_ttl_index, held};
 use crate::traits::{DistributedLock, DistributedLockProvider, DistributedReaderWriterLock};
 use crate::{
     CompositeGuard, CompositeMember, DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION,
@@ -323,7 +323,7 @@ impl Provider {
     /// Dropping the future may or may not leave some of the indexes created.
     pub async fn create_indexes(&self) -> Result<()> {
         for collection in self.lock_collections()? {
-            ttl_index::create_now(&collection).await?;
+            create_ttl_index(&collection).await?;
         }
         Ok(())
     }

@@ -7,8 +7,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::lease::acquire::ReadHolders;
-use crate::lease::push::PushFrom;
-use crate::lease::{backoff, push};
+use crate::lease::{ATTEMPT_SERVER_TIME, Observation, PushFrom};
 use crate::{Error, LockStatus, Result};
 
 /// The holders of a lock, watched without holding it (every kind has a `watch`): free or held,
@@ -62,7 +61,7 @@ impl LockWatch {
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         // Seen by the stream from now on: a change during the first read is read again.
         let observation = push.map(|(collection, family, name)| {
-            push::Observation::new(&runtime, &collection, family, &name)
+            Observation::new(&runtime, &collection, family, &name)
         });
         let (sender, holders) = watch::channel(lock.read_holders().await?);
         let task = runtime.spawn(async move {
@@ -127,12 +126,12 @@ impl Drop for LockWatch {
 
 /// Reads `lock` and stores its holders, notifying the receivers if who holds it changed.
 async fn refresh<L: ReadHolders>(lock: &L, sender: &watch::Sender<Vec<LockStatus>>) -> Result<()> {
-    let read = tokio::time::timeout(backoff::ATTEMPT_SERVER_TIME, lock.read_holders())
+    let read = tokio::time::timeout(ATTEMPT_SERVER_TIME, lock.read_holders())
         .await
         .map_err(|_| Error::NoReply {
             operation: crate::Operation::AttemptReply,
             name: String::new(),
-            waited: backoff::ATTEMPT_SERVER_TIME,
+            waited: ATTEMPT_SERVER_TIME,
         })??;
     sender.send_if_modified(|holders| {
         let who = |holders: &[LockStatus]| -> Vec<(Option<String>, Option<crate::FencingToken>)> {

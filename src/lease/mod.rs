@@ -10,34 +10,48 @@
 //!   outcome is unknown).
 //! - [`held`]: the held-lease core every guard wraps (lock id, `lost`, release, `Drop`, and
 //!   lease-checked transactions).
-//! - [`hub`]: a family's renewal loops, work under way ([`in_flight`]) and shutdown;
-//!   [`record`]: a held lease and where it lives; [`renewal`]: the renewal loops; [`release`]:
-//!   releases and transfers; [`undo`]: what ends a lease whose fate is unknown.
+//! - [`hub`]: a family's renewal loops, work under way (`in_flight`) and shutdown;
+//!   `record`: a held lease and where it lives; `renewal`: the renewal loops; `release`:
+//!   releases and transfers; `undo`: what ends a lease whose fate is unknown.
 //! - [`lost`]: when a lease counts as lost, on the suspend-aware [`clock`](crate::clock).
-//! - [`schema`]: field names and update pipelines of every kind; [`ttl_index`]; [`admin`]:
+//! - [`schema`]: field names and update pipelines of every kind; `ttl_index`; [`admin`]:
 //!   reading holders, forced release, purging.
-//! - [`backoff`], [`handoff`]: the pacing of waiting callers.
+//! - `backoff`, `handoff`: the pacing of waiting callers.
 //!
 //! Dependencies point one way: primitives → this engine → error, options, fencing, details.
+//! The rest of the crate uses the six modules linked above and the items of this one; the
+//! other modules are private to the engine (`scripts/check-architecture` checks the same).
 
+// The engine's interface to the rest of the crate: these modules, and the items of this one.
 pub(crate) mod acquire;
 pub(crate) mod admin;
-pub(crate) mod backoff;
-
-pub(crate) mod handoff;
 pub(crate) mod held;
 pub(crate) mod hub;
-pub(crate) mod in_flight;
 pub(crate) mod lost;
-pub(crate) mod metrics;
-pub(crate) mod push;
-pub(crate) mod record;
-pub(crate) mod release;
-pub(crate) mod renewal;
-mod renewal_commands;
 pub(crate) mod schema;
-pub(crate) mod ttl_index;
-pub(crate) mod undo;
+
+// The engine's internals, reachable from outside only through what is re-exported below.
+mod backoff;
+mod handoff;
+mod in_flight;
+mod metrics;
+mod push;
+mod record;
+mod release;
+mod renewal;
+mod renewal_commands;
+mod ttl_index;
+mod undo;
+
+pub(crate) use backoff::ATTEMPT_SERVER_TIME;
+pub(crate) use push::{Observation, PushFrom};
+pub(crate) use ttl_index::create_now as create_ttl_index;
+
+/// The pacing and handoff facts the model checker and the test controls read (hooks, not API).
+pub(crate) mod hooks {
+    pub(crate) use super::backoff::attempt_wait_limit;
+    pub(crate) use super::handoff::{offers_standing, waiters_idle};
+}
 
 use std::sync::Arc;
 

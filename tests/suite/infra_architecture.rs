@@ -137,3 +137,26 @@ fn an_import_cycle_is_refused() {
         "import cycle: details -> token -> details",
     );
 }
+
+#[test]
+fn a_primitive_that_reaches_into_the_engines_internals_is_refused() {
+    refused(
+        "lock.rs",
+        "use crate::lease::record::{Lease, Place};",
+        "lock reaches into the engine's internals (lease::record)",
+    );
+    refused(
+        "document_lock.rs",
+        "use crate::lease::{undo, Target};",
+        "document_lock reaches into the engine's internals (lease::undo)",
+    );
+}
+
+#[test]
+fn what_the_engine_exposes_is_not_an_internal() {
+    // An item of `lease` (here a function it re-exports) is its interface, not a module.
+    let copy = Copy::new("engine-items");
+    copy.append("watch.rs", "use crate::lease::{create_ttl_index, ATTEMPT_SERVER_TIME};");
+    let (code, stderr) = copy.check();
+    assert_eq!(code, Some(0), "{stderr}");
+}
