@@ -8,7 +8,8 @@
 
 /// An async type and its blocking twin, each in the source of its file.
 struct Twins {
-    async_source: &'static str,
+    /// The files of the async type (one, or a folder's).
+    async_sources: &'static [&'static str],
     async_type: &'static str,
     blocking_source: &'static str,
     blocking_type: &'static str,
@@ -23,7 +24,11 @@ const RUN_WHILE_HELD: &[&str] = &["run_while_held", "transaction"];
 // Each pair is a constant of its own: one scan of a few files each, within what the compiler
 // expects of a constant.
 const _: () = check(&Twins {
-    async_source: include_str!("../provider.rs"),
+    async_sources: &[
+        include_str!("../provider/mod.rs"),
+        include_str!("../provider/administration.rs"),
+        include_str!("../provider/composite.rs"),
+    ],
     async_type: "Provider",
     blocking_source: include_str!("provider.rs"),
     blocking_type: "Provider",
@@ -31,7 +36,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../lock.rs"),
+    async_sources: &[include_str!("../lock.rs")],
     async_type: "MongoDistributedLock",
     blocking_source: include_str!("lock.rs"),
     blocking_type: "MongoDistributedLock",
@@ -39,7 +44,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../semaphore.rs"),
+    async_sources: &[include_str!("../semaphore.rs")],
     async_type: "MongoDistributedSemaphore",
     blocking_source: include_str!("semaphore.rs"),
     blocking_type: "MongoDistributedSemaphore",
@@ -47,7 +52,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../rw_lock.rs"),
+    async_sources: &[include_str!("../rw_lock/mod.rs")],
     async_type: "MongoDistributedReaderWriterLock",
     blocking_source: include_str!("rw_lock.rs"),
     blocking_type: "MongoDistributedReaderWriterLock",
@@ -55,7 +60,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../rw_lock.rs"),
+    async_sources: &[include_str!("../rw_lock/read_guard.rs")],
     async_type: "ReadGuard",
     blocking_source: include_str!("guard.rs"),
     blocking_type: "ReadGuard",
@@ -63,7 +68,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../guard.rs"),
+    async_sources: &[include_str!("../guard.rs")],
     async_type: "LockGuard",
     blocking_source: include_str!("guard.rs"),
     blocking_type: "LockGuard",
@@ -71,7 +76,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../composite.rs"),
+    async_sources: &[include_str!("../composite.rs")],
     async_type: "CompositeGuard",
     blocking_source: include_str!("guard.rs"),
     blocking_type: "CompositeGuard",
@@ -79,7 +84,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../document_lock.rs"),
+    async_sources: &[include_str!("../document_lock.rs")],
     async_type: "DocumentLock",
     blocking_source: include_str!("document_lock.rs"),
     blocking_type: "DocumentLock",
@@ -87,7 +92,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../document_lock.rs"),
+    async_sources: &[include_str!("../document_lock.rs")],
     async_type: "DocumentGuard",
     blocking_source: include_str!("document_lock.rs"),
     blocking_type: "DocumentGuard",
@@ -95,7 +100,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../leader.rs"),
+    async_sources: &[include_str!("../leader.rs")],
     async_type: "LeaderElection",
     blocking_source: include_str!("leader.rs"),
     blocking_type: "LeaderElection",
@@ -103,7 +108,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../fencing.rs"),
+    async_sources: &[include_str!("../fencing.rs")],
     async_type: "Fence",
     blocking_source: include_str!("fencing.rs"),
     blocking_type: "Fence",
@@ -111,7 +116,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_source: include_str!("../watch.rs"),
+    async_sources: &[include_str!("../watch.rs")],
     async_type: "LockWatch",
     blocking_source: include_str!("watch.rs"),
     blocking_type: "LockWatch",
@@ -120,7 +125,7 @@ const _: () = check(&Twins {
 
 // A job's one async method runs an async closure: no blocking `Job` (see `RUN_WHILE_HELD`).
 const _: () = check(&Twins {
-    async_source: include_str!("../job.rs"),
+    async_sources: &[include_str!("../job.rs")],
     async_type: "Job",
     blocking_source: "",
     blocking_type: "Job",
@@ -129,20 +134,24 @@ const _: () = check(&Twins {
 
 /// Panics (at compile time) naming the first public async method without a blocking twin.
 const fn check(twins: &Twins) {
-    let source = twins.async_source.as_bytes();
-    let mut at = 0;
-    while let Some(block) = next_impl(source, at, twins.async_type.as_bytes()) {
-        let end = block_end(source, block);
-        let mut from = block;
-        while let Some(found) = find(source, from, end, b"\n    pub async fn ") {
-            let start = found + b"\n    pub async fn ".len();
-            let name = ident(source, start);
-            if !is_exempt(name, twins.exempt) && !has_twin(twins, name) {
-                missing(twins.async_type, name);
+    let mut file = 0;
+    while file < twins.async_sources.len() {
+        let source = twins.async_sources[file].as_bytes();
+        let mut at = 0;
+        while let Some(block) = next_impl(source, at, twins.async_type.as_bytes()) {
+            let end = block_end(source, block);
+            let mut from = block;
+            while let Some(found) = find(source, from, end, b"\n    pub async fn ") {
+                let start = found + b"\n    pub async fn ".len();
+                let name = ident(source, start);
+                if !is_exempt(name, twins.exempt) && !has_twin(twins, name) {
+                    missing(twins.async_type, name);
+                }
+                from = start;
             }
-            from = start;
+            at = end;
         }
-        at = end;
+        file += 1;
     }
 }
 
@@ -278,7 +287,7 @@ mod tests {
 
     fn twins(blocking_source: &'static str) -> Twins {
         Twins {
-            async_source: ASYNC,
+            async_sources: &[ASYNC],
             async_type: "Thing",
             blocking_source,
             blocking_type: "Thing",

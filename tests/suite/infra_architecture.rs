@@ -156,7 +156,10 @@ fn a_primitive_that_reaches_into_the_engines_internals_is_refused() {
 fn what_the_engine_exposes_is_not_an_internal() {
     // An item of `lease` (here a function it re-exports) is its interface, not a module.
     let copy = Copy::new("engine-items");
-    copy.append("watch.rs", "use crate::lease::{create_ttl_index, ATTEMPT_SERVER_TIME};");
+    copy.append(
+        "watch.rs",
+        "use crate::lease::{create_ttl_index, ATTEMPT_SERVER_TIME};",
+    );
     let (code, stderr) = copy.check();
     assert_eq!(code, Some(0), "{stderr}");
 }

@@ -1,0 +1,218 @@
+//! The provider's administration calls: what is held, forced releases, purging, indexes.
+
+use mongodb::Collection;
+use mongodb::bson::{Document, doc};
+
+use super::Provider;
+use crate::error::shown_name;
+use crate::lease::schema::{HOLDERS, Layout, READERS};
+use crate::lease::{admin, create_ttl_index};
+use crate::{Error, LockFilter, LockKind, LockStatus, Result};
+
+impl Provider {
+    /// The status of exclusive lock `name` (holder, lease, fencing token, and details if it
+    /// stores them) at one server instant, or `None` if the lock has no document. For
+    /// reader-writer locks and semaphores, see their `holders()`.
+    ///
+    /// # Errors
+    /// [`Error::Mongo`](crate::Error::Mongo) if the read fails;
+    /// [`Error::InvalidCollectionName`](crate::Error::InvalidCollectionName).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read only.
+    pub async fn status(&self, name: &str) -> Result<Option<LockStatus>> {
+        admin::status(&self.open(&self.collection)?, name).await
+    }
+
+    /// Every lock of this provider that is held right now, ordered by name and kind, one entry
+    /// per holder: the exclusive locks, the readers and writers of the reader-writer locks, and
+    /// the holders of the semaphores, each in the provider's collection for its kind (with
+    /// whatever details they stored). The same as
+    /// [`held_locks_matching`](Self::held_locks_matching) with [`LockFilter::new`].
+    ///
+    /// # Errors
+    /// As [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: reads only.
+    pub async fn held_locks(&self) -> Result<Vec<LockStatus>> {
+        self.held_locks_matching(&LockFilter::new()).await
+    }
+
+    /// The holders [`held_locks`](Self::held_locks) lists that pass `filter` (kind, name, owner,
+    /// how long held): for example the holders of one service that have held a lock for over
+    /// an hour, to [`force_release_holder`](Self::force_release_holder) them. Only the
+    /// collections of the kinds asked for are read, and a name is looked up by its `_id`.
+    ///
+    /// # Errors
+    /// As [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: reads only.
+    pub async fn held_locks_matching(&self, filter: &LockFilter) -> Result<Vec<LockStatus>> {
+        let by_name = || {
+            filter
+                .name()
+                .map_or_else(Document::new, |name| doc! { "_id": name })
+        };
+        let mut held = Vec::new();
+        if filter.wants(LockKind::Exclusive) {
+            let locks = self.open(&self.collection)?;
+            held.extend(admin::held(&locks, by_name()).await?);
+        }
+        if filter.wants(LockKind::Read) || filter.wants(LockKind::Write) {
+            let rw_locks = self.open(&self.reader_writer_collection)?;
+            held.extend(admin::reader_writer_holders(&rw_locks, by_name()).await?);
+        }
+        if filter.wants(LockKind::Semaphore) {
+            let semaphores = self.open(&self.semaphore_collection)?;
+            held.extend(admin::semaphore_holders(&semaphores, by_name()).await?);
+        }
+        held.retain(|holder| filter.matches(holder));
+        held.sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
+        Ok(held)
+    }
+
+    /// **Dangerous** (see [`force_release`](Self::force_release)): ends the one lease `holder`
+    /// describes (an entry of [`held_locks`](Self::held_locks), of any kind), now, as its
+    /// holder's release would: an exclusive lock or a writer keeps its document and fencing
+    /// token, a reader or semaphore place leaves the others alone. Returns whether that lease
+    /// was still there (a holder that released or was replaced since the read is not
+    /// touched: the lock id names one acquisition). Its holder's next renewal finds the lease
+    /// gone and signals `lost`.
+    ///
+    /// ```no_run
+    /// # async fn demo(provider: distributed_lock_mongodb::Provider) -> distributed_lock_mongodb::Result<()> {
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::LockFilter;
+    ///
+    /// // Free what a hung (but still renewing) batch host has held for over six hours.
+    /// let stuck = LockFilter::new().with_min_held_for(Duration::from_secs(6 * 60 * 60));
+    /// for holder in provider.held_locks_matching(&stuck).await? {
+    ///     if holder.host() == Some("batch-7") {
+    ///         provider.force_release_holder(&holder).await?;
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an entry without a lock
+    /// id (a lock that was not held); otherwise as [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the lease ended.
+    pub async fn force_release_holder(&self, holder: &LockStatus) -> Result<bool> {
+        let Some(lock_id) = holder.lock_id.as_deref() else {
+            return Err(Error::InvalidArgument(format!(
+                "force_release_holder: the entry for lock {:?} has no lock id (nobody held it)",
+                shown_name(&holder.name)
+            )));
+        };
+        let (collection, layout) = match holder.kind {
+            LockKind::Exclusive => (&self.collection, Layout::LockDocument),
+            LockKind::Write => (&self.reader_writer_collection, Layout::Writer),
+            LockKind::Read => (
+                &self.reader_writer_collection,
+                Layout::Members(READERS.to_owned()),
+            ),
+            LockKind::Semaphore => (
+                &self.semaphore_collection,
+                Layout::Members(HOLDERS.to_owned()),
+            ),
+            LockKind::Document => {
+                return Err(Error::InvalidArgument(format!(
+                    "force_release_holder: {:?} is a document lock, which lives in the \
+                     application's collection, not the provider's",
+                    shown_name(&holder.name)
+                )));
+            }
+        };
+        let collection = self.open(collection)?;
+        admin::force_release_lease(&collection, &layout, &holder.name, lock_id).await
+    }
+
+    /// **Dangerous**: ends the lease of lock `name` now, whoever holds it, so a stuck lock (for
+    /// example one held by a process that hangs but keeps renewing) can be taken by others. The
+    /// holder is not asked: its next renewal finds the lease gone and signals `lost`, but until
+    /// then it may still believe it holds the lock, so two holders can overlap for up to one
+    /// extension cadence. Protect resources with fencing tokens before relying on this. The
+    /// document is kept (never deleted), so fencing tokens keep increasing. Returns whether a
+    /// holder was removed.
+    ///
+    /// # Errors
+    /// As [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the lease ended.
+    pub async fn force_release(&self, name: &str) -> Result<bool> {
+        admin::force_release(&self.open(&self.collection)?, name).await
+    }
+
+    /// Deletes the lock documents whose last lease ended more than a day ago (server time) in
+    /// each of the provider's collections (exclusive, reader-writer, semaphore) and returns
+    /// how many; never touches a held lock, nor a document whose fencing token may still
+    /// matter (see `RELIABILITY.md`). For deployments where the TTL index cannot be created
+    /// or its monitor lags. One `delete_many` per collection.
+    ///
+    /// # Errors
+    /// As [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave documents deleted.
+    pub async fn purge_expired(&self) -> Result<u64> {
+        let mut deleted = 0;
+        for collection in self.lock_collections()? {
+            deleted += admin::purge_expired(&collection).await?;
+        }
+        Ok(deleted)
+    }
+
+    /// Creates the TTL index on `expiresAt` in each of the provider's collections (exclusive,
+    /// reader-writer, semaphore) now, and waits for it. For deployments that forbid creating
+    /// indexes at run time: call it from a deployment step with a user that may, and turn the
+    /// automatic creation off with
+    /// [`LockOptionsBuilder::automatic_ttl_index`](crate::LockOptionsBuilder::automatic_ttl_index).
+    /// An equivalent index created by someone else (a TTL index on `{expiresAt: 1}` keeping
+    /// documents at least a day) counts as done. Creating an index that exists is a no-op, so
+    /// calling it at every start is fine too.
+    ///
+    /// ```no_run
+    /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
+    /// use distributed_lock_mongodb::{LockOptions, Provider};
+    ///
+    /// // In the deployment step:
+    /// Provider::new(&database).create_indexes().await?;
+    /// // In the service, whose user may not create indexes:
+    /// let options = LockOptions::builder().automatic_ttl_index(false).build()?;
+    /// let provider = Provider::new(&database).with_options(options);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Mongo`](crate::Error::Mongo) with the server's refusal when an index could not
+    /// be created and no equivalent one exists; [`Error::InvalidCollectionName`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave some of the indexes created.
+    pub async fn create_indexes(&self) -> Result<()> {
+        for collection in self.lock_collections()? {
+            create_ttl_index(&collection).await?;
+        }
+        Ok(())
+    }
+
+    /// The provider's lock collections (exclusive, reader-writer, semaphore), each once.
+    fn lock_collections(&self) -> Result<Vec<Collection<Document>>> {
+        let mut names = vec![
+            &self.collection,
+            &self.reader_writer_collection,
+            &self.semaphore_collection,
+        ];
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        names.dedup_by(|a, b| a.name == b.name);
+        names.into_iter().map(|name| self.open(name)).collect()
+    }
+}

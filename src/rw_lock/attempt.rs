@@ -1,0 +1,258 @@
+//! One attempt on a reader-writer lock's document: its update pipelines, and whether it won.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock;
+use mongodb::bson::{Bson, Document, doc};
+use tokio::runtime::Handle;
+
+use crate::lease::Target;
+use crate::lease::acquire::Takeover;
+use crate::lease::held::HeldLease;
+use crate::lease::schema::{
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, READERS, RENEWED_AT,
+    WAITING_WRITER, WRITER, lease_end, literal, live_members, member_ids, next_fencing_token,
+    retain,
+};
+use crate::token::read_i64;
+use crate::{Error, FencingToken, LockOptions, Result};
+
+use super::{Mode, ReadGuard};
+
+/// A field that lives only inside one update pipeline.
+pub(super) const WRITE_IS_FREE: &str = "_writeIsFree";
+
+/// One attempt with `update` on the lock's document: `Ok(None)` if the lock is not available.
+/// The lease goes to `lock_id`, which the update was built with; a writer's comes with its
+/// fencing token.
+pub(super) async fn attempt(
+    target: Arc<Target>,
+    runtime: Handle,
+    mode: Mode,
+    lock_id: String,
+    update: Vec<Document>,
+) -> Result<Option<(HeldLease, FencingToken)>> {
+    let sent_at = clock::now();
+    let document = target.upsert(update).await?;
+    let Some(token) = won(&document, mode, &lock_id) else {
+        return Ok(None);
+    };
+    let Some(lease) = target.hold(&runtime, mode.kind(), &layout(mode), lock_id, sent_at) else {
+        return Ok(None);
+    };
+    match (mode, token) {
+        (Mode::Read, _) => Ok(Some((lease, FencingToken::new(0)))),
+        (Mode::Write, Some(token)) => Ok(Some((lease, FencingToken::new(token)))),
+        // Cannot happen on a conforming server; dropping the lease releases it.
+        (Mode::Write, None) => Err(Error::UnexpectedReply(
+            "the acquired writer lease has no numeric fencingToken".to_owned(),
+        )),
+    }
+}
+
+/// Joining the readers in the release command of a local writer (see `lease::handoff`), with
+/// the readers waiting behind this one: the writer's lease ends, and the same pipeline as a read
+/// attempt admits this reader (unless another writer waits: writers are not starved).
+pub(super) fn read_takeover(
+    target: Arc<Target>,
+    runtime: Handle,
+    lock_id: String,
+) -> Takeover<ReadGuard> {
+    let join = read_update(&target, &lock_id);
+    Takeover {
+        layout: layout(Mode::Read),
+        update: Box::new(move |releasing| {
+            let mut update = vec![end_writer(releasing)];
+            update.extend(join.iter().cloned());
+            update
+        }),
+        cleanup: target.cleanup(&layout(Mode::Read), &lock_id),
+        finish: Box::new(move |document, sent_at| {
+            if !holds_read(&document, &lock_id) {
+                return Ok(None);
+            }
+            let lease = target.hold(
+                &runtime,
+                Mode::Read.kind(),
+                &layout(Mode::Read),
+                lock_id,
+                sent_at,
+            );
+            Ok(lease.map(|lease| ReadGuard { lease }))
+        }),
+    }
+}
+
+/// Ends the writer's lease `releasing`, if it is still the writer's, keeping only its fencing
+/// token (as [`drop_expired`] does with a writer whose lease ended).
+pub(super) fn end_writer(releasing: &str) -> Document {
+    let token_only = doc! { FENCING_TOKEN: format!("${WRITER}.{FENCING_TOKEN}") };
+    doc! { "$set": { WRITER: { "$cond": [
+        { "$eq": [format!("${WRITER}.{EMBEDDED_ID}"), releasing] },
+        token_only,
+        format!("${WRITER}"),
+    ] } } }
+}
+
+/// Where a reader's or the writer's lease lives in the document.
+pub(super) fn layout(mode: Mode) -> Layout {
+    match mode {
+        Mode::Read => Layout::Members(READERS.to_owned()),
+        Mode::Write => Layout::Writer,
+    }
+}
+
+/// Whether the document returned by an attempt holds our lease `lock_id`, and if so with which
+/// fencing token (readers have none).
+pub(super) fn won(document: &Document, mode: Mode, lock_id: &str) -> Option<Option<i64>> {
+    match mode {
+        Mode::Read => holds_read(document, lock_id).then_some(None),
+        Mode::Write => {
+            let writer = document.get_document(WRITER).ok()?;
+            (writer.get_str(EMBEDDED_ID) == Ok(lock_id))
+                .then(|| writer.get(FENCING_TOKEN).and_then(read_i64))
+        }
+    }
+}
+
+pub(super) fn holds_read(document: &Document, lock_id: &str) -> bool {
+    document.get_array(READERS).is_ok_and(|readers| {
+        readers.iter().any(|reader| {
+            reader
+                .as_document()
+                .is_some_and(|reader| reader.get_str(EMBEDDED_ID) == Ok(lock_id))
+        })
+    })
+}
+
+/// The lease of a new holder: `{id, expiresAt, acquiredAt, renewedAt, details}` (an
+/// expression).
+pub(super) fn new_lease(lock: &Target, lock_id: &str) -> Document {
+    let mut lease = doc! {
+        EMBEDDED_ID: lock_id,
+        EXPIRES_AT: lease_end(lock.options.expiry_millis()),
+        ACQUIRED_AT: "$$NOW",
+        RENEWED_AT: "$$NOW",
+    };
+    if let Some(details) = &lock.details {
+        lease.insert(DETAILS, literal(details));
+    }
+    lease
+}
+
+/// The first stage of every attempt: forget readers whose lease ended, a waiting-writer marker
+/// whose lease ended, and a writer whose lease ended (keeping only its fencing token).
+///
+/// Clearing the ended writer matters when clocks differ: a reader joining through a router whose
+/// clock is ahead sees the writer's lease over, while the writer's renewal through a router
+/// that is behind would still find it live. With the writer's id gone, that renewal matches
+/// nothing, so an ended writer never comes back to life beside a live reader.
+pub(super) fn drop_expired() -> Document {
+    let writer_live = doc! { "$gt": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] };
+    let token_only = doc! { FENCING_TOKEN: format!("${WRITER}.{FENCING_TOKEN}") };
+    doc! { "$set": {
+        READERS: live_members(READERS, None),
+        WAITING_WRITER: { "$cond": [
+            { "$gt": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+            format!("${WAITING_WRITER}"),
+            "$$REMOVE",
+        ] },
+        WRITER: { "$cond": [writer_live, format!("${WRITER}"), token_only] },
+    } }
+}
+
+/// A read attempt: join the readers unless a writer holds the lock or waits for it (a missing or
+/// ended lease compares below `$$NOW`), or this reader is among them already (a transfer sent
+/// again after it applied).
+pub(super) fn read_update(lock: &Target, lock_id: &str) -> Vec<Document> {
+    let may_read = doc! { "$and": [
+        { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+        { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+        { "$eq": [{ "$in": [lock_id, member_ids(READERS)] }, false] },
+    ] };
+    let join = doc! { "$concatArrays": [format!("${READERS}"), [new_lease(lock, lock_id)]] };
+    vec![
+        drop_expired(),
+        doc! { "$set": { READERS: { "$cond": [may_read, join, format!("${READERS}")] } } },
+        retain(lock.options.expiry_millis()),
+    ]
+}
+
+/// A write attempt `lock_id` of the waiting writer `marker_id`: take the lock if no live reader,
+/// no live writer and no other writer's live marker is there, with the next fencing token,
+/// removing the marker; otherwise, if `waits`, place or renew our marker (unless another
+/// writer's is live).
+pub(super) fn write_update(
+    lock: &Target,
+    lock_id: &str,
+    marker_id: &str,
+    waits: bool,
+) -> Vec<Document> {
+    let marker_is_ours_or_absent = doc! {
+        "$eq": [{ "$ifNull": [format!("${WAITING_WRITER}.{EMBEDDED_ID}"), marker_id] }, marker_id]
+    };
+    let free = doc! { "$and": [
+        { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+        { "$eq": [{ "$size": format!("${READERS}") }, 0] },
+        marker_is_ours_or_absent.clone(),
+    ] };
+    let mut writer = new_lease(lock, lock_id);
+    writer.insert(
+        FENCING_TOKEN,
+        next_fencing_token(&format!("{WRITER}.{FENCING_TOKEN}")),
+    );
+    let keep_marker: Bson = format!("${WAITING_WRITER}").into();
+    let marker_when_busy: Bson = if waits {
+        let ours = doc! {
+            EMBEDDED_ID: marker_id,
+            EXPIRES_AT: lease_end(marker_lease_millis(&lock.options)),
+        };
+        doc! { "$cond": [marker_is_ours_or_absent, ours, keep_marker] }.into()
+    } else {
+        keep_marker
+    };
+    let is_free = format!("${WRITE_IS_FREE}");
+    vec![
+        drop_expired(),
+        doc! { "$set": { WRITE_IS_FREE: free } },
+        doc! { "$set": {
+            WRITER: { "$cond": [&is_free, writer, format!("${WRITER}")] },
+            WAITING_WRITER: { "$cond": [&is_free, "$$REMOVE", marker_when_busy] },
+        } },
+        doc! { "$unset": WRITE_IS_FREE },
+        retain(
+            lock.options
+                .expiry_millis()
+                .max(marker_lease_millis(&lock.options)),
+        ),
+    ]
+}
+
+/// The waiting-writer marker's lease: longer than the longest sleep between two attempts.
+pub(super) fn marker_lease_millis(options: &LockOptions) -> i64 {
+    let lease = options.busy_wait_sleep_time().1 * 2 + Duration::from_secs(1);
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marker_outlives_the_longest_sleep_between_attempts() {
+        let options = LockOptions::default();
+        let longest_sleep = options.busy_wait_sleep_time().1;
+        let lease = Duration::from_millis(u64::try_from(marker_lease_millis(&options)).unwrap());
+        assert!(lease >= longest_sleep * 2, "{lease:?}");
+        assert_eq!(lease, Duration::from_millis(2_600));
+    }
+
+    #[test]
+    fn readers_are_found_by_lock_id_only() {
+        let document = doc! { READERS: [{ EMBEDDED_ID: "a" }, 5, { "other": "b" }] };
+        assert!(holds_read(&document, "a"));
+        assert!(!holds_read(&document, "b"));
+        assert!(!holds_read(&doc! { READERS: "a" }, "a"));
+    }
+}

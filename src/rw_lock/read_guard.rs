@@ -1,0 +1,114 @@
+//! The guard of a reader.
+
+use crate::lease::acquire::Granted;
+use crate::lease::held::HeldLease;
+use crate::{FencingToken, LostSignal, Result};
+use futures::future::BoxFuture;
+
+/// Proof that a read lock is held; returned by the `acquire_read*` methods of
+/// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock).
+///
+/// Behaves like [`LockGuard`](crate::LockGuard): the lease is renewed while the guard lives, [`lost`](Self::lost)
+/// turns `true` before the lease can end on the server, [`release`](Self::release) ends it, and
+/// dropping the guard releases it in the background. Readers have no fencing token: they share
+/// the lock, so there is no order among them to enforce.
+#[must_use = "dropping the guard releases the read lock at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct ReadGuard {
+    pub(super) lease: HeldLease,
+}
+
+impl ReadGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.lease.name()
+    }
+
+    /// A signal that turns true when the read lock is known or presumed lost; see
+    /// [`LockGuard::lost`](crate::LockGuard::lost).
+    pub fn lost(&self) -> LostSignal {
+        self.lease.lost()
+    }
+
+    /// Whether the read lock is known or presumed lost.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// Runs `work` until it completes or the read lock is lost, whichever comes first; see
+    /// [`LockGuard::run_while_held`](crate::LockGuard::run_while_held).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work`; the guard stays held.
+    pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.lease.run_while_held(work).await
+    }
+
+    /// Runs `work` in a multi-document transaction on `client` that commits only while this
+    /// read lock is held; see [`LockGuard::transaction`](crate::LockGuard::transaction).
+    ///
+    /// # Errors
+    /// As [`LockGuard::transaction`](crate::LockGuard::transaction).
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::transaction`](crate::LockGuard::transaction).
+    pub async fn transaction<R>(
+        &self,
+        client: &mongodb::Client,
+        work: impl AsyncFnMut(&mut mongodb::ClientSession) -> mongodb::error::Result<R>,
+    ) -> Result<R> {
+        self.lease.transaction(client, work).await
+    }
+
+    /// The lease, for a guard that holds several (a composite).
+    pub(crate) fn into_lease(self) -> HeldLease {
+        self.lease
+    }
+
+    /// Stops renewing and releases the read lock: one update that removes this reader, and no
+    /// other, from the document.
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`](crate::LockGuard::release).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`LockGuard::release`](crate::LockGuard::release).
+    pub async fn release(self) -> Result<()> {
+        self.lease.release().await
+    }
+}
+
+impl crate::traits::DistributedReadGuard for ReadGuard {
+    fn name(&self) -> &str {
+        ReadGuard::name(self)
+    }
+
+    fn lost(&self) -> LostSignal {
+        ReadGuard::lost(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        ReadGuard::is_lost(self)
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(ReadGuard::release(*self))
+    }
+}
+
+impl Granted for ReadGuard {
+    fn fencing_token(&self) -> Option<FencingToken> {
+        None
+    }
+
+    /// Readers share the lock: the next local waiter tries at once (if it is a writer, it
+    /// fails unless this reader has gone already, and goes back to waiting).
+    fn leaves_room(&self) -> bool {
+        true
+    }
+
+    fn undelivered(self) {
+        self.lease.undelivered();
+    }
+}

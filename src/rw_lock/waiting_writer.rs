@@ -1,0 +1,54 @@
+//! The waiting-writer marker: a writer that waits holds back new readers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mongodb::bson::doc;
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+
+use crate::error::shown_name;
+use crate::lease::Target;
+use crate::lease::schema::{EMBEDDED_ID, ID, WAITING_WRITER};
+
+/// A waiting writer's marker, removed when the wait ends without the lock (also on drop).
+pub(super) struct WaitingWriter {
+    pub(super) target: Arc<Target>,
+    pub(super) runtime: Handle,
+    pub(super) id: String,
+    /// Whether an attempt may have placed the marker.
+    pub(super) placed: AtomicBool,
+}
+
+impl WaitingWriter {
+    /// Starts removing the marker, if one may have been placed; once.
+    pub(super) fn remove(&self) -> Option<JoinHandle<()>> {
+        if !self.placed.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let collection = self.target.collection.clone();
+        let filter =
+            doc! { ID: &self.target.name, format!("{WAITING_WRITER}.{EMBEDDED_ID}"): &self.id };
+        let write_concern = self.target.options.write_concern().clone();
+        let name = self.target.name.clone();
+        Some(self.runtime.spawn(async move {
+            let removed = collection
+                .update_one(filter, doc! { "$unset": { WAITING_WRITER: "" } })
+                .write_concern(write_concern)
+                .await;
+            if let Err(error) = removed {
+                tracing::warn!(
+                    lock = %shown_name(&name),
+                    %error,
+                    "could not remove the waiting-writer marker; it ends with its lease"
+                );
+            }
+        }))
+    }
+}
+
+impl Drop for WaitingWriter {
+    fn drop(&mut self) {
+        let _ = self.remove();
+    }
+}
