@@ -84,7 +84,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../document_lock.rs")],
+    async_sources: &[include_str!("../document_lock/mod.rs")],
     async_type: "DocumentLock",
     blocking_source: include_str!("document_lock.rs"),
     blocking_type: "DocumentLock",
@@ -92,7 +92,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../document_lock.rs")],
+    async_sources: &[include_str!("../document_lock/guard.rs")],
     async_type: "DocumentGuard",
     blocking_source: include_str!("document_lock.rs"),
     blocking_type: "DocumentGuard",

@@ -1,0 +1,134 @@
+//! One attempt to lock a document: lock an unlocked match, inserting it first if asked.
+
+use std::sync::Arc;
+
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::options::ReadConcern;
+use serde::de::DeserializeOwned;
+use tokio::runtime::Handle;
+
+use crate::clock;
+use crate::error::is_duplicate_id;
+use crate::lease::schema::{
+    EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, lease_end, next_fencing_token, primary,
+};
+use crate::token::read_i64;
+use crate::{Error, FencingToken, Result};
+
+use super::DocumentGuard;
+use super::Documents;
+
+/// One attempt: lock an unlocked matching document (inserting it first if asked and missing).
+pub(super) async fn attempt<T>(
+    target: Arc<Documents>,
+    filter: Document,
+    insert: Option<Document>,
+    runtime: Handle,
+    lock_id: String,
+) -> Result<Option<DocumentGuard<T>>>
+where
+    T: DeserializeOwned + Send + Sync + 'static,
+{
+    if let Some(guard) = lock_unlocked_match::<T>(&target, &filter, &runtime, &lock_id).await? {
+        return Ok(Some(guard));
+    }
+    let write_concern = target.lock.options.write_concern().clone();
+    match insert {
+        Some(new_document) => {
+            match target
+                .lock
+                .collection
+                .insert_one(new_document)
+                .write_concern(write_concern)
+                .await
+            {
+                // Inserted unlocked: lock it now (someone may beat us to it; then we wait).
+                Ok(_) => lock_unlocked_match::<T>(&target, &filter, &runtime, &lock_id).await,
+                // It exists: locked by someone else (or they just inserted it). Only a
+                // duplicate `_id` means that; another unique index refusing the document would
+                // refuse it forever.
+                Err(error) if is_duplicate_id(&error) => Ok(None),
+                Err(error) => Err(error.into()),
+            }
+        }
+        None => {
+            let exists = target
+                .lock
+                .collection
+                .find_one(filter)
+                .projection(doc! { "_id": 1 })
+                .selection_criteria(primary())
+                .read_concern(ReadConcern::local())
+                .await?
+                .is_some();
+            if exists {
+                Ok(None)
+            } else {
+                Err(Error::DocumentNotFound {
+                    collection: target.lock.collection.name().to_owned(),
+                })
+            }
+        }
+    }
+}
+
+/// The `findAndModify` that locks one unlocked document matching `filter`.
+pub(super) async fn lock_unlocked_match<T>(
+    target: &Arc<Documents>,
+    filter: &Document,
+    runtime: &Handle,
+    lock_id: &str,
+) -> Result<Option<DocumentGuard<T>>>
+where
+    T: DeserializeOwned + Send + Sync + 'static,
+{
+    let field = &target.field;
+    let lock_id = lock_id.to_owned();
+    let expires_at = format!("${field}.{EXPIRES_AT}");
+    let unlocked =
+        doc! { "$expr": { "$lte": [{ "$ifNull": [&expires_at, Bson::Null] }, "$$NOW"] } };
+    let update = vec![doc! { "$set": { field.as_str(): {
+        EMBEDDED_ID: &lock_id,
+        EXPIRES_AT: lease_end(target.lock.options.expiry_millis()),
+        FENCING_TOKEN: next_fencing_token(&format!("{field}.{FENCING_TOKEN}")),
+    } } }];
+    let sent_at = clock::now();
+    let filter = doc! { "$and": [filter.clone(), unlocked] };
+    let locked = target.lock.lock_one(filter, update).await?;
+    let Some(document) = locked else {
+        return Ok(None);
+    };
+    let id = document.get("_id").cloned().unwrap_or(Bson::Null);
+    let token = document
+        .get_document(field)
+        .ok()
+        .and_then(|lock| lock.get(FENCING_TOKEN))
+        .and_then(read_i64);
+    let lease = target
+        .lock
+        .hold_embedded(runtime, &target.layout, id.clone(), lock_id, sent_at);
+    // Cannot happen on a conforming server (the update wrote the token); dropping the lease
+    // unlocks at once, as for the other kinds.
+    let Some(token) = token else {
+        return Err(Error::UnexpectedReply(format!(
+            "the locked document has no numeric fencing token in {field}.{FENCING_TOKEN}"
+        )));
+    };
+    let document = match mongodb::bson::from_document::<T>(document) {
+        Ok(document) => document,
+        // Dropping the lease unlocks at once: we cannot hand out what we cannot read.
+        Err(error) => {
+            return Err(Error::UnexpectedReply(format!(
+                "the locked document does not deserialize: {error}"
+            )));
+        }
+    };
+    // `None`: the reply came too late to trust the lease (dropping it unlocked).
+    Ok(lease.map(|lease| DocumentGuard {
+        document,
+        id,
+        fencing_token: FencingToken::new(token),
+        lease,
+        target: Arc::clone(target),
+    }))
+}
