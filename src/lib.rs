@@ -74,7 +74,8 @@ pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadG
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 pub use token::FencingToken;
 pub use traits::{
-    BoxedGuard, BoxedReadGuard, DistributedLock, DistributedLockGuard, DistributedLockProvider,
+    BoxedDocumentGuard, BoxedGuard, BoxedReadGuard, DistributedDocumentGuard,
+    DistributedDocumentLock, DistributedLock, DistributedLockGuard, DistributedLockProvider,
     DistributedReadGuard, DistributedReaderWriterLock,
 };
 pub use watch::LockWatch;
@@ -116,6 +117,10 @@ fn _assert_send_sync() {
     send_sync::<std::sync::Arc<dyn DistributedLockProvider>>();
     send_sync::<BoxedGuard>();
     send_sync::<BoxedReadGuard>();
+    send_sync::<BoxedDocumentGuard>();
+    send_sync::<memory::MemoryDocumentLock>();
+    send_sync::<memory::MemoryDocumentGuard>();
+    send_sync::<Box<dyn DistributedDocumentLock>>();
     send_sync::<Box<dyn DistributedReaderWriterLock>>();
     #[cfg(feature = "blocking")]
     {

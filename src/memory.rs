@@ -1,14 +1,14 @@
-//! In-memory locks, semaphores and reader-writer locks with the crate's semantics, for
-//! unit-testing application code without MongoDB: program against [`DistributedLockProvider`] /
-//! [`DistributedLock`] / [`DistributedReaderWriterLock`], give the code a [`MemoryLockProvider`]
-//! in tests.
+//! In-memory locks, semaphores, reader-writer locks and document locks with the crate's
+//! semantics, for unit-testing application code without MongoDB: program against
+//! [`DistributedLockProvider`] / [`DistributedLock`] / [`DistributedReaderWriterLock`] /
+//! [`DistributedDocumentLock`], give the code a [`MemoryLockProvider`] in tests.
 //!
 //! What it keeps of the real thing, among everyone using the same provider (and its clones):
 //! - one holder per lock name; at most `max_count` per semaphore name, and a semaphore's callers
 //!   must agree on it; any number of readers or one writer per reader-writer name, new readers
-//!   waiting while a writer waits;
+//!   waiting while a writer waits; one holder per document of a document lock's collection;
 //! - the three kinds of one name being independent, as they are in their separate collections;
-//! - fencing tokens that strictly increase per name (readers have none);
+//! - fencing tokens that strictly increase per name (readers have none), and per document;
 //! - a guard's lease that stays held while the guard lives, with no deadline of its own;
 //! - `lost` that fires before anyone else can take the lock;
 //! - release by [`release`](DistributedLockGuard::release) or on drop, which wakes the next
@@ -16,7 +16,13 @@
 //! - waits that end with [`Error::Timeout`] as the MongoDB locks' do;
 //! - the same refusals before anything happens: a name over 1 MiB is
 //!   [`Error::InvalidArgument`], a call outside a Tokio runtime [`Error::NoRuntime`], and after
-//!   [`shutdown`](MemoryLockProvider::shutdown) [`Error::ShutDown`].
+//!   [`shutdown`](MemoryLockProvider::shutdown) [`Error::ShutDown`];
+//! - for document locks: [`Error::DocumentNotFound`] when nothing matches, updates refused
+//!   when they are not update operators or touch the lock field, a commit or replace that
+//!   unlocks in the same step. The documents live in the provider, inserted by
+//!   [`lock_or_insert`](MemoryDocumentLock::lock_or_insert); filters are equalities of
+//!   top-level fields and updates `$set`, `$unset`, `$inc`: the double does not evaluate MongoDB
+//!   queries, and refuses the rest with [`Error::InvalidArgument`] instead of guessing.
 //!
 //! What it adds: test controls that play the failures a real deployment has, on locks.
 //! [`MemoryLockProvider::expire`] ends the current lease as a lost renewal would (the holder's
@@ -43,7 +49,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -51,12 +57,21 @@ use futures::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use mongodb::bson::{Bson, Document, doc};
+
+use crate::fencing::check_operators;
+use crate::lease::Problem;
 use crate::lease::lost::LeaseState;
 use crate::lease::{max_count_mismatch, max_count_problem, name_problem};
 use crate::traits::{
-    DistributedLock, DistributedLockGuard, DistributedLockProvider, DistributedReadGuard,
+    BoxedDocumentGuard, DistributedDocumentGuard, DistributedDocumentLock, DistributedLock,
+    DistributedLockGuard, DistributedLockProvider, DistributedReadGuard,
     DistributedReaderWriterLock,
 };
+
+/// The field the MongoDB document locks keep their lock in by default: reserved in the
+/// documents of the in-memory ones too.
+const LOCK_FIELD: &str = "lock";
 use crate::{Error, FencingToken, LostSignal, Result};
 
 /// Creates in-memory locks that exclude each other by name; clones share the locks. See the
@@ -69,6 +84,10 @@ pub struct MemoryLockProvider {
 #[derive(Debug, Default)]
 struct Locks {
     names: Mutex<HashMap<Key, Name>>,
+    /// The documents of the document locks, by collection.
+    collections: Mutex<HashMap<String, Vec<StoredDocument>>>,
+    /// Tells a document's lock holders apart.
+    next_acquisition: AtomicU64,
     /// Woken whenever a lock becomes free, and at shutdown.
     freed: Notify,
     /// Set (with `names` locked) by [`MemoryLockProvider::shutdown`]: nothing is taken any more.
@@ -193,9 +212,15 @@ impl Locks {
         let ended: Vec<Arc<LeaseState>> = {
             let mut names = self.names();
             self.shut_down.store(true, Ordering::SeqCst);
+            let mut collections = self.collections();
+            let documents = collections
+                .values_mut()
+                .flatten()
+                .filter_map(|stored| stored.holder.take());
             names
                 .values_mut()
                 .flat_map(|entry| entry.holders.drain(..))
+                .chain(documents)
                 .map(|holder| holder.state)
                 .collect()
         };
@@ -302,6 +327,20 @@ impl MemoryLockProvider {
         }
     }
 
+    /// The in-memory document locks of the collection called `collection`, as
+    /// [`DistributedLockProvider::create_document_lock`]: its documents are kept here as BSON,
+    /// inserted by [`lock_or_insert`](MemoryDocumentLock::lock_or_insert), and each is locked
+    /// by one holder at a time, with fencing tokens that increase per document. Filters are
+    /// equalities of top-level fields (`{}` matches every document), updates `$set`, `$unset`
+    /// and `$inc` of top-level fields: anything else is refused with
+    /// [`Error::InvalidArgument`], not guessed at.
+    pub fn create_document_lock(&self, collection: impl Into<String>) -> MemoryDocumentLock {
+        MemoryDocumentLock {
+            collection: collection.into(),
+            locks: Arc::clone(&self.locks),
+        }
+    }
+
     /// Test control: ends the current lease of `name` as if it had run out under its holder
     /// (a renewal that failed for longer than the expiry): the holder's `lost` fires, then the
     /// lock is free for the next caller, whose fencing token is larger. Returns whether the
@@ -361,6 +400,10 @@ impl DistributedLockProvider for MemoryLockProvider {
 
     fn create_reader_writer_lock(&self, name: &str) -> Box<dyn DistributedReaderWriterLock> {
         Box::new(MemoryLockProvider::create_reader_writer_lock(self, name))
+    }
+
+    fn create_document_lock(&self, collection: &str) -> Box<dyn DistributedDocumentLock> {
+        Box::new(MemoryLockProvider::create_document_lock(self, collection))
     }
 }
 
@@ -741,5 +784,590 @@ impl DistributedReadGuard for MemoryReadGuard {
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
         Box::pin(MemoryReadGuard::release(*self))
+    }
+}
+
+/// In-memory document locks: the documents of one collection of the provider, kept as BSON,
+/// each lockable by one holder at a time; see
+/// [`MemoryLockProvider::create_document_lock`].
+#[derive(Clone)]
+pub struct MemoryDocumentLock {
+    collection: String,
+    locks: Arc<Locks>,
+}
+
+impl fmt::Debug for MemoryDocumentLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryDocumentLock")
+            .field("collection", &self.collection)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A stored document of an in-memory collection, with its lock.
+#[derive(Debug)]
+struct StoredDocument {
+    document: Document,
+    /// The fencing token of its last lock (0: never locked).
+    last_token: i64,
+    holder: Option<Holder>,
+}
+
+impl MemoryDocumentLock {
+    /// The collection's name.
+    pub fn name(&self) -> &str {
+        &self.collection
+    }
+
+    /// Waits until a document matching `filter` is locked, as
+    /// [`DocumentLock::lock`](crate::DocumentLock::lock).
+    ///
+    /// # Errors
+    /// [`Error::DocumentNotFound`] when no document matches; [`Error::InvalidArgument`] for a
+    /// filter other than equalities of top-level fields (what the double understands); the
+    /// refusals of [`MemoryLock::acquire`].
+    pub async fn lock(&self, filter: Document) -> Result<MemoryDocumentGuard> {
+        loop {
+            if let Some(guard) = self.lock_within(&filter, None).await? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for a document matching `filter`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when `timeout` runs out; otherwise as [`lock`](Self::lock).
+    pub async fn lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> Result<MemoryDocumentGuard> {
+        let started = Instant::now();
+        self.lock_within(&filter, Some(timeout))
+            .await?
+            .ok_or_else(|| Error::Timeout {
+                name: self.collection.clone(),
+                waited: started.elapsed(),
+                holders: Vec::new(),
+            })
+    }
+
+    /// One attempt: `Ok(None)` if every matching document is locked.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock(&self, filter: Document) -> Result<Option<MemoryDocumentGuard>> {
+        self.lock_within(&filter, Some(Duration::ZERO)).await
+    }
+
+    /// Attempts for up to `timeout`: `Ok(None)` if every matching document stayed locked.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> Result<Option<MemoryDocumentGuard>> {
+        self.lock_within(&filter, Some(timeout)).await
+    }
+
+    /// Locks the document with `_id` `id`, inserting `new_document` (with that `_id`) first if
+    /// it does not exist, as [`DocumentLock::lock_or_insert`](crate::DocumentLock::lock_or_insert).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `new_document` carries another `_id` or the lock field
+    /// `lock`; otherwise as [`lock`](Self::lock).
+    pub async fn lock_or_insert(
+        &self,
+        id: impl Into<Bson>,
+        new_document: Document,
+    ) -> Result<MemoryDocumentGuard> {
+        let id = id.into();
+        let mut insert = new_document;
+        match insert.get("_id") {
+            None => {
+                insert.insert("_id", id.clone());
+            }
+            Some(existing) if *existing == id => {}
+            Some(_) => {
+                return Err(Error::InvalidArgument(
+                    "lock_or_insert: new_document has an _id different from id".to_owned(),
+                ));
+            }
+        }
+        if insert.contains_key(LOCK_FIELD) {
+            return Err(Error::InvalidArgument(format!(
+                "lock_or_insert: new_document must not carry the lock field {LOCK_FIELD:?}"
+            )));
+        }
+        self.check()?;
+        self.locks.insert_missing(&self.collection, insert);
+        self.lock(doc! { "_id": id }).await
+    }
+
+    /// What the MongoDB document locks refuse before they try.
+    fn check(&self) -> Result<()> {
+        if let Some(problem) = Problem::of_collection(&self.collection) {
+            return Problem::check(Some(&problem));
+        }
+        if self.locks.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        Ok(())
+    }
+
+    /// Locks a matching unlocked document as soon as there is one, within `timeout` if given.
+    async fn lock_within(
+        &self,
+        filter: &Document,
+        timeout: Option<Duration>,
+    ) -> Result<Option<MemoryDocumentGuard>> {
+        self.check()?;
+        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        loop {
+            // Registered before the attempt, so a release in between is not missed.
+            let freed = self.locks.freed.notified();
+            if let Some(guard) = self.take(filter)? {
+                return Ok(Some(guard));
+            }
+            match deadline {
+                None => freed.await,
+                Some(deadline) => {
+                    if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                        return self.take(filter);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt: locks the first unlocked document matching `filter`.
+    fn take(&self, filter: &Document) -> Result<Option<MemoryDocumentGuard>> {
+        let mut collections = self.locks.collections();
+        if self.locks.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        let documents = collections.entry(self.collection.clone()).or_default();
+        let mut matched = false;
+        for stored in documents.iter_mut() {
+            if !matches(&stored.document, filter)? {
+                continue;
+            }
+            matched = true;
+            if stored.holder.is_some() {
+                continue;
+            }
+            stored.last_token += 1;
+            let acquisition = self.locks.next_acquisition.fetch_add(1, Ordering::SeqCst);
+            let state = LeaseState::without_deadline();
+            stored.holder = Some(Holder {
+                acquisition,
+                reader: false,
+                state: Arc::clone(&state),
+            });
+            return Ok(Some(MemoryDocumentGuard {
+                id: stored.document.get("_id").cloned().unwrap_or(Bson::Null),
+                document: stored.document.clone(),
+                fencing_token: FencingToken::new(stored.last_token),
+                collection: self.collection.clone(),
+                locks: Arc::clone(&self.locks),
+                acquisition,
+                state,
+                ended: false,
+            }));
+        }
+        if matched {
+            Ok(None)
+        } else {
+            Err(Error::DocumentNotFound {
+                collection: self.collection.clone(),
+            })
+        }
+    }
+}
+
+/// Whether `document` matches `filter`: every field of the filter equal to the document's.
+/// Anything else (operators, dotted paths) is refused: the double does not evaluate MongoDB
+/// queries.
+fn matches(document: &Document, filter: &Document) -> Result<bool> {
+    for (field, value) in filter {
+        let operator = match value {
+            Bson::Document(inner) => inner.keys().find(|key| key.starts_with('$')),
+            _ => None,
+        };
+        if field.starts_with('$') || field.contains('.') || operator.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "the in-memory document locks match equalities of top-level fields only, not \
+                 {field:?}: test such a filter against MongoDB"
+            )));
+        }
+        if document.get(field) != Some(value) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Applies `update` ($set, $unset and $inc of top-level fields) to `document`, refusing what
+/// MongoDB's document locks refuse (no operators, the lock field) and what the double does not
+/// implement.
+fn apply(document: &mut Document, update: &Document) -> Result<()> {
+    check_operators(update, LOCK_FIELD)?;
+    let mut updated = document.clone();
+    for (operator, fields) in update {
+        let Bson::Document(fields) = fields else {
+            unreachable_operator(operator)?;
+            continue;
+        };
+        for (field, value) in fields {
+            if field.contains('.') || field == "_id" {
+                return Err(Error::InvalidArgument(format!(
+                    "the in-memory document locks update top-level fields other than _id only, \
+                     not {field:?}"
+                )));
+            }
+            match operator.as_str() {
+                "$set" => {
+                    updated.insert(field, value.clone());
+                }
+                "$unset" => {
+                    updated.remove(field);
+                }
+                "$inc" => {
+                    let sum = match (updated.get(field), value) {
+                        (None, increment) => Some(increment.clone()),
+                        (Some(Bson::Int32(a)), Bson::Int32(b)) => {
+                            a.checked_add(*b).map(Bson::Int32)
+                        }
+                        (Some(Bson::Int64(a)), Bson::Int64(b)) => {
+                            a.checked_add(*b).map(Bson::Int64)
+                        }
+                        (Some(Bson::Double(a)), Bson::Double(b)) => Some(Bson::Double(a + b)),
+                        _ => None,
+                    };
+                    let Some(sum) = sum else {
+                        return Err(Error::InvalidArgument(format!(
+                            "the in-memory document locks $inc numbers of one type only, not \
+                             {field:?}"
+                        )));
+                    };
+                    updated.insert(field, sum);
+                }
+                other => unreachable_operator(other)?,
+            }
+        }
+    }
+    *document = updated;
+    Ok(())
+}
+
+/// The refusal of an update operator the double does not implement.
+fn unreachable_operator(operator: &str) -> Result<()> {
+    Err(Error::InvalidArgument(format!(
+        "the in-memory document locks implement $set, $unset and $inc, not {operator}: test \
+         such an update against MongoDB"
+    )))
+}
+
+impl Locks {
+    fn collections(&self) -> MutexGuard<'_, HashMap<String, Vec<StoredDocument>>> {
+        self.collections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Inserts `document` into `collection` unless a document with its `_id` is there.
+    fn insert_missing(&self, collection: &str, document: Document) {
+        let mut collections = self.collections();
+        let documents = collections.entry(collection.to_owned()).or_default();
+        let id = document.get("_id");
+        if !documents
+            .iter()
+            .any(|stored| stored.document.get("_id") == id)
+        {
+            documents.push(StoredDocument {
+                document,
+                last_token: 0,
+                holder: None,
+            });
+        }
+    }
+
+    /// Runs `change` on the document `id` of `collection` while `acquisition` holds it, then
+    /// unlocks it if `unlock`; [`Error::LockLost`] (and nothing changed) if the lock was lost.
+    /// A failed `change` leaves the document as it was.
+    fn while_held(
+        &self,
+        collection: &str,
+        id: &Bson,
+        acquisition: u64,
+        unlock: bool,
+        change: impl FnOnce(&mut Document) -> Result<()>,
+    ) -> Result<()> {
+        let result = {
+            let mut collections = self.collections();
+            let stored = collections.get_mut(collection).and_then(|documents| {
+                documents.iter_mut().find(|stored| {
+                    stored.document.get("_id") == Some(id)
+                        && stored
+                            .holder
+                            .as_ref()
+                            .is_some_and(|holder| holder.acquisition == acquisition)
+                })
+            });
+            match stored {
+                Some(stored) => {
+                    let lost = stored
+                        .holder
+                        .as_ref()
+                        .is_some_and(|holder| holder.state.is_lost());
+                    let changed = if lost {
+                        Err(Error::LockLost {
+                            name: format!("{collection}/{id}"),
+                        })
+                    } else {
+                        change(&mut stored.document)
+                    };
+                    // An ending write unlocks whatever its outcome (its guard is gone), as on
+                    // MongoDB; a checkpoint that failed leaves the document locked.
+                    if unlock {
+                        stored.holder = None;
+                    }
+                    changed
+                }
+                None => Err(Error::LockLost {
+                    name: format!("{collection}/{id}"),
+                }),
+            }
+        };
+        self.freed.notify_waiters();
+        result
+    }
+}
+
+/// Proof that a document of a [`MemoryDocumentLock`] is locked; behaves as
+/// [`DocumentGuard`](crate::DocumentGuard) does.
+#[must_use = "dropping the guard unlocks the document at once"]
+#[clippy::has_significant_drop]
+pub struct MemoryDocumentGuard {
+    document: Document,
+    id: Bson,
+    fencing_token: FencingToken,
+    collection: String,
+    locks: Arc<Locks>,
+    acquisition: u64,
+    state: Arc<LeaseState>,
+    /// Set once a commit, replace or release ended the lock (whatever its outcome).
+    ended: bool,
+}
+
+impl fmt::Debug for MemoryDocumentGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryDocumentGuard")
+            .field("collection", &self.collection)
+            .field("id", &self.id)
+            .field("fencing_token", &self.fencing_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryDocumentGuard {
+    /// The locked document, as it was when it was locked.
+    pub fn document(&self) -> &Document {
+        &self.document
+    }
+
+    /// The document's `_id`.
+    pub fn id(&self) -> &Bson {
+        &self.id
+    }
+
+    /// This acquisition's fencing token: larger than every earlier one of the same document.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing_token
+    }
+
+    /// A signal that turns true when the lock is lost (only at the provider's shutdown).
+    pub fn lost(&self) -> LostSignal {
+        LostSignal::new(vec![Arc::clone(&self.state)])
+    }
+
+    /// Whether the lock is lost.
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// Applies `update` to the document and keeps it locked.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] if the lock was lost (nothing is written); [`Error::InvalidArgument`]
+    /// for an update that is not made of update operators, touches `_id` or the lock field, or
+    /// uses what the double does not implement (anything but `$set`, `$unset`, `$inc` of
+    /// top-level fields).
+    pub async fn checkpoint(&self, update: Document) -> Result<()> {
+        self.locks.while_held(
+            &self.collection,
+            &self.id,
+            self.acquisition,
+            false,
+            |document| apply(document, &update),
+        )
+    }
+
+    /// Applies `update` and unlocks the document.
+    ///
+    /// # Errors
+    /// As [`checkpoint`](Self::checkpoint); the document is unlocked either way.
+    pub async fn commit(mut self, update: Document) -> Result<()> {
+        self.end(|document| apply(document, &update))
+    }
+
+    /// Replaces the document with `new_document` (its `_id` kept) and unlocks it.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] if the lock was lost; [`Error::InvalidArgument`] if `new_document`
+    /// carries another `_id` or the lock field.
+    pub async fn replace(mut self, new_document: Document) -> Result<()> {
+        let id = self.id.clone();
+        self.end(|document| {
+            if new_document.get("_id").is_some_and(|other| *other != id) {
+                return Err(Error::InvalidArgument(
+                    "replace: the new document has another _id".to_owned(),
+                ));
+            }
+            if new_document.contains_key(LOCK_FIELD) {
+                return Err(Error::InvalidArgument(format!(
+                    "replace: the new document must not carry the lock field \
+                     {LOCK_FIELD:?}"
+                )));
+            }
+            let mut replacement = doc! { "_id": id.clone() };
+            replacement.extend(new_document);
+            *document = replacement;
+            Ok(())
+        })
+    }
+
+    /// Unlocks the document without changing it.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] if the lock was lost before.
+    pub async fn release(mut self) -> Result<()> {
+        self.end(|_| Ok(()))
+    }
+
+    /// Applies `change` and unlocks the document, whatever the outcome.
+    fn end(&mut self, change: impl FnOnce(&mut Document) -> Result<()>) -> Result<()> {
+        self.ended = true;
+        self.state.mark_released();
+        self.locks
+            .while_held(&self.collection, &self.id, self.acquisition, true, change)
+    }
+}
+
+impl Drop for MemoryDocumentGuard {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.end(|_| Ok(()));
+        }
+    }
+}
+
+impl DistributedDocumentLock for MemoryDocumentLock {
+    fn name(&self) -> &str {
+        MemoryDocumentLock::name(self)
+    }
+
+    fn lock(&self, filter: Document) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
+        Box::pin(async move {
+            Ok(boxed_document(
+                MemoryDocumentLock::lock(self, filter).await?,
+            ))
+        })
+    }
+
+    fn lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
+        Box::pin(async move {
+            let guard = MemoryDocumentLock::lock_timeout(self, filter, timeout).await?;
+            Ok(boxed_document(guard))
+        })
+    }
+
+    fn try_lock(&self, filter: Document) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>> {
+        Box::pin(async move {
+            let guard = MemoryDocumentLock::try_lock(self, filter).await?;
+            Ok(guard.map(boxed_document))
+        })
+    }
+
+    fn try_lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>> {
+        Box::pin(async move {
+            let guard = MemoryDocumentLock::try_lock_timeout(self, filter, timeout).await?;
+            Ok(guard.map(boxed_document))
+        })
+    }
+
+    fn lock_or_insert(
+        &self,
+        id: Bson,
+        new_document: Document,
+    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
+        Box::pin(async move {
+            let guard = MemoryDocumentLock::lock_or_insert(self, id, new_document).await?;
+            Ok(boxed_document(guard))
+        })
+    }
+}
+
+fn boxed_document(guard: MemoryDocumentGuard) -> BoxedDocumentGuard {
+    Box::new(guard)
+}
+
+impl DistributedDocumentGuard for MemoryDocumentGuard {
+    fn document(&self) -> &Document {
+        MemoryDocumentGuard::document(self)
+    }
+
+    fn id(&self) -> &Bson {
+        MemoryDocumentGuard::id(self)
+    }
+
+    fn fencing_token(&self) -> FencingToken {
+        MemoryDocumentGuard::fencing_token(self)
+    }
+
+    fn lost(&self) -> LostSignal {
+        MemoryDocumentGuard::lost(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        MemoryDocumentGuard::is_lost(self)
+    }
+
+    fn checkpoint(&self, update: Document) -> BoxFuture<'_, Result<()>> {
+        Box::pin(MemoryDocumentGuard::checkpoint(self, update))
+    }
+
+    fn commit(self: Box<Self>, update: Document) -> BoxFuture<'static, Result<()>> {
+        Box::pin(MemoryDocumentGuard::commit(*self, update))
+    }
+
+    fn replace(self: Box<Self>, new_document: Document) -> BoxFuture<'static, Result<()>> {
+        Box::pin(MemoryDocumentGuard::replace(*self, new_document))
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(MemoryDocumentGuard::release(*self))
     }
 }

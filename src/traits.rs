@@ -1,9 +1,9 @@
 //! The lock as an interface: program against these traits, and run the same code on MongoDB
 //! ([`Provider`](crate::Provider), [`MongoDistributedLock`](crate::MongoDistributedLock),
 //! [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore),
-//! [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock)) or, in unit
-//! tests, on the in-memory locks, semaphores and reader-writer locks of
-//! [`memory`](crate::memory).
+//! [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock),
+//! [`DocumentLock`](crate::DocumentLock)) or, in unit tests, on the in-memory locks, semaphores,
+//! reader-writer locks and document locks of [`memory`](crate::memory).
 //!
 //! # Why boxed futures
 //! `async fn` in a trait cannot be called through `dyn` in today's Rust, and its futures carry
@@ -46,11 +46,16 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use mongodb::bson::{Bson, Document};
 
 use crate::{FencingToken, LostSignal, Result};
 
 /// A held lock of any implementation, boxed: what the [`DistributedLock`] methods return.
 pub type BoxedGuard = Box<dyn DistributedLockGuard>;
+
+/// A locked document of any implementation, boxed: what the [`DistributedDocumentLock`]
+/// methods return.
+pub type BoxedDocumentGuard = Box<dyn DistributedDocumentGuard>;
 
 /// A held read lock of any implementation, boxed: what the `acquire_read*` methods of
 /// [`DistributedReaderWriterLock`] return.
@@ -199,6 +204,99 @@ pub trait DistributedReaderWriterLock: Send + Sync + Debug {
     ) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
 }
 
+/// Locks on the documents of one collection, of any implementation, with the documents as BSON:
+/// the methods of [`DocumentLock`](crate::DocumentLock) (whose docs say what each does) for
+/// `DocumentLock<Document>`.
+pub trait DistributedDocumentLock: Send + Sync + Debug {
+    /// The collection's name.
+    fn name(&self) -> &str;
+
+    /// Waits until a document matching `filter` is locked.
+    ///
+    /// # Errors
+    /// As [`DocumentLock::lock`](crate::DocumentLock::lock).
+    fn lock(&self, filter: Document) -> BoxFuture<'_, Result<BoxedDocumentGuard>>;
+
+    /// Waits up to `timeout`; [`Error::Timeout`](crate::Error::Timeout) if it runs out.
+    ///
+    /// # Errors
+    /// As [`DocumentLock::lock_timeout`](crate::DocumentLock::lock_timeout).
+    fn lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>>;
+
+    /// One attempt: `Ok(None)` if every matching document is locked.
+    ///
+    /// # Errors
+    /// As [`DocumentLock::try_lock`](crate::DocumentLock::try_lock).
+    fn try_lock(&self, filter: Document) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>>;
+
+    /// Attempts for up to `timeout`: `Ok(None)` if every matching document stayed locked.
+    ///
+    /// # Errors
+    /// As [`DocumentLock::try_lock_timeout`](crate::DocumentLock::try_lock_timeout).
+    fn try_lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>>;
+
+    /// Locks the document with `_id` `id`, inserting `new_document` first if it is missing.
+    ///
+    /// # Errors
+    /// As [`DocumentLock::lock_or_insert`](crate::DocumentLock::lock_or_insert).
+    fn lock_or_insert(
+        &self,
+        id: Bson,
+        new_document: Document,
+    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>>;
+}
+
+/// Proof that a document is locked, of any implementation; see
+/// [`DocumentGuard`](crate::DocumentGuard), whose contract every implementation follows.
+pub trait DistributedDocumentGuard: Send + Sync + Debug {
+    /// The locked document, as it was when it was locked.
+    fn document(&self) -> &Document;
+
+    /// The document's `_id`.
+    fn id(&self) -> &Bson;
+
+    /// This acquisition's fencing token: larger than every earlier one of the same document.
+    fn fencing_token(&self) -> FencingToken;
+
+    /// A signal that turns true when the lock is known or presumed lost.
+    fn lost(&self) -> LostSignal;
+
+    /// Whether the lock is known or presumed lost.
+    fn is_lost(&self) -> bool;
+
+    /// Applies `update` (update operators) to the document and keeps it locked.
+    ///
+    /// # Errors
+    /// As [`DocumentGuard::checkpoint`](crate::DocumentGuard::checkpoint).
+    fn checkpoint(&self, update: Document) -> BoxFuture<'_, Result<()>>;
+
+    /// Applies `update` and unlocks the document in one write.
+    ///
+    /// # Errors
+    /// As [`DocumentGuard::commit`](crate::DocumentGuard::commit).
+    fn commit(self: Box<Self>, update: Document) -> BoxFuture<'static, Result<()>>;
+
+    /// Replaces the document with `new_document` and unlocks it in one write.
+    ///
+    /// # Errors
+    /// As [`DocumentGuard::replace`](crate::DocumentGuard::replace).
+    fn replace(self: Box<Self>, new_document: Document) -> BoxFuture<'static, Result<()>>;
+
+    /// Unlocks the document without changing it.
+    ///
+    /// # Errors
+    /// As [`DocumentGuard::release`](crate::DocumentGuard::release).
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
+}
+
 /// Creates locks by name: what application code holds (as
 /// `Arc<dyn DistributedLockProvider>` or a generic) instead of a concrete provider.
 pub trait DistributedLockProvider: Send + Sync + Debug {
@@ -215,6 +313,11 @@ pub trait DistributedLockProvider: Send + Sync + Debug {
     /// The reader-writer lock called `name`; independent of the exclusive lock and the
     /// semaphore of the same name.
     fn create_reader_writer_lock(&self, name: &str) -> Box<dyn DistributedReaderWriterLock>;
+
+    /// Locks on the documents of the collection called `collection` (of the provider's
+    /// database), held under the field `lock`, with the documents as BSON; see
+    /// [`Provider::create_document_lock`](crate::Provider::create_document_lock).
+    fn create_document_lock(&self, collection: &str) -> Box<dyn DistributedDocumentLock>;
 }
 
 /// Boxes a concrete guard.

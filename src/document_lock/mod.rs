@@ -12,10 +12,11 @@ use serde::de::DeserializeOwned;
 
 use crate::LockKind;
 use crate::lease::acquire::{self, Acquisition, Attempt, ReadHolders, Wait};
-use crate::lease::held::{self};
+use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::Layout;
 use crate::lease::{Problem, Target, admin};
+use crate::traits::BoxedDocumentGuard;
 use crate::{Error, LockOptions, LockStatus, LockWatch, Result};
 use futures::future::BoxFuture;
 
@@ -417,6 +418,60 @@ fn field_problem(field: &str) -> Option<Problem> {
              NUL, other than _id"
         ))
     })
+}
+
+impl crate::traits::DistributedDocumentLock for DocumentLock<Document> {
+    fn name(&self) -> &str {
+        DocumentLock::name(self)
+    }
+
+    fn lock(&self, filter: Document) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
+        Box::pin(async move { Ok(boxed_document(DocumentLock::lock(self, filter).await?)) })
+    }
+
+    fn lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
+        Box::pin(async move {
+            let guard = DocumentLock::lock_timeout(self, filter, timeout).await?;
+            Ok(boxed_document(guard))
+        })
+    }
+
+    fn try_lock(&self, filter: Document) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>> {
+        Box::pin(async move {
+            let guard = DocumentLock::try_lock(self, filter).await?;
+            Ok(guard.map(boxed_document))
+        })
+    }
+
+    fn try_lock_timeout(
+        &self,
+        filter: Document,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>> {
+        Box::pin(async move {
+            let guard = DocumentLock::try_lock_timeout(self, filter, timeout).await?;
+            Ok(guard.map(boxed_document))
+        })
+    }
+
+    fn lock_or_insert(
+        &self,
+        id: Bson,
+        new_document: Document,
+    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
+        Box::pin(async move {
+            let guard = DocumentLock::lock_or_insert(self, id, new_document).await?;
+            Ok(boxed_document(guard))
+        })
+    }
+}
+
+fn boxed_document(guard: DocumentGuard<Document>) -> BoxedDocumentGuard {
+    Box::new(guard)
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@ use serde::de::DeserializeOwned;
 
 use crate::lease::Problem;
 use crate::lease::hub::RenewalHub;
-use crate::traits::{DistributedLock, DistributedLockProvider, DistributedReaderWriterLock};
+use crate::traits::{
+    DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
+};
 use crate::{
     DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION, DocumentLock,
     Job, LeaderElection, LockDetails, LockOptions, MongoDistributedLock,
@@ -291,6 +293,11 @@ impl DistributedLockProvider for Provider {
 
     fn create_reader_writer_lock(&self, name: &str) -> Box<dyn DistributedReaderWriterLock> {
         Box::new(Provider::create_reader_writer_lock(self, name))
+    }
+
+    fn create_document_lock(&self, collection: &str) -> Box<dyn DistributedDocumentLock> {
+        let collection = self.database.collection::<Document>(collection);
+        Box::new(Provider::create_document_lock(self, &collection))
     }
 }
 

@@ -1,6 +1,6 @@
-//! The behaviour of the exclusive lock, the semaphore and the reader-writer lock, written once
-//! against the traits and run against both implementations: MongoDB (`Provider`) and the
-//! in-memory double (`memory::MemoryLockProvider`). The exclusive lock's behaviours run again
+//! The behaviour of the exclusive lock, the semaphore, the reader-writer lock and the document
+//! lock, written once against the traits and run against both implementations: MongoDB
+//! (`Provider`) and the in-memory double (`memory::MemoryLockProvider`). The exclusive lock's behaviours run again
 //! on the write side of reader-writer locks. Then the double's own test controls.
 
 use test_support as common;
@@ -12,9 +12,10 @@ use futures::future::BoxFuture;
 
 use distributed_lock_mongodb::memory::MemoryLockProvider;
 use distributed_lock_mongodb::{
-    BoxedGuard, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock, Error,
-    Provider, Result,
+    BoxedGuard, DistributedDocumentLock, DistributedLock, DistributedLockProvider,
+    DistributedReaderWriterLock, Error, Provider, Result,
 };
+use mongodb::bson::{Bson, doc};
 
 type Locks = Arc<dyn DistributedLockProvider>;
 
@@ -58,6 +59,10 @@ impl DistributedLockProvider for Writers {
 
     fn create_reader_writer_lock(&self, name: &str) -> Box<dyn DistributedReaderWriterLock> {
         self.0.create_reader_writer_lock(name)
+    }
+
+    fn create_document_lock(&self, collection: &str) -> Box<dyn DistributedDocumentLock> {
+        self.0.create_document_lock(collection)
     }
 }
 
@@ -136,6 +141,11 @@ behaviours!(
     a_single_write_attempt_holds_back_no_reader,
     the_kinds_of_one_name_are_independent,
     reads_are_refused_as_writes_are,
+    documents_are_claimed_by_one_holder_each,
+    a_filter_that_matches_nothing_is_document_not_found,
+    a_checkpoint_keeps_the_lock_and_a_replace_rewrites_the_document,
+    a_waiter_gets_the_document_when_it_is_unlocked,
+    updates_that_would_corrupt_a_document_lock_are_refused,
 );
 
 async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
@@ -568,6 +578,139 @@ async fn reads_are_refused_as_writes_are(locks: Locks) {
     }
 }
 
+/// The document locks of a collection no other test uses, with the documents `ids` inserted
+/// (unlocked) with `fields`.
+async fn documents(
+    locks: &Locks,
+    ids: &[&str],
+    fields: mongodb::bson::Document,
+) -> Box<dyn DistributedDocumentLock> {
+    let documents = locks.create_document_lock(&common::unique("documents"));
+    for id in ids {
+        let inserted = documents.lock_or_insert(Bson::from(*id), fields.clone());
+        inserted.await.unwrap().release().await.unwrap();
+    }
+    documents
+}
+
+async fn documents_are_claimed_by_one_holder_each(locks: Locks) {
+    let jobs = documents(&locks, &["a", "b"], doc! { "status": "pending" }).await;
+    let pending = || doc! { "status": "pending" };
+    let first = jobs.lock(pending()).await.unwrap();
+    let second = jobs.try_lock(pending()).await.unwrap();
+    let second = second.expect("the other pending document");
+    assert_ne!(first.id(), second.id());
+    assert!(
+        jobs.try_lock(pending()).await.unwrap().is_none(),
+        "both held"
+    );
+    let error = jobs
+        .lock_timeout(pending(), Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::Timeout { .. }), "{error}");
+
+    let (id, token) = (first.id().clone(), first.fencing_token());
+    let done = doc! { "$set": { "status": "done" }, "$inc": { "runs": 1 } };
+    first.commit(done).await.unwrap();
+    let again = jobs.try_lock(doc! { "status": "done" }).await.unwrap();
+    let again = again.expect("committed and unlocked in one write");
+    assert_eq!(again.id(), &id);
+    assert_eq!(again.document().get_i32("runs"), Ok(1));
+    assert!(
+        again.fencing_token() > token,
+        "tokens increase per document"
+    );
+    again.release().await.unwrap();
+    second.release().await.unwrap();
+}
+
+async fn a_filter_that_matches_nothing_is_document_not_found(locks: Locks) {
+    let jobs = documents(&locks, &["a"], doc! {}).await;
+    let missing = || doc! { "_id": "missing" };
+    for error in [
+        jobs.try_lock(missing()).await.map(drop).unwrap_err(),
+        jobs.lock(missing()).await.map(drop).unwrap_err(),
+    ] {
+        assert!(matches!(error, Error::DocumentNotFound { .. }), "{error}");
+    }
+}
+
+async fn a_checkpoint_keeps_the_lock_and_a_replace_rewrites_the_document(locks: Locks) {
+    let jobs = documents(&locks, &["x"], doc! { "step": 0 }).await;
+    let x = || doc! { "_id": "x" };
+    let guard = jobs.lock(x()).await.unwrap();
+    guard
+        .checkpoint(doc! { "$set": { "step": 1 } })
+        .await
+        .unwrap();
+    assert!(jobs.try_lock(x()).await.unwrap().is_none(), "still locked");
+    let token = guard.fencing_token();
+    guard
+        .replace(doc! { "step": 2, "note": "rewritten" })
+        .await
+        .unwrap();
+    let again = jobs
+        .try_lock(x())
+        .await
+        .unwrap()
+        .expect("unlocked by the replace");
+    assert_eq!(again.document().get_i32("step"), Ok(2));
+    assert_eq!(again.document().get_str("note"), Ok("rewritten"));
+    assert!(again.fencing_token() > token);
+    again.release().await.unwrap();
+}
+
+async fn a_waiter_gets_the_document_when_it_is_unlocked(locks: Locks) {
+    let jobs: Arc<dyn DistributedDocumentLock> = documents(&locks, &["w"], doc! {}).await.into();
+    let holder = jobs.lock(doc! { "_id": "w" }).await.unwrap();
+    let token = holder.fencing_token();
+    let waiter = {
+        let jobs = Arc::clone(&jobs);
+        tokio::spawn(async move { jobs.lock(doc! { "_id": "w" }).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished(), "the waiter waits while it is locked");
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the document")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+}
+
+async fn updates_that_would_corrupt_a_document_lock_are_refused(locks: Locks) {
+    let jobs = documents(&locks, &["r"], doc! { "v": 1 }).await;
+    let r = || doc! { "_id": "r" };
+    let guard = jobs.lock(r()).await.unwrap();
+    for update in [doc! { "v": 2 }, doc! { "$set": { "lock": 1 } }, doc! {}] {
+        let error = guard.checkpoint(update).await.unwrap_err();
+        assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+    }
+    assert!(
+        jobs.try_lock(r()).await.unwrap().is_none(),
+        "a refused checkpoint keeps it"
+    );
+    let error = guard.commit(doc! { "v": 3 }).await.unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+    // A refused commit unlocks (in the background, for MongoDB), writing nothing.
+    let again = jobs
+        .lock_timeout(r(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(again.document().get_i32("v"), Ok(1));
+    again.release().await.unwrap();
+    let other_id = jobs
+        .lock_or_insert(Bson::from("s"), doc! { "_id": "t" })
+        .await;
+    assert!(
+        matches!(other_id, Err(Error::InvalidArgument(_))),
+        "{other_id:?}"
+    );
+}
+
 // The in-memory double's test controls.
 
 #[tokio::test]
@@ -647,4 +790,43 @@ async fn mark_lost_fires_lost_but_keeps_others_out_until_the_release() {
         .await
         .unwrap();
     assert!(!locks.mark_lost("a"), "nothing held");
+}
+
+#[tokio::test]
+async fn the_document_double_refuses_what_it_does_not_evaluate() {
+    let locks = MemoryLockProvider::new();
+    let jobs = locks.create_document_lock("jobs");
+    let guard = jobs
+        .lock_or_insert("a", doc! { "status": "pending", "tags": [] })
+        .await
+        .unwrap();
+    for filter in [
+        doc! { "status": { "$in": ["pending"] } },
+        doc! { "$or": [{ "status": "pending" }] },
+        doc! { "meta.kind": "x" },
+    ] {
+        let error = jobs.try_lock(filter).await.unwrap_err();
+        assert!(
+            matches!(&error, Error::InvalidArgument(message) if message.contains("equalities")),
+            "{error}"
+        );
+    }
+    let error = guard
+        .checkpoint(doc! { "$push": { "tags": "x" } })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::InvalidArgument(message) if message.contains("$push")),
+        "{error}"
+    );
+    // Nothing was written by the refused update.
+    guard.release().await.unwrap();
+    let again = jobs.try_lock(doc! { "_id": "a" }).await.unwrap().unwrap();
+    assert_eq!(again.document().get_array("tags").map(Vec::len), Ok(0));
+    // At shutdown a locked document's lease is lost, and its release says so.
+    locks.shutdown().await;
+    assert!(again.is_lost());
+    assert!(again.release().await.unwrap_err().is_lock_lost());
+    let error = jobs.try_lock(doc! {}).await.unwrap_err();
+    assert!(matches!(error, Error::ShutDown), "{error}");
 }
