@@ -1,11 +1,8 @@
 //! The guard of a held lock with a fencing token: an exclusive lock, a reader-writer lock's
 //! writer, or a semaphore place.
 
-use futures::future::BoxFuture;
-
 use crate::lease::acquire::Granted;
 use crate::lease::held::HeldLease;
-use crate::traits::DistributedLockGuard;
 use crate::{FencingToken, LostSignal, Result};
 
 /// Proof that the lock is held; returned by the `acquire*` methods of
@@ -213,27 +210,7 @@ impl LockGuard {
     }
 }
 
-impl DistributedLockGuard for LockGuard {
-    fn name(&self) -> &str {
-        LockGuard::name(self)
-    }
-
-    fn fencing_token(&self) -> FencingToken {
-        LockGuard::fencing_token(self)
-    }
-
-    fn lost(&self) -> LostSignal {
-        LockGuard::lost(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        LockGuard::is_lost(self)
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        Box::pin(LockGuard::release(*self))
-    }
-}
+crate::traits::impl_distributed_lock_guard!(LockGuard);
 
 impl Granted for LockGuard {
     fn fencing_token(&self) -> Option<FencingToken> {

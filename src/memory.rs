@@ -11,7 +11,7 @@
 //! - fencing tokens that strictly increase per name (readers have none), and per document;
 //! - a guard's lease that stays held while the guard lives, with no deadline of its own;
 //! - `lost` that fires before anyone else can take the lock;
-//! - release by [`release`](DistributedLockGuard::release) or on drop, which wakes the next
+//! - release by [`release`](crate::DistributedLockGuard::release) or on drop, which wakes the next
 //!   waiter at once;
 //! - waits that end with [`Error::Timeout`] as the MongoDB locks' do;
 //! - the same refusals before anything happens: a name over 1 MiB is
@@ -53,7 +53,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -64,9 +63,7 @@ use crate::lease::Problem;
 use crate::lease::lost::LeaseState;
 use crate::lease::{max_count_mismatch, max_count_problem, name_problem};
 use crate::traits::{
-    BoxedDocumentGuard, DistributedDocumentGuard, DistributedDocumentLock, DistributedLock,
-    DistributedLockGuard, DistributedLockProvider, DistributedReadGuard,
-    DistributedReaderWriterLock,
+    DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
 };
 
 /// The field the MongoDB document locks keep their lock in by default: reserved in the
@@ -620,27 +617,7 @@ impl Drop for MemoryGuard {
     }
 }
 
-impl DistributedLockGuard for MemoryGuard {
-    fn name(&self) -> &str {
-        MemoryGuard::name(self)
-    }
-
-    fn fencing_token(&self) -> FencingToken {
-        MemoryGuard::fencing_token(self)
-    }
-
-    fn lost(&self) -> LostSignal {
-        MemoryGuard::lost(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        MemoryGuard::is_lost(self)
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        Box::pin(MemoryGuard::release(*self))
-    }
-}
+crate::traits::impl_distributed_lock_guard!(MemoryGuard);
 
 /// An in-memory reader-writer lock; see the [module docs](self) and
 /// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock), whose
@@ -769,23 +746,7 @@ impl MemoryReadGuard {
     }
 }
 
-impl DistributedReadGuard for MemoryReadGuard {
-    fn name(&self) -> &str {
-        MemoryReadGuard::name(self)
-    }
-
-    fn lost(&self) -> LostSignal {
-        MemoryReadGuard::lost(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        MemoryReadGuard::is_lost(self)
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        Box::pin(MemoryReadGuard::release(*self))
-    }
-}
+crate::traits::impl_distributed_read_guard!(MemoryReadGuard);
 
 /// In-memory document locks: the documents of one collection of the provider, kept as BSON,
 /// each lockable by one holder at a time; see
@@ -1276,98 +1237,6 @@ impl Drop for MemoryDocumentGuard {
     }
 }
 
-impl DistributedDocumentLock for MemoryDocumentLock {
-    fn name(&self) -> &str {
-        MemoryDocumentLock::name(self)
-    }
+crate::traits::impl_distributed_document_lock!(MemoryDocumentLock);
 
-    fn lock(&self, filter: Document) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
-        Box::pin(async move {
-            Ok(boxed_document(
-                MemoryDocumentLock::lock(self, filter).await?,
-            ))
-        })
-    }
-
-    fn lock_timeout(
-        &self,
-        filter: Document,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
-        Box::pin(async move {
-            let guard = MemoryDocumentLock::lock_timeout(self, filter, timeout).await?;
-            Ok(boxed_document(guard))
-        })
-    }
-
-    fn try_lock(&self, filter: Document) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>> {
-        Box::pin(async move {
-            let guard = MemoryDocumentLock::try_lock(self, filter).await?;
-            Ok(guard.map(boxed_document))
-        })
-    }
-
-    fn try_lock_timeout(
-        &self,
-        filter: Document,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>> {
-        Box::pin(async move {
-            let guard = MemoryDocumentLock::try_lock_timeout(self, filter, timeout).await?;
-            Ok(guard.map(boxed_document))
-        })
-    }
-
-    fn lock_or_insert(
-        &self,
-        id: Bson,
-        new_document: Document,
-    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
-        Box::pin(async move {
-            let guard = MemoryDocumentLock::lock_or_insert(self, id, new_document).await?;
-            Ok(boxed_document(guard))
-        })
-    }
-}
-
-fn boxed_document(guard: MemoryDocumentGuard) -> BoxedDocumentGuard {
-    Box::new(guard)
-}
-
-impl DistributedDocumentGuard for MemoryDocumentGuard {
-    fn document(&self) -> &Document {
-        MemoryDocumentGuard::document(self)
-    }
-
-    fn id(&self) -> &Bson {
-        MemoryDocumentGuard::id(self)
-    }
-
-    fn fencing_token(&self) -> FencingToken {
-        MemoryDocumentGuard::fencing_token(self)
-    }
-
-    fn lost(&self) -> LostSignal {
-        MemoryDocumentGuard::lost(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        MemoryDocumentGuard::is_lost(self)
-    }
-
-    fn checkpoint(&self, update: Document) -> BoxFuture<'_, Result<()>> {
-        Box::pin(MemoryDocumentGuard::checkpoint(self, update))
-    }
-
-    fn commit(self: Box<Self>, update: Document) -> BoxFuture<'static, Result<()>> {
-        Box::pin(MemoryDocumentGuard::commit(*self, update))
-    }
-
-    fn replace(self: Box<Self>, new_document: Document) -> BoxFuture<'static, Result<()>> {
-        Box::pin(MemoryDocumentGuard::replace(*self, new_document))
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        Box::pin(MemoryDocumentGuard::release(*self))
-    }
-}
+crate::traits::impl_distributed_document_guard!(MemoryDocumentGuard);

@@ -398,3 +398,180 @@ macro_rules! impl_distributed_reader_writer_lock {
     };
 }
 pub(crate) use impl_distributed_reader_writer_lock;
+
+/// The methods a guard trait shares: `name` (unless the guard has none), `lost`, `is_lost`, and
+/// `release`, forwarded to the inherent methods of `$guard`.
+macro_rules! forward_guard {
+    ($guard:ty) => {
+        fn lost(&self) -> $crate::LostSignal {
+            <$guard>::lost(self)
+        }
+
+        fn is_lost(&self) -> bool {
+            <$guard>::is_lost(self)
+        }
+
+        fn release(self: Box<Self>) -> futures::future::BoxFuture<'static, $crate::Result<()>> {
+            Box::pin(<$guard>::release(*self))
+        }
+    };
+}
+pub(crate) use forward_guard;
+
+/// Implements [`DistributedLockGuard`] for a guard with the inherent methods of the same names.
+macro_rules! impl_distributed_lock_guard {
+    ($guard:ty) => {
+        impl $crate::traits::DistributedLockGuard for $guard {
+            fn name(&self) -> &str {
+                <$guard>::name(self)
+            }
+
+            fn fencing_token(&self) -> $crate::FencingToken {
+                <$guard>::fencing_token(self)
+            }
+
+            $crate::traits::forward_guard!($guard);
+        }
+    };
+}
+pub(crate) use impl_distributed_lock_guard;
+
+/// Implements [`DistributedReadGuard`] for a guard with the inherent methods of the same names.
+macro_rules! impl_distributed_read_guard {
+    ($guard:ty) => {
+        impl $crate::traits::DistributedReadGuard for $guard {
+            fn name(&self) -> &str {
+                <$guard>::name(self)
+            }
+
+            $crate::traits::forward_guard!($guard);
+        }
+    };
+}
+pub(crate) use impl_distributed_read_guard;
+
+/// Implements [`DistributedDocumentGuard`] for a guard of BSON documents with the inherent
+/// methods of the same names.
+macro_rules! impl_distributed_document_guard {
+    ($guard:ty) => {
+        impl $crate::traits::DistributedDocumentGuard for $guard {
+            fn document(&self) -> &mongodb::bson::Document {
+                <$guard>::document(self)
+            }
+
+            fn id(&self) -> &mongodb::bson::Bson {
+                <$guard>::id(self)
+            }
+
+            fn fencing_token(&self) -> $crate::FencingToken {
+                <$guard>::fencing_token(self)
+            }
+
+            fn checkpoint(
+                &self,
+                update: mongodb::bson::Document,
+            ) -> futures::future::BoxFuture<'_, $crate::Result<()>> {
+                Box::pin(<$guard>::checkpoint(self, update))
+            }
+
+            fn commit(
+                self: Box<Self>,
+                update: mongodb::bson::Document,
+            ) -> futures::future::BoxFuture<'static, $crate::Result<()>> {
+                Box::pin(<$guard>::commit(*self, update))
+            }
+
+            fn replace(
+                self: Box<Self>,
+                new_document: mongodb::bson::Document,
+            ) -> futures::future::BoxFuture<'static, $crate::Result<()>> {
+                Box::pin(<$guard>::replace(*self, new_document))
+            }
+
+            $crate::traits::forward_guard!($guard);
+        }
+    };
+}
+pub(crate) use impl_distributed_document_guard;
+
+/// Boxes a concrete document guard.
+pub(crate) fn boxed_document<G: DistributedDocumentGuard + 'static>(
+    guard: G,
+) -> BoxedDocumentGuard {
+    Box::new(guard)
+}
+
+/// Implements [`DistributedDocumentLock`] for a lock of BSON documents with the inherent
+/// methods of the same names.
+macro_rules! impl_distributed_document_lock {
+    ($lock:ty) => {
+        impl $crate::traits::DistributedDocumentLock for $lock {
+            fn name(&self) -> &str {
+                <$lock>::name(self)
+            }
+
+            fn lock(
+                &self,
+                filter: mongodb::bson::Document,
+            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedDocumentGuard>>
+            {
+                Box::pin(async move {
+                    let guard = <$lock>::lock(self, filter).await?;
+                    Ok($crate::traits::boxed_document(guard))
+                })
+            }
+
+            fn lock_timeout(
+                &self,
+                filter: mongodb::bson::Document,
+                timeout: std::time::Duration,
+            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedDocumentGuard>>
+            {
+                Box::pin(async move {
+                    let guard = <$lock>::lock_timeout(self, filter, timeout).await?;
+                    Ok($crate::traits::boxed_document(guard))
+                })
+            }
+
+            fn try_lock(
+                &self,
+                filter: mongodb::bson::Document,
+            ) -> futures::future::BoxFuture<
+                '_,
+                $crate::Result<Option<$crate::traits::BoxedDocumentGuard>>,
+            > {
+                Box::pin(async move {
+                    let guard = <$lock>::try_lock(self, filter).await?;
+                    Ok(guard.map($crate::traits::boxed_document))
+                })
+            }
+
+            fn try_lock_timeout(
+                &self,
+                filter: mongodb::bson::Document,
+                timeout: std::time::Duration,
+            ) -> futures::future::BoxFuture<
+                '_,
+                $crate::Result<Option<$crate::traits::BoxedDocumentGuard>>,
+            > {
+                Box::pin(async move {
+                    let guard = <$lock>::try_lock_timeout(self, filter, timeout).await?;
+                    Ok(guard.map($crate::traits::boxed_document))
+                })
+            }
+
+            fn lock_or_insert(
+                &self,
+                id: mongodb::bson::Bson,
+                new_document: mongodb::bson::Document,
+            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedDocumentGuard>>
+            {
+                Box::pin(async move {
+                    let guard = <$lock>::lock_or_insert(self, id, new_document).await?;
+                    Ok($crate::traits::boxed_document(guard))
+                })
+            }
+        }
+    };
+}
+pub(crate) use impl_distributed_document_lock;

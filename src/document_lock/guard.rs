@@ -15,7 +15,6 @@ use crate::lease::acquire::Granted;
 use crate::lease::held::HeldLease;
 use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN};
 use crate::{Error, FencingToken, LostSignal, Result};
-use futures::future::BoxFuture;
 
 use super::{Documents, to_document};
 
@@ -312,40 +311,4 @@ pub(super) enum Ending {
     Replace(Document),
 }
 
-impl crate::traits::DistributedDocumentGuard for DocumentGuard<Document> {
-    fn document(&self) -> &Document {
-        DocumentGuard::document(self)
-    }
-
-    fn id(&self) -> &Bson {
-        DocumentGuard::id(self)
-    }
-
-    fn fencing_token(&self) -> FencingToken {
-        DocumentGuard::fencing_token(self)
-    }
-
-    fn lost(&self) -> LostSignal {
-        DocumentGuard::lost(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        DocumentGuard::is_lost(self)
-    }
-
-    fn checkpoint(&self, update: Document) -> BoxFuture<'_, Result<()>> {
-        Box::pin(DocumentGuard::checkpoint(self, update))
-    }
-
-    fn commit(self: Box<Self>, update: Document) -> BoxFuture<'static, Result<()>> {
-        Box::pin(DocumentGuard::commit(*self, update))
-    }
-
-    fn replace(self: Box<Self>, new_document: Document) -> BoxFuture<'static, Result<()>> {
-        Box::pin(DocumentGuard::replace(*self, new_document))
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        Box::pin(DocumentGuard::release(*self))
-    }
-}
+crate::traits::impl_distributed_document_guard!(DocumentGuard<Document>);

@@ -16,7 +16,6 @@ use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::Layout;
 use crate::lease::{Problem, Target, admin};
-use crate::traits::BoxedDocumentGuard;
 use crate::{Error, LockOptions, LockStatus, LockWatch, Result};
 use futures::future::BoxFuture;
 
@@ -420,59 +419,7 @@ fn field_problem(field: &str) -> Option<Problem> {
     })
 }
 
-impl crate::traits::DistributedDocumentLock for DocumentLock<Document> {
-    fn name(&self) -> &str {
-        DocumentLock::name(self)
-    }
-
-    fn lock(&self, filter: Document) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
-        Box::pin(async move { Ok(boxed_document(DocumentLock::lock(self, filter).await?)) })
-    }
-
-    fn lock_timeout(
-        &self,
-        filter: Document,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
-        Box::pin(async move {
-            let guard = DocumentLock::lock_timeout(self, filter, timeout).await?;
-            Ok(boxed_document(guard))
-        })
-    }
-
-    fn try_lock(&self, filter: Document) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>> {
-        Box::pin(async move {
-            let guard = DocumentLock::try_lock(self, filter).await?;
-            Ok(guard.map(boxed_document))
-        })
-    }
-
-    fn try_lock_timeout(
-        &self,
-        filter: Document,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<Option<BoxedDocumentGuard>>> {
-        Box::pin(async move {
-            let guard = DocumentLock::try_lock_timeout(self, filter, timeout).await?;
-            Ok(guard.map(boxed_document))
-        })
-    }
-
-    fn lock_or_insert(
-        &self,
-        id: Bson,
-        new_document: Document,
-    ) -> BoxFuture<'_, Result<BoxedDocumentGuard>> {
-        Box::pin(async move {
-            let guard = DocumentLock::lock_or_insert(self, id, new_document).await?;
-            Ok(boxed_document(guard))
-        })
-    }
-}
-
-fn boxed_document(guard: DocumentGuard<Document>) -> BoxedDocumentGuard {
-    Box::new(guard)
-}
+crate::traits::impl_distributed_document_lock!(DocumentLock<Document>);
 
 #[cfg(test)]
 mod tests {

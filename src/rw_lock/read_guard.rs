@@ -3,7 +3,6 @@
 use crate::lease::acquire::Granted;
 use crate::lease::held::HeldLease;
 use crate::{FencingToken, LostSignal, Result};
-use futures::future::BoxFuture;
 
 /// Proof that a read lock is held; returned by the `acquire_read*` methods of
 /// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock).
@@ -79,23 +78,7 @@ impl ReadGuard {
     }
 }
 
-impl crate::traits::DistributedReadGuard for ReadGuard {
-    fn name(&self) -> &str {
-        ReadGuard::name(self)
-    }
-
-    fn lost(&self) -> LostSignal {
-        ReadGuard::lost(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        ReadGuard::is_lost(self)
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        Box::pin(ReadGuard::release(*self))
-    }
-}
+crate::traits::impl_distributed_read_guard!(ReadGuard);
 
 impl Granted for ReadGuard {
     fn fencing_token(&self) -> Option<FencingToken> {
