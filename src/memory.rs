@@ -327,7 +327,9 @@ impl MemoryLockProvider {
     /// The in-memory document locks of the collection called `collection`, as
     /// [`DistributedLockProvider::create_document_lock`]: its documents are kept here as BSON,
     /// inserted by [`lock_or_insert`](MemoryDocumentLock::lock_or_insert), and each is locked
-    /// by one holder at a time, with fencing tokens that increase per document. Filters are
+    /// by one holder at a time, with fencing tokens that increase per document. A document
+    /// shows its lock field as MongoDB's does (`lock: {id, fencingToken}` while locked, then
+    /// `lock: {fencingToken}`), without a lease end: the double's leases have none. Filters are
     /// equalities of top-level fields (`{}` matches every document), updates `$set`, `$unset`
     /// and `$inc` of top-level fields: anything else is refused with
     /// [`Error::InvalidArgument`], not guessed at.
@@ -887,6 +889,7 @@ impl MemoryDocumentLock {
         timeout: Option<Duration>,
     ) -> Result<Option<MemoryDocumentGuard>> {
         self.check()?;
+        check_filter(filter)?;
         let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         loop {
             // Registered before the attempt, so a release in between is not missed.
@@ -914,7 +917,7 @@ impl MemoryDocumentLock {
         let documents = collections.entry(self.collection.clone()).or_default();
         let mut matched = false;
         for stored in documents.iter_mut() {
-            if !matches(&stored.document, filter)? {
+            if !matches(&stored.document, filter) {
                 continue;
             }
             matched = true;
@@ -923,6 +926,12 @@ impl MemoryDocumentLock {
             }
             stored.last_token += 1;
             let acquisition = self.locks.next_acquisition.fetch_add(1, Ordering::SeqCst);
+            // As the MongoDB document lock stores it (without a lease end: the double's leases
+            // have none).
+            stored.document.insert(
+                LOCK_FIELD,
+                doc! { "id": format!("memory-{acquisition}"), "fencingToken": stored.last_token },
+            );
             let state = LeaseState::without_deadline();
             stored.holder = Some(Holder {
                 acquisition,
@@ -950,10 +959,10 @@ impl MemoryDocumentLock {
     }
 }
 
-/// Whether `document` matches `filter`: every field of the filter equal to the document's.
-/// Anything else (operators, dotted paths) is refused: the double does not evaluate MongoDB
-/// queries.
-fn matches(document: &Document, filter: &Document) -> Result<bool> {
+/// Refuses a filter that is not made of equalities of top-level fields (operators, dotted
+/// paths): the double does not evaluate MongoDB queries. Checked before any document is looked
+/// at, so the refusal never depends on the data.
+fn check_filter(filter: &Document) -> Result<()> {
     for (field, value) in filter {
         let operator = match value {
             Bson::Document(inner) => inner.keys().find(|key| key.starts_with('$')),
@@ -965,11 +974,41 @@ fn matches(document: &Document, filter: &Document) -> Result<bool> {
                  {field:?}: test such a filter against MongoDB"
             )));
         }
-        if document.get(field) != Some(value) {
-            return Ok(false);
-        }
     }
-    Ok(true)
+    Ok(())
+}
+
+/// Whether `document` matches `filter` (checked by [`check_filter`]): every field of the
+/// filter equal to the document's.
+fn matches(document: &Document, filter: &Document) -> bool {
+    filter
+        .iter()
+        .all(|(field, value)| document.get(field) == Some(value))
+}
+
+/// `current + by` as MongoDB's `$inc` computes it: a missing field becomes `by`; two 32-bit
+/// integers stay one while the sum fits; a 64-bit integer widens the sum, a double makes it a
+/// double. `None` for what is not a number, or an overflow.
+fn increment(current: Option<&Bson>, by: &Bson) -> Option<Bson> {
+    let integer = |value: &Bson| match value {
+        Bson::Int32(value) => Some(i64::from(*value)),
+        Bson::Int64(value) => Some(*value),
+        _ => None,
+    };
+    let float = |value: &Bson| match value {
+        Bson::Double(value) => Some(*value),
+        // Precision beyond 2^53 is lost, as in MongoDB's own conversion to a double.
+        other => integer(other).map(|value| value as f64),
+    };
+    match (current, by) {
+        (None, Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)) => Some(by.clone()),
+        (Some(Bson::Int32(a)), Bson::Int32(b)) => a.checked_add(*b).map(Bson::Int32),
+        (Some(a @ (Bson::Int32(_) | Bson::Int64(_))), Bson::Int32(_) | Bson::Int64(_)) => {
+            integer(a)?.checked_add(integer(by)?).map(Bson::Int64)
+        }
+        (Some(a), by) => Some(Bson::Double(float(a)? + float(by)?)),
+        (None, _) => None,
+    }
 }
 
 /// Applies `update` ($set, $unset and $inc of top-level fields) to `document`, refusing what
@@ -998,21 +1037,10 @@ fn apply(document: &mut Document, update: &Document) -> Result<()> {
                     updated.remove(field);
                 }
                 "$inc" => {
-                    let sum = match (updated.get(field), value) {
-                        (None, increment) => Some(increment.clone()),
-                        (Some(Bson::Int32(a)), Bson::Int32(b)) => {
-                            a.checked_add(*b).map(Bson::Int32)
-                        }
-                        (Some(Bson::Int64(a)), Bson::Int64(b)) => {
-                            a.checked_add(*b).map(Bson::Int64)
-                        }
-                        (Some(Bson::Double(a)), Bson::Double(b)) => Some(Bson::Double(a + b)),
-                        _ => None,
-                    };
-                    let Some(sum) = sum else {
+                    let Some(sum) = increment(updated.get(field), value) else {
                         return Err(Error::InvalidArgument(format!(
-                            "the in-memory document locks $inc numbers of one type only, not \
-                             {field:?}"
+                            "$inc of {field:?}: both the field and the increment must be \
+                             numbers, and the sum must fit"
                         )));
                     };
                     updated.insert(field, sum);
@@ -1096,6 +1124,11 @@ impl Locks {
                     // MongoDB; a checkpoint that failed leaves the document locked.
                     if unlock {
                         stored.holder = None;
+                        // The lock field keeps the fencing token, as on MongoDB.
+                        let token = stored.last_token;
+                        stored
+                            .document
+                            .insert(LOCK_FIELD, doc! { "fencingToken": token });
                     }
                     changed
                 }

@@ -144,6 +144,7 @@ behaviours!(
     documents_are_claimed_by_one_holder_each,
     a_filter_that_matches_nothing_is_document_not_found,
     a_checkpoint_keeps_the_lock_and_a_replace_rewrites_the_document,
+    increments_add_up_and_a_read_document_cannot_be_written_back,
     a_waiter_gets_the_document_when_it_is_unlocked,
     updates_that_would_corrupt_a_document_lock_are_refused,
 );
@@ -621,8 +622,22 @@ async fn documents_are_claimed_by_one_holder_each(locks: Locks) {
         again.fencing_token() > token,
         "tokens increase per document"
     );
+    assert_eq!(
+        stored_token(again.document()),
+        Some(again.fencing_token().get()),
+        "the document shows its lock field, with the holder's token"
+    );
     again.release().await.unwrap();
     second.release().await.unwrap();
+}
+
+/// The fencing token stored in a document's lock field.
+fn stored_token(document: &mongodb::bson::Document) -> Option<i64> {
+    match document.get_document("lock").ok()?.get("fencingToken")? {
+        Bson::Int32(token) => Some(i64::from(*token)),
+        Bson::Int64(token) => Some(*token),
+        _ => None,
+    }
 }
 
 async fn a_filter_that_matches_nothing_is_document_not_found(locks: Locks) {
@@ -659,6 +674,33 @@ async fn a_checkpoint_keeps_the_lock_and_a_replace_rewrites_the_document(locks: 
     assert_eq!(again.document().get_str("note"), Ok("rewritten"));
     assert!(again.fencing_token() > token);
     again.release().await.unwrap();
+}
+
+/// A number as an `i64`, whatever its integer type.
+fn integer(value: Option<&Bson>) -> Option<i64> {
+    match value? {
+        Bson::Int32(value) => Some(i64::from(*value)),
+        Bson::Int64(value) => Some(*value),
+        _ => None,
+    }
+}
+
+async fn increments_add_up_and_a_read_document_cannot_be_written_back(locks: Locks) {
+    let counters = documents(&locks, &["c"], doc! { "total": 5_i64, "small": 1 }).await;
+    let c = || doc! { "_id": "c" };
+    let guard = counters.lock(c()).await.unwrap();
+    let update = doc! { "$inc": { "total": 1, "small": 2, "new": 3 } };
+    guard.commit(update).await.unwrap();
+    let again = counters.lock(c()).await.unwrap();
+    // The values only: MongoDB keeps a 64-bit `total` 64-bit, the embedded test server does
+    // not (the double's types are checked on their own below).
+    assert_eq!(integer(again.document().get("total")), Some(6));
+    assert_eq!(integer(again.document().get("small")), Some(3));
+    assert_eq!(integer(again.document().get("new")), Some(3));
+    // Writing back what was read carries the lock field: refused, as MongoDB's lock refuses it.
+    let copy = again.document().clone();
+    let error = again.replace(copy).await.unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
 }
 
 async fn a_waiter_gets_the_document_when_it_is_unlocked(locks: Locks) {
@@ -801,6 +843,8 @@ async fn the_document_double_refuses_what_it_does_not_evaluate() {
         .await
         .unwrap();
     for filter in [
+        // Refused whatever the data: no document has this status.
+        doc! { "status": "done", "n": { "$gt": 3 } },
         doc! { "status": { "$in": ["pending"] } },
         doc! { "$or": [{ "status": "pending" }] },
         doc! { "meta.kind": "x" },
@@ -829,4 +873,27 @@ async fn the_document_double_refuses_what_it_does_not_evaluate() {
     assert!(again.release().await.unwrap_err().is_lock_lost());
     let error = jobs.try_lock(doc! {}).await.unwrap_err();
     assert!(matches!(error, Error::ShutDown), "{error}");
+}
+
+#[tokio::test]
+async fn the_document_double_widens_increments_as_mongodb_does() {
+    // https://www.mongodb.com/docs/manual/reference/operator/update/inc/: mixed numeric types
+    // follow the type conversion rules (int + long = long, any + double = double).
+    let locks = MemoryLockProvider::new();
+    let counters = locks.create_document_lock("counters");
+    let fields = doc! { "long": 5_i64, "int": 1, "double": 0.5, "big": i32::MAX };
+    let guard = counters.lock_or_insert("c", fields).await.unwrap();
+    let update = doc! { "$inc": { "long": 1, "int": 2, "double": 1, "big": 1_i64 } };
+    guard.commit(update).await.unwrap();
+    let again = counters.lock(doc! { "_id": "c" }).await.unwrap();
+    let value = |field| again.document().get(field).cloned();
+    assert_eq!(value("long"), Some(Bson::Int64(6)));
+    assert_eq!(value("int"), Some(Bson::Int32(3)));
+    assert_eq!(value("double"), Some(Bson::Double(1.5)));
+    assert_eq!(value("big"), Some(Bson::Int64(i64::from(i32::MAX) + 1)));
+    let error = again
+        .checkpoint(doc! { "$inc": { "int": "one" } })
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
 }
