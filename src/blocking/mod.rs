@@ -64,7 +64,7 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-use crate::{Error, FenceOutcome, LockStatus, LostSignal, Result};
+use crate::{Error, LockStatus, LostSignal, Result};
 
 mod document_lock;
 mod fencing;
@@ -221,7 +221,7 @@ macro_rules! returned_as_is {
         )*
     };
 }
-returned_as_is!((), bool, u64, LockStatus, Vec<LockStatus>, FenceOutcome);
+returned_as_is!((), bool, u64, LockStatus, Vec<LockStatus>);
 
 impl<A, B: FromAsync<A>> FromAsync<Option<A>> for Option<B> {
     fn from_async(inner: Option<A>, background: &Arc<Background>) -> Self {

@@ -8,8 +8,8 @@
 
 /// An async type and its blocking twin, each in the source of its file.
 struct Twins {
-    /// The files of the async type (one, or a folder's).
-    async_sources: &'static [&'static str],
+    /// The async type's file (for a type written in several files, one constant per file).
+    async_source: &'static str,
     async_type: &'static str,
     blocking_source: &'static str,
     blocking_type: &'static str,
@@ -24,7 +24,7 @@ const RUN_WHILE_HELD: &[&str] = &["run_while_held", "transaction"];
 // Each pair, and each file of a type written in several, is a constant of its own: a scan of a
 // few files each, within what the compiler expects of a constant.
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../provider/mod.rs")],
+    async_source: include_str!("../provider/mod.rs"),
     async_type: "Provider",
     blocking_source: include_str!("provider.rs"),
     blocking_type: "Provider",
@@ -32,7 +32,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../provider/administration.rs")],
+    async_source: include_str!("../provider/administration.rs"),
     async_type: "Provider",
     blocking_source: include_str!("provider.rs"),
     blocking_type: "Provider",
@@ -40,7 +40,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../provider/composite.rs")],
+    async_source: include_str!("../provider/composite.rs"),
     async_type: "Provider",
     blocking_source: include_str!("provider.rs"),
     blocking_type: "Provider",
@@ -48,7 +48,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../lock.rs")],
+    async_source: include_str!("../lock.rs"),
     async_type: "MongoDistributedLock",
     blocking_source: include_str!("lock.rs"),
     blocking_type: "MongoDistributedLock",
@@ -56,7 +56,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../semaphore.rs")],
+    async_source: include_str!("../semaphore.rs"),
     async_type: "MongoDistributedSemaphore",
     blocking_source: include_str!("semaphore.rs"),
     blocking_type: "MongoDistributedSemaphore",
@@ -64,7 +64,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../rw_lock/mod.rs")],
+    async_source: include_str!("../rw_lock/mod.rs"),
     async_type: "MongoDistributedReaderWriterLock",
     blocking_source: include_str!("rw_lock.rs"),
     blocking_type: "MongoDistributedReaderWriterLock",
@@ -72,7 +72,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../rw_lock/read_guard.rs")],
+    async_source: include_str!("../rw_lock/read_guard.rs"),
     async_type: "ReadGuard",
     blocking_source: include_str!("guard.rs"),
     blocking_type: "ReadGuard",
@@ -80,7 +80,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../guard.rs")],
+    async_source: include_str!("../guard.rs"),
     async_type: "LockGuard",
     blocking_source: include_str!("guard.rs"),
     blocking_type: "LockGuard",
@@ -88,7 +88,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../composite.rs")],
+    async_source: include_str!("../composite.rs"),
     async_type: "CompositeGuard",
     blocking_source: include_str!("guard.rs"),
     blocking_type: "CompositeGuard",
@@ -96,7 +96,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../document_lock/mod.rs")],
+    async_source: include_str!("../document_lock/mod.rs"),
     async_type: "DocumentLock",
     blocking_source: include_str!("document_lock.rs"),
     blocking_type: "DocumentLock",
@@ -104,7 +104,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../document_lock/guard.rs")],
+    async_source: include_str!("../document_lock/guard.rs"),
     async_type: "DocumentGuard",
     blocking_source: include_str!("document_lock.rs"),
     blocking_type: "DocumentGuard",
@@ -112,7 +112,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../leader.rs")],
+    async_source: include_str!("../leader.rs"),
     async_type: "LeaderElection",
     blocking_source: include_str!("leader.rs"),
     blocking_type: "LeaderElection",
@@ -120,7 +120,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../fencing.rs")],
+    async_source: include_str!("../fencing.rs"),
     async_type: "Fence",
     blocking_source: include_str!("fencing.rs"),
     blocking_type: "Fence",
@@ -128,7 +128,7 @@ const _: () = check(&Twins {
 });
 
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../watch.rs")],
+    async_source: include_str!("../watch.rs"),
     async_type: "LockWatch",
     blocking_source: include_str!("watch.rs"),
     blocking_type: "LockWatch",
@@ -137,7 +137,7 @@ const _: () = check(&Twins {
 
 // A job's one async method runs an async closure: no blocking `Job` (see `RUN_WHILE_HELD`).
 const _: () = check(&Twins {
-    async_sources: &[include_str!("../job.rs")],
+    async_source: include_str!("../job.rs"),
     async_type: "Job",
     blocking_source: "",
     blocking_type: "Job",
@@ -146,24 +146,20 @@ const _: () = check(&Twins {
 
 /// Panics (at compile time) naming the first public async method without a blocking twin.
 const fn check(twins: &Twins) {
-    let mut file = 0;
-    while file < twins.async_sources.len() {
-        let source = twins.async_sources[file].as_bytes();
-        let mut at = 0;
-        while let Some(block) = next_impl(source, at, twins.async_type.as_bytes()) {
-            let end = block_end(source, block);
-            let mut from = block;
-            while let Some(found) = find(source, from, end, b"\n    pub async fn ") {
-                let start = found + b"\n    pub async fn ".len();
-                let name = ident(source, start);
-                if !is_exempt(name, twins.exempt) && !has_twin(twins, name) {
-                    missing(twins.async_type, name);
-                }
-                from = start;
+    let source = twins.async_source.as_bytes();
+    let mut at = 0;
+    while let Some(block) = next_impl(source, at, twins.async_type.as_bytes()) {
+        let end = block_end(source, block);
+        let mut from = block;
+        while let Some(found) = find(source, from, end, b"\n    pub async fn ") {
+            let start = found + b"\n    pub async fn ".len();
+            let name = ident(source, start);
+            if !is_exempt(name, twins.exempt) && !has_twin(twins, name) {
+                missing(twins.async_type, name);
             }
-            at = end;
+            from = start;
         }
-        file += 1;
+        at = end;
     }
 }
 
@@ -306,7 +302,7 @@ mod tests {
 
     fn twins(blocking_source: &'static str) -> Twins {
         Twins {
-            async_sources: &[ASYNC],
+            async_source: ASYNC,
             async_type: "Thing",
             blocking_source,
             blocking_type: "Thing",
