@@ -592,25 +592,7 @@ fn a_dry_run_needs_no_docker() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Whole runs against stand-in `docker` and `cargo`.
-
-const FAKE_DOCKER: &str = r#"#!/usr/bin/env bash
-echo "docker MONGODB_VERSION=${MONGODB_VERSION:-} $*" >> "$FAKE_LOG"
-case "$*" in
-  info) exit "${FAKE_INFO_EXIT:-0}" ;;
-  *" up -d --wait "*) exit "${FAKE_UP_EXIT:-0}" ;;
-  *"hello: 1"*) echo "shard1-2:27017" ;;
-esac
-exit 0
-"#;
-
-const FAKE_CARGO: &str = r#"#!/usr/bin/env bash
-echo "cargo $* MONGODB_URI=${MONGODB_URI:-} MONGODB_URI_2=${MONGODB_URI_2:-} CHAOS_SECONDS=${CHAOS_SECONDS:-}" >> "$FAKE_LOG"
-case "$*" in
-  *"chaos_history:: -- --nocapture"*) sleep "${FAKE_CHAOS_SLEEP:-0}"; exit "${FAKE_CHAOS_EXIT:-0}" ;;
-esac
-exit 0
-"#;
+// Whole runs against stand-in `docker` and `cargo` (`tests/fixtures/real-cluster/`).
 
 struct Fakes {
     directory: PathBuf,
@@ -622,12 +604,12 @@ impl Fakes {
             std::env::temp_dir().join(format!("infra-real-cluster-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&directory);
         std::fs::create_dir_all(&directory).unwrap();
-        for (file, script) in [("docker", FAKE_DOCKER), ("cargo", FAKE_CARGO)] {
-            let path = directory.join(file);
-            std::fs::write(&path, script).unwrap();
-            let mut permissions = std::fs::metadata(&path).unwrap().permissions();
-            std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
-            std::fs::set_permissions(&path, permissions).unwrap();
+        // Links to the checked-in scripts, not copies: a script this process had just written
+        // could fail to start with "Text file busy" while a child forked by another test thread
+        // still held the inherited write descriptor (rust-lang/rust#114554).
+        for file in ["docker", "cargo"] {
+            let script = root().join("tests/fixtures/real-cluster").join(file);
+            std::os::unix::fs::symlink(script, directory.join(file)).unwrap();
         }
         Fakes { directory }
     }
