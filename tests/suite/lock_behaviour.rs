@@ -19,12 +19,15 @@ use mongodb::bson::{Bson, doc};
 
 type Locks = Arc<dyn DistributedLockProvider>;
 
+/// No behaviour here waits for an expiry, so the lease is long: an attempt waits for its reply up
+/// to the expiry, and a 5 s expiry failed three tests with `NoReply` when the server was starved
+/// on an overloaded machine.
 async fn mongodb_locks() -> Locks {
     let provider = Provider::new(&common::database().await)
         .with_collection(common::unique("behaviour").as_str())
         .with_semaphore_collection(common::unique("behaviour-semaphores").as_str())
         .with_reader_writer_collection(common::unique("behaviour-rw").as_str())
-        .with_options(common::options(5_000, 1_000));
+        .with_options(common::options(30_000, 10_000));
     Arc::new(provider)
 }
 
