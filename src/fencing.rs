@@ -55,6 +55,21 @@ fn primary() -> SelectionCriteria {
     SelectionCriteria::ReadPreference(ReadPreference::Primary)
 }
 
+/// Whether a document matches `filter`, read on the primary with read concern `local`: the caller
+/// acts on the answer (a fenced write that matched nothing; a document lock with nothing to lock).
+pub(crate) async fn exists_on_primary(
+    collection: &Collection<Document>,
+    filter: Document,
+) -> mongodb::error::Result<bool> {
+    let found = collection
+        .find_one(filter)
+        .projection(doc! { "_id": 1 })
+        .selection_criteria(primary())
+        .read_concern(ReadConcern::local())
+        .await?;
+    Ok(found.is_some())
+}
+
 /// The default field that remembers the last fencing token written to a document.
 pub const DEFAULT_FENCE_FIELD: &str = "fencingToken";
 
@@ -187,14 +202,7 @@ impl Fence {
         if result.matched_count > 0 {
             return Ok(FenceOutcome::Applied);
         }
-        let exists = documents
-            .find_one(filter)
-            .projection(doc! { "_id": 1 })
-            .selection_criteria(primary())
-            .read_concern(ReadConcern::local())
-            .await?
-            .is_some();
-        Ok(if exists {
+        Ok(if exists_on_primary(&documents, filter).await? {
             FenceOutcome::Stale
         } else {
             FenceOutcome::NotFound

@@ -3,15 +3,13 @@
 use std::sync::Arc;
 
 use mongodb::bson::{Bson, Document, doc};
-use mongodb::options::ReadConcern;
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 
 use crate::clock;
 use crate::error::is_duplicate_id;
-use crate::lease::schema::{
-    EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, lease_end, next_fencing_token, primary,
-};
+use crate::fencing::exists_on_primary;
+use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, lease_end, next_fencing_token};
 use crate::token::read_i64;
 use crate::{Error, FencingToken, Result};
 
@@ -52,16 +50,7 @@ where
             }
         }
         None => {
-            let exists = target
-                .lock
-                .collection
-                .find_one(filter)
-                .projection(doc! { "_id": 1 })
-                .selection_criteria(primary())
-                .read_concern(ReadConcern::local())
-                .await?
-                .is_some();
-            if exists {
+            if exists_on_primary(&target.lock.collection, filter).await? {
                 Ok(None)
             } else {
                 Err(Error::DocumentNotFound {
