@@ -28,6 +28,8 @@ cites the MongoDB manual page it imitates:
    every open stream's next getMore fail with CursorNotFound. Its tests are in
    tests/suite/infra_change_streams.rs. With --no-change-streams, `$changeStream` is refused (40573) as
    by a standalone mongod; --change-stream-history N bounds the history (default 5000 events).
+9. A `$cond` branch naming a missing field yields a missing value, which `$set`/`$addFields`/
+   `$project` leave out (mongoeco stored null).
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
@@ -364,6 +366,39 @@ def _purge_by_the_servers_clock(self, *args, now, **kwargs):
 MemoryEngine._purge_expired_documents_locked = _purge_by_the_servers_clock
 
 
+# Shim 9: a `$cond` whose chosen branch names a missing field yields a missing value, and a
+# `$set`/`$addFields`/`$project` field whose expression is missing is left out, as on MongoDB
+# (manual: "$project (aggregation)", "Conditionally Exclude Fields": documents without
+# `author.middle` come out without it). mongoeco evaluates the branch to null and stores
+# `field: null`, so an update pipeline that writes a field back unchanged
+# (`{$cond: [free, <new>, "$field"]}`) would add it, null, to every document that lacked it.
+from mongoeco.core.aggregation import runtime as _aggregation_runtime  # noqa: E402
+from mongoeco.core.aggregation import runtime_state as _aggregation_runtime_state  # noqa: E402
+from mongoeco.core.aggregation import transform_stages as _aggregation_transform  # noqa: E402
+
+_evaluate_with_missing = _aggregation_runtime._evaluate_expression_with_missing
+
+
+def _evaluate_with_missing_through_cond(document, expression, variables=None, **kwargs):
+    if isinstance(expression, dict) and len(expression) == 1 and "$cond" in expression:
+        spec = expression["$cond"]
+        if isinstance(spec, list) and len(spec) == 3:
+            condition, when_true, when_false = spec
+        elif isinstance(spec, dict) and set(spec) == {"if", "then", "else"}:
+            condition, when_true, when_false = spec["if"], spec["then"], spec["else"]
+        else:
+            return _evaluate_with_missing(document, expression, variables, **kwargs)
+        # mongoeco's own truthiness, through its own `$cond`.
+        chosen = _evaluate_with_missing(document, {"$cond": [condition, True, False]}, variables, **kwargs)
+        branch = when_true if chosen else when_false
+        return _evaluate_with_missing_through_cond(document, branch, variables, **kwargs)
+    return _evaluate_with_missing(document, expression, variables, **kwargs)
+
+
+for _module in (_aggregation_runtime, _aggregation_runtime_state, _aggregation_transform):
+    _module._evaluate_expression_with_missing = _evaluate_with_missing_through_cond
+
+
 # Shim 8: change streams, as on a replica set (manual: "Change Streams", "Change Events", "Resume a
 # Change Stream"). mongoeco captures every committed write in process and hands it to its client's
 # change hub (a transaction's writes when it commits); over the wire it refuses `$changeStream`.
@@ -566,10 +601,13 @@ _change_payload_without_description = MemoryEngine._change_payload
 def _change_payload_with_description(**kwargs):
     payload = _change_payload_without_description(**kwargs)
     if _history_start is not None and kwargs.get("operation_type") == "update":
-        before = sys._getframe(1).f_locals.get("original_document")
+        caller = sys._getframe(1).f_locals
+        before = caller.get("original_document")
         after = payload.get("full_document")
         if isinstance(before, dict) and isinstance(after, dict):
-            payload["update_description"] = _update_description(before, after)
+            pipeline = isinstance(getattr(caller.get("operation"), "update_spec", None), list)
+            describe = _pipeline_update_description if pipeline else _update_description
+            payload["update_description"] = describe(before, after)
     return payload
 
 
@@ -618,6 +656,144 @@ def _update_description(before, after):
         removed.extend(prefix + key for key in old if key not in new)
 
     diff(before, after, "")
+    updated.pop("_id", None)
+    return {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated}
+
+
+# A pipeline update's change, as MongoDB 5.0 and later log it (server source:
+# src/mongo/db/update/document_diff_calculator.cpp, document_diff_serialization.cpp): the two
+# documents are walked field by field in order; a subdocument or array that changed is described
+# by its own difference, unless that difference (by the server's estimate of its BSON size) would
+# be no smaller than the new value: then the whole field is logged as updated. So a writer ended
+# by `writer: {fencingToken}` shows as `updatedFields.writer`, not as removed `writer.id`.
+# (Modifier updates are logged by what they modify, which `_update_description` approximates.
+# Not imitated: a top-level difference no smaller than the document, which the server logs as a
+# replacement.)
+def _value_size(value):
+    """The size of a BSON value (without its type byte and name), as the server counts it."""
+    if isinstance(value, dict):
+        return 5 + sum(2 + len(str(key).encode()) + _value_size(item) for key, item in value.items())
+    if isinstance(value, list):
+        return _value_size({str(index): item for index, item in enumerate(value)})
+    if isinstance(value, str):
+        return 5 + len(value.encode())
+    if isinstance(value, bool):
+        return 1
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return 4 if -(2**31) <= value < 2**31 else 8
+    if type(value).__name__ in ("BsonInt32",):
+        return 4
+    if type(value).__name__ in ("ObjectId",):
+        return 12
+    if type(value).__name__ in ("BsonDecimal128", "Decimal128", "Decimal"):
+        return 16
+    if isinstance(value, (bytes, bytearray)):
+        return 5 + len(value)
+    return 8  # dates, doubles, Int64, timestamps
+
+
+class _DiffNode:
+    """A node of the difference: a document's (u, i, d, s) or an array's (u, s, l)."""
+
+    def __init__(self, array):
+        self.array = array
+        self.size = 9 if array else 5
+        self.updates, self.inserts, self.deletes, self.subs = {}, {}, [], {}
+        self.resize = None
+
+    def add(self, kind, field, value=None):
+        child = value.size if kind == "sub" else 1 if kind == "delete" else _value_size(value)
+        name = 1 + len(str(field)) if self.array else len(field.encode())
+        self.size += name + 2 + child
+        if kind == "sub":
+            self.size += 0 if self.array else 1
+            self.subs[field] = value
+            return
+        section = {"update": self.updates, "insert": self.inserts, "delete": None}[kind]
+        if not self.array and not (self.deletes if kind == "delete" else section):
+            self.size += 8
+        if kind == "delete":
+            self.deletes.append(field)
+        else:
+            section[field] = value
+
+
+def _sub_diff(old, new):
+    """The difference of two subdocuments or two arrays, or None when it is no smaller than
+    `new` (the field is then logged whole)."""
+    node = _array_diff(old, new) if isinstance(new, list) else _doc_diff(old, new, limited=True)
+    return node if node is not None and _value_size(new) > node.size else None
+
+
+def _changed(node, key, old, new):
+    if type(old) is type(new) and isinstance(new, (dict, list)):
+        sub = _sub_diff(old, new)
+        if sub is not None:
+            node.add("sub", key, sub)
+            return
+    node.add("update", key, new)
+
+
+def _doc_diff(old, new, limited):
+    node = _DiffNode(array=False)
+    new_size = _value_size(new)
+    old_items, new_items = list(old.items()), list(new.items())
+    i = j = 0
+    deletes = []
+    while i < len(old_items) and j < len(new_items):
+        if limited and new_size < node.size:
+            return None
+        (old_key, old_value), (new_key, new_value) = old_items[i], new_items[j]
+        if old_key == new_key:
+            if not _same(old_value, new_value):
+                _changed(node, old_key, old_value, new_value)
+            i, j = i + 1, j + 1
+        else:
+            deletes.append(old_key)
+            i += 1
+    for old_key, _ in old_items[i:]:
+        node.add("delete", old_key)
+    for new_key, new_value in new_items[j:]:
+        node.add("insert", new_key, new_value)
+        if new_key in deletes:
+            deletes.remove(new_key)
+    for old_key in deletes:
+        node.add("delete", old_key)
+    return node
+
+
+def _array_diff(old, new):
+    node = _DiffNode(array=True)
+    new_size = _value_size(new)
+    for index, (old_value, new_value) in enumerate(zip(old, new)):
+        if new_size < node.size:
+            return None
+        if not _same(old_value, new_value):
+            _changed(node, index, old_value, new_value)
+    for index in range(len(old), len(new)):
+        node.add("update", index, new[index])
+    if len(old) > len(new):
+        node.resize = len(new)
+        node.size += 7
+    return node
+
+
+def _pipeline_update_description(before, after):
+    updated, removed, truncated = {}, [], []
+
+    def flatten(node, path):
+        prefix = f"{path}." if path else ""
+        for field, value in {**node.updates, **node.inserts}.items():
+            updated[f"{prefix}{field}"] = value
+        removed.extend(f"{prefix}{field}" for field in node.deletes)
+        for field, child in node.subs.items():
+            flatten(child, f"{prefix}{field}")
+        if node.resize is not None:
+            truncated.append({"field": path, "newSize": node.resize})
+
+    flatten(_doc_diff(before, after, limited=False), "")
     updated.pop("_id", None)
     return {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated}
 

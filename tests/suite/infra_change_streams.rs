@@ -713,3 +713,60 @@ async fn an_awaiting_get_more_returns_empty_at_its_max_await_time_or_at_once_wit
         started.elapsed()
     );
 }
+
+/// MongoDB manual, "Change Events", "update Event" (`updateDescription.updatedFields`): the
+/// fields an update changed, by path. From MongoDB 5.0 a pipeline update's change is the
+/// difference between the two documents, and a changed subdocument or array whose difference
+/// would be larger than its new value is reported whole (server source,
+/// `src/mongo/db/update/document_diff_calculator.cpp`). So a writer's lease ended by setting
+/// `writer: {fencingToken}` shows as `updatedFields.writer`, with no removed `writer.id`, while a
+/// renewal that changes one date of it shows by its path. Fails when the shim reports every
+/// change by its deepest path.
+#[tokio::test]
+async fn a_subdocument_whose_difference_outweighs_it_is_reported_whole() {
+    let (_server, client) = server(&[]).await;
+    let collection = fresh_collection(&client, "whole-field");
+    let mut stream = collection.watch().await.unwrap();
+    let now = mongodb::bson::DateTime::now();
+    let writer = doc! {
+        "id": "0123456789abcdef0123456789abcdef",
+        "expiresAt": now,
+        "acquiredAt": now,
+        "renewedAt": now,
+        "fencingToken": 7_i64,
+    };
+    collection
+        .insert_one(doc! { "_id": 1, "readers": [], "writer": writer, "expiresAt": now })
+        .await
+        .unwrap();
+    next_event(&mut stream).await; // the insert
+
+    let later = mongodb::bson::DateTime::from_millis(now.timestamp_millis() + 1_000);
+    let renew = vec![doc! { "$set": { "writer.expiresAt": later } }];
+    collection
+        .update_one(doc! { "_id": 1 }, renew)
+        .await
+        .unwrap();
+    let renewed = next_event(&mut stream).await;
+    let description = renewed.update_description.expect("an update description");
+    assert_eq!(
+        description.updated_fields,
+        doc! { "writer.expiresAt": later },
+        "a small change shows by its path"
+    );
+
+    let end_writer =
+        vec![doc! { "$set": { "writer": { "fencingToken": "$writer.fencingToken" } } }];
+    collection
+        .update_one(doc! { "_id": 1 }, end_writer)
+        .await
+        .unwrap();
+    let ended = next_event(&mut stream).await;
+    let description = ended.update_description.expect("an update description");
+    assert_eq!(
+        description.updated_fields,
+        doc! { "writer": { "fencingToken": 7_i64 } },
+        "the whole subdocument, not four removed fields"
+    );
+    assert!(description.removed_fields.is_empty(), "{description:?}");
+}

@@ -478,3 +478,50 @@ async fn an_index_on_an_indexed_key_pattern_with_other_options_is_an_options_con
         .unwrap_err();
     assert_eq!(error_code(&error), Some(85), "{error}");
 }
+
+/// MongoDB manual, "$project (aggregation)", "Conditionally Exclude Fields": a `$cond` whose
+/// chosen branch names a field the document lacks yields a missing value, and the field is left
+/// out of the output (the example's documents without `author.middle` come out without it), as
+/// it is with `$$REMOVE`. The same holds for `$set`/`$addFields` in an update pipeline, which is
+/// how the crate writes a field back unchanged when an attempt finds a lock busy. Fails when a
+/// missing value is stored as null (mongoeco without shim 9).
+#[tokio::test]
+async fn a_cond_branch_naming_a_missing_field_leaves_the_field_out() {
+    let collection = common::database()
+        .await
+        .collection::<mongodb::bson::Document>(&common::unique("cond-missing"));
+    collection
+        .insert_one(doc! { "_id": "a", "kept": 1, "gone": 2 })
+        .await
+        .unwrap();
+    collection
+        .update_one(
+            doc! { "_id": "a" },
+            vec![doc! { "$set": {
+                "kept": { "$cond": [false, "$$REMOVE", "$kept"] },
+                "gone": { "$cond": { "if": true, "then": "$$REMOVE", "else": "$gone" } },
+                "absent": { "$cond": [false, 3, "$absent"] },
+                "nested": { "$cond": [true, { "$cond": [false, 4, "$nothing"] }, 5] },
+                "added": { "$cond": [true, 6, "$absent"] },
+            } }],
+        )
+        .await
+        .unwrap();
+    let stored = collection
+        .find_one(doc! { "_id": "a" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored, doc! { "_id": "a", "kept": 1, "added": 6 });
+    let projected: Vec<mongodb::bson::Document> = collection
+        .aggregate([doc! { "$project": {
+            "middle": { "$cond": [{ "$eq": ["", "$middle"] }, "$$REMOVE", "$middle"] },
+            "kept": 1,
+        } }])
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(projected, [doc! { "_id": "a", "kept": 1 }]);
+}
