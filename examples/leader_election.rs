@@ -60,8 +60,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ = tokio::signal::ctrl_c() => println!("{instance}: stopping"),
         () = tokio::time::sleep(Duration::from_secs(seconds)) => println!("{instance}: done"),
     }
-    // Releases leadership (and anything else the provider holds) so a follower takes over now.
+    // Releases leadership (and anything else the provider holds) so a follower takes over now,
+    // then ends the driver's work while the runtime still runs.
     provider.shutdown().await;
+    drop((election, provider));
+    client.shutdown().await;
     Ok(())
 }
 

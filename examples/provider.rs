@@ -32,6 +32,14 @@ async fn process_order(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = Client::with_uri_str(mongodb_uri()).await?;
+    let outcome = run(&client).await;
+    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
+    // task of the driver or of the locks' background work ends with the runtime mid-request.
+    client.shutdown().await;
+    outcome
+}
+
+async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     let options = LockOptions::builder()
         .expiry(Duration::from_secs(15))
         .adaptive_backoff(true)

@@ -13,6 +13,14 @@ use tokio::time::Instant;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = Client::with_uri_str(mongodb_uri()).await?;
+    let outcome = run(&client).await;
+    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
+    // task of the driver or of the locks' background work ends with the runtime mid-request.
+    client.shutdown().await;
+    outcome
+}
+
+async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     let provider = Provider::new(&client.database("reader_writer_example"))
         .with_details(LockDetails::new().with_owner("config-service"));
     let config = provider.create_reader_writer_lock("feature-flags");

@@ -25,6 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: u64 = std::env::args().nth(1).map_or(Ok(16), |s| s.parse())?;
     let mut schedulers = Vec::new();
     let mut providers = Vec::new();
+    let mut clients = Vec::new();
     for (number, schedule) in SCHEDULES.into_iter().enumerate() {
         let instance = format!("instance-{}", number + 1);
         let client = Client::with_uri_str(mongodb_uri()).await?;
@@ -53,6 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         scheduler.start().await?;
         schedulers.push(scheduler);
         providers.push(provider);
+        clients.push(client);
     }
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     for mut scheduler in schedulers {
@@ -60,6 +62,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for provider in providers {
         provider.shutdown().await;
+    }
+    // End the drivers' work while the runtime still runs.
+    for client in clients {
+        client.shutdown().await;
     }
     Ok(())
 }

@@ -18,6 +18,14 @@ use mongodb::bson::{Document, doc};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = Client::with_uri_str(mongodb_uri()).await?;
+    let outcome = run(&client).await;
+    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
+    // task of the driver or of the locks' background work ends with the runtime mid-request.
+    client.shutdown().await;
+    outcome
+}
+
+async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     let database = client.database("transaction_example");
     let accounts = database.collection::<Document>("accounts");
     accounts.drop().await?;
@@ -32,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let guard = lock.acquire().await?;
     let transfer = async |amount: i32| {
         guard
-            .transaction(&client, async |session| {
+            .transaction(client, async |session| {
                 accounts
                     .update_one(
                         doc! { "_id": "alice" },
