@@ -144,6 +144,22 @@ pub enum Error {
     #[error("could not start the Tokio runtime of the blocking API: {0}")]
     RuntimeStart(std::io::Error),
 
+    /// An administrative delete ([`Provider::purge_expired`](crate::Provider::purge_expired))
+    /// was refused because the collection does not look like a lock collection: most of the
+    /// documents read from it are not shaped like the lock documents of the kinds configured for
+    /// it (a wrong collection name, or one shared with application data). Nothing was changed.
+    /// Check the provider's collection settings. (Every administrative delete or update touches
+    /// only documents shaped like lock documents in any case.)
+    #[error(
+        "collection {collection:?} does not look like a lock collection: {reason}; nothing was changed"
+    )]
+    NotALockCollection {
+        /// The collection refused.
+        collection: String,
+        /// What was found in it.
+        reason: String,
+    },
+
     /// A background task of this lock ended before it could report back, typically because its
     /// Tokio runtime is shutting down.
     #[error("the background task of {operation} ended early (is the runtime shutting down?)")]
@@ -153,7 +169,7 @@ pub enum Error {
     },
 }
 
-/// What an [`Error::Timeout`] or [`Error::BackgroundTaskEnded`] interrupted.
+/// What an [`Error::NoReply`] or [`Error::BackgroundTaskEnded`] interrupted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Operation {
@@ -214,6 +230,9 @@ pub(crate) fn holders_text(holders: &[LockStatus]) -> String {
                 remaining.as_secs_f64()
             ));
         }
+        if let Some(kept) = holder.kept {
+            text.push_str(&format!(", {:.1} s more", kept.as_secs_f64()));
+        }
         text
     };
     match holders {
@@ -270,13 +289,15 @@ impl Error {
     }
 
     /// Whether the caller's input is at fault ([`Error::InvalidOptions`],
-    /// [`Error::InvalidArgument`] or [`Error::InvalidCollectionName`]).
+    /// [`Error::InvalidArgument`], [`Error::InvalidCollectionName`] or
+    /// [`Error::NotALockCollection`]).
     pub fn is_invalid_input(&self) -> bool {
         matches!(
             self,
             Error::InvalidOptions(_)
                 | Error::InvalidArgument(_)
                 | Error::InvalidCollectionName { .. }
+                | Error::NotALockCollection { .. }
         )
     }
 }
@@ -510,6 +531,8 @@ mod tests {
             renewed_at: None,
             fencing_token: None,
             remaining: Some(Duration::from_millis(12_340)),
+            kept: None,
+            min_hold_until: None,
             details: owner.map(|owner| crate::LockDetails::new().with_owner(owner)),
         };
         let one = busy(vec![holder("7f3a", Some("worker-7"))]).to_string();

@@ -199,7 +199,7 @@ impl LockGuard {
     ///   was acquired on has shut down (nobody renews it any more; it expires by itself).
     /// - [`Error::Mongo`](crate::Error::Mongo) if the update failed for good, or if a retry
     ///   found the lease gone after an earlier try's outcome was unknown (it may have released
-    ///   it); [`Error::Timeout`](crate::Error::Timeout) if no try got a reply within `expiry`.
+    ///   it); [`Error::NoReply`](crate::Error::NoReply) if no try got a reply within `expiry`.
     ///   The lease then ends by itself at its expiry at the latest.
     ///
     /// # Cancel safety

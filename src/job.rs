@@ -191,6 +191,8 @@ mod tests {
             renewed_at: None,
             fencing_token: None,
             remaining: Some(Duration::from_secs(5)),
+            kept: None,
+            min_hold_until: None,
             details: Some(LockDetails::new().with_owner("worker-7")),
         };
         let running = Skipped {

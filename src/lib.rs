@@ -67,7 +67,7 @@ pub use job::{Job, JobRun, Skipped};
 pub use leader::LeaderElection;
 pub use lease::lost::LostSignal;
 pub use lock::{DEFAULT_LOCK_COLLECTION, MongoDistributedLock};
-pub use lock_status::{LockFilter, LockKind, LockStatus};
+pub use lock_status::{LockFilter, LockKind, LockStatus, Purgeable};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
 pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard};

@@ -173,8 +173,9 @@ impl MongoDistributedLock {
     ///   would reject; [`Error::InvalidArgument`] for a name over 1 MiB.
     /// - [`Error::Mongo`] if an attempt fails in the driver with an error that is not transient,
     ///   or transient errors persisted for `expiry`; the lock is not held then.
-    /// - [`Error::Timeout`] if attempts got no reply within `expiry` for `expiry` in a row (the
-    ///   lock is then not held: a late win is released at once).
+    /// - [`Error::NoReply`] ([`Operation::AttemptReply`](crate::Operation::AttemptReply)) if
+    ///   attempts got no reply within `expiry` for `expiry` in a row (the lock is then not held:
+    ///   a late win is released at once).
     /// - [`Error::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
@@ -193,11 +194,10 @@ impl MongoDistributedLock {
     /// still gets at least five seconds (at most `expiry`) to answer.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when the lock stayed busy until the deadline
-    /// ([`Operation::Acquire`](crate::Operation::Acquire)), or when an attempt got no reply in
-    /// time ([`Operation::AttemptReply`](crate::Operation::AttemptReply)) and the deadline has
-    /// passed; otherwise as [`acquire`](Self::acquire) (transient failures are retried only
-    /// until the deadline).
+    /// [`Error::Timeout`] when the lock stayed busy until the deadline (naming what held it);
+    /// [`Error::NoReply`] ([`Operation::AttemptReply`](crate::Operation::AttemptReply)) when an
+    /// attempt got no reply in time and the deadline has passed; otherwise as
+    /// [`acquire`](Self::acquire) (transient failures are retried only until the deadline).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
@@ -222,7 +222,7 @@ impl MongoDistributedLock {
     /// until the deadline.
     ///
     /// # Errors
-    /// [`Error::Timeout`] only when an attempt got no reply in time (at least five seconds, at most
+    /// [`Error::NoReply`] only when an attempt got no reply in time (at least five seconds, at most
     /// `expiry`): an unreachable server is not reported as a busy lock. Otherwise as
     /// [`acquire`](Self::acquire).
     ///
@@ -301,12 +301,7 @@ async fn attempt(
     lock_id: String,
 ) -> Result<Option<LockGuard>> {
     let sent_at = clock::now();
-    let update = schema::acquire_update(
-        &lock_id,
-        target.options.acquired_lease_millis(),
-        target.details.as_ref(),
-        None,
-    );
+    let update = schema::acquire_update(&lock_id, &target.options, target.details.as_ref(), None);
     let document = target.upsert(update).await?;
     won(&target, &runtime, &document, lock_id, sent_at)
 }
@@ -314,15 +309,16 @@ async fn attempt(
 /// Taking the lock over in a local holder's release command (see `lease::handoff`): the same
 /// pipeline as an attempt, with the releasing lease counting as free.
 fn takeover(target: Arc<Target>, runtime: Handle, lock_id: String) -> Takeover<LockGuard> {
-    let (id, expiry, details) = (
+    let (id, options, details) = (
         lock_id.clone(),
-        target.options.expiry_millis(),
+        target.options.clone(),
         target.details.clone(),
     );
     Takeover {
         layout: Layout::LockDocument,
+        // The lease its own attempt would write: `min_hold` and details included.
         update: Box::new(move |replacing| {
-            schema::acquire_update(&id, expiry, details.as_ref(), Some(replacing))
+            schema::acquire_update(&id, &options, details.as_ref(), Some(replacing))
         }),
         cleanup: target.cleanup(&Layout::LockDocument, &lock_id),
         finish: Box::new(move |document, sent_at| {
@@ -361,9 +357,18 @@ fn won(
     }
 }
 
+/// What keeps the lock from being taken (for a watch, and a timeout's message): its holder, or
+/// its last holder's `min_hold` window.
 impl ReadHolders for MongoDistributedLock {
     fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
-        Box::pin(self.holders())
+        Box::pin(async {
+            Ok(self
+                .status()
+                .await?
+                .into_iter()
+                .filter(|status| status.is_held() || status.is_kept())
+                .collect())
+        })
     }
 }
 

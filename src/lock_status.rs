@@ -61,6 +61,16 @@ pub struct LockStatus {
     pub fencing_token: Option<FencingToken>,
     /// How much of the lease is left by server time; `None` when the lock is not held.
     pub remaining: Option<Duration>,
+    /// For an exclusive lock that nobody holds: how much longer its last holder's
+    /// [`min_hold`](crate::LockOptions::min_hold) window keeps it taken (until `expires_at`), by
+    /// server time at the read. Nobody can acquire it meanwhile (a [`Job`](crate::Job) that ran
+    /// less than a window ago). `None` otherwise.
+    pub kept: Option<Duration>,
+    /// The end of the current (or last) holder's [`min_hold`](crate::LockOptions::min_hold)
+    /// window, `acquired_at + min_hold` by server time, for an exclusive lock whose holder has
+    /// one: until then the lock stays taken whatever becomes of its holder, a forced release
+    /// included.
+    pub min_hold_until: Option<DateTime>,
     /// Who holds it (owner, host, process id), if the holder stored details (see
     /// [`LockDetails`]).
     pub details: Option<LockDetails>,
@@ -70,6 +80,12 @@ impl LockStatus {
     /// Whether someone holds the lock (a holder with a live lease).
     pub fn is_held(&self) -> bool {
         self.remaining.is_some()
+    }
+
+    /// Whether nobody holds the lock but its last holder's `min_hold` window keeps it taken
+    /// (see [`kept`](Self::kept)).
+    pub fn is_kept(&self) -> bool {
+        self.kept.is_some()
     }
 
     /// The holder's owner, from its details.
@@ -126,6 +142,7 @@ pub struct LockFilter {
     name: Option<String>,
     owner: Option<String>,
     min_held_for: Option<Duration>,
+    kept: bool,
 }
 
 impl LockFilter {
@@ -167,6 +184,21 @@ impl LockFilter {
         self
     }
 
+    /// Also lists the exclusive locks that nobody holds but a finished holder's
+    /// [`min_hold`](crate::LockOptions::min_hold) window keeps taken: entries without a lock id,
+    /// whose [`kept`](LockStatus::kept) says for how long (a [`Job`](crate::Job) that ran less
+    /// than a window ago). Defaults to holders only.
+    #[must_use]
+    pub fn including_kept(mut self) -> Self {
+        self.kept = true;
+        self
+    }
+
+    /// Whether kept locks are asked for (see [`including_kept`](Self::including_kept)).
+    pub(crate) fn wants_kept(&self) -> bool {
+        self.kept
+    }
+
     /// Whether holders of `kind` can match.
     pub(crate) fn wants(&self, kind: LockKind) -> bool {
         self.kinds.is_empty() || self.kinds.contains(&kind)
@@ -179,7 +211,8 @@ impl LockFilter {
 
     /// Whether `status` passes every condition.
     pub fn matches(&self, status: &LockStatus) -> bool {
-        self.wants(status.kind)
+        (status.is_held() || self.kept && status.is_kept())
+            && self.wants(status.kind)
             && self.name.as_ref().is_none_or(|name| *name == status.name)
             && self
                 .owner
@@ -189,4 +222,15 @@ impl LockFilter {
                 .min_held_for
                 .is_none_or(|least| status.held_for().is_some_and(|held| held >= least))
     }
+}
+
+/// What [`Provider::purge_expired`](crate::Provider::purge_expired) would delete, as
+/// [`Provider::purgeable`](crate::Provider::purgeable) read it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Purgeable {
+    /// How many lock documents, in all the provider's collections.
+    pub count: u64,
+    /// The names of the first few of each collection, by name.
+    pub names: Vec<String>,
 }

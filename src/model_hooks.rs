@@ -34,7 +34,7 @@ pub fn attempt_filter(name: &str) -> Document {
 
 /// The update pipeline of an acquisition attempt with `lock_id`.
 pub fn attempt_update(lock_id: &str, options: &LockOptions) -> Vec<Document> {
-    schema::acquire_update(lock_id, options.expiry_millis(), None, None)
+    schema::acquire_update(lock_id, options, None, None)
 }
 
 /// What an attempt with `lock_id` learns from the document it returned: `Some(token)` if it won
@@ -62,9 +62,10 @@ pub fn release_filter(name: &str, lock_id: &str) -> Document {
     schema::Layout::LockDocument.release_filter(&Bson::from(name), lock_id)
 }
 
-/// The update pipeline of a release and of a cleanup.
+/// The update pipeline of a release and of a cleanup (the same effect on a lock without a
+/// `min_hold`, which the model does not use).
 pub fn release_update(lock_id: &str) -> Vec<Document> {
-    schema::Layout::LockDocument.release_update(lock_id, None)
+    schema::Layout::LockDocument.release_update(lock_id, schema::Ending::Release)
 }
 
 /// The filter of a release that hands the lock over from `releasing` to a local waiter's
@@ -82,7 +83,7 @@ pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
 
 /// The update pipeline of that transfer.
 pub fn transfer_update(waiter: &str, options: &LockOptions, releasing: &str) -> Vec<Document> {
-    schema::acquire_update(waiter, options.expiry_millis(), None, Some(releasing))
+    schema::acquire_update(waiter, options, None, Some(releasing))
 }
 
 /// The filter of a fenced write with `token` to the documents of `filter` ([`Fence::new`]).

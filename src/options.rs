@@ -216,7 +216,8 @@ impl LockOptions {
         match self.min_hold {
             None => Ok(()),
             Some(min_hold) => Err(invalid(format!(
-                "min_hold ({min_hold:?}) applies to exclusive locks and leader elections only,                  not to a {kind}"
+                "min_hold ({min_hold:?}) applies to exclusive locks and leader elections only, \
+                 not to a {kind}"
             ))),
         }
     }
@@ -609,6 +610,16 @@ mod tests {
         assert_eq!(
             format!("{:?}", options.to_builder().build().unwrap()),
             format!("{options:?}")
+        );
+        // A kind without min_hold refuses it in one plain sentence.
+        let refused = options
+            .check_min_hold_unsupported("semaphore")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            refused,
+            "invalid lock options: min_hold (60s) applies to exclusive locks and leader \
+             elections only, not to a semaphore"
         );
     }
 

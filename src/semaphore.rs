@@ -344,7 +344,7 @@ fn takeover(
     Takeover {
         layout: places(),
         update: Box::new(move |releasing| {
-            let mut update = places().release_update(releasing, None);
+            let mut update = places().release_update(releasing, schema::Ending::Release);
             update.extend(join.iter().cloned());
             update
         }),

@@ -11,12 +11,14 @@ use crate::lease::{ATTEMPT_SERVER_TIME, Observation, PushFrom};
 use crate::{Error, LockStatus, Result};
 
 /// The holders of a lock, watched without holding it (every kind has a `watch`): free or held,
-/// by whom (lock ids, details), with which fencing tokens and how much of each lease is left.
+/// by whom (lock ids, details), with which fencing tokens and how much of each lease is left,
+/// or kept taken by a finished holder's [`min_hold`](crate::LockOptions::min_hold) window.
 ///
 /// A background task reads the lock at the cadence given to `watch`; on a replica set or
 /// sharded cluster it also reads it as soon as the lock's change stream shows a change (an
 /// acquisition, a renewal, a release), so a change of holder shows within about a round trip,
-/// and the cadence is only a safety net. [`changed`](Self::changed) resolves when the set of
+/// and the cadence is only a safety net. A lease that ends at its expiry (its holder died)
+/// makes no change event: the watch shows it held until its next read, at most `every` later. [`changed`](Self::changed) resolves when the set of
 /// holders changes (who holds it, not how much of the lease is left: the latter is refreshed at
 /// every read without a notification). The task ends when the `LockWatch` is dropped.
 ///
@@ -29,7 +31,10 @@ use crate::{Error, LockStatus, Result};
 /// let mut watch = lock.watch(Duration::from_secs(5)).await?;
 /// loop {
 ///     match watch.holders().first() {
-///         Some(holder) => println!("held by {:?} (token {:?})", holder.lock_id, holder.fencing_token),
+///         Some(holder) if holder.is_held() => {
+///             println!("held by {:?} (token {:?})", holder.lock_id, holder.fencing_token)
+///         }
+///         Some(kept) => println!("kept taken by a min_hold window for {:?}", kept.kept),
 ///         None => println!("free"),
 ///     }
 ///     watch.changed().await?;
@@ -85,14 +90,23 @@ impl LockWatch {
         Ok(LockWatch { holders, task })
     }
 
-    /// The holders as last read (empty: free).
+    /// The holders as last read (empty: free). An exclusive lock that nobody holds while its
+    /// last holder's [`min_hold`](crate::LockOptions::min_hold) window keeps it taken shows one
+    /// entry without a lock id, whose [`kept`](LockStatus::kept) says for how long more.
     pub fn holders(&self) -> Vec<LockStatus> {
         self.holders.borrow().clone()
     }
 
-    /// Whether the lock was held at the last read.
+    /// Whether someone held the lock at the last read.
     pub fn is_held(&self) -> bool {
-        !self.holders.borrow().is_empty()
+        self.holders.borrow().iter().any(LockStatus::is_held)
+    }
+
+    /// Whether nobody held the lock and no `min_hold` window kept it taken at the last read: an
+    /// attempt then would have won. (A lease ends at its expiry without a change event, so a
+    /// holder that died shows as holding it until the next read, at most `every` later.)
+    pub fn is_free(&self) -> bool {
+        self.holders.borrow().is_empty()
     }
 
     /// Resolves when the holders change (another lock id holds it, or it became free).

@@ -23,7 +23,8 @@ Exit codes:
   1  not found: unknown collection, unknown lock or holder, nothing held to release
   2  bad usage or input: unknown option, no or invalid connection string, invalid name
   3  MongoDB failed: unreachable, or refused a command (the message says what was done before)
-  4  not confirmed: the question was answered no (or stdin closed); nothing changed";
+  4  not confirmed: the question was answered no (or stdin closed); nothing changed
+  5  refused: a collection does not look like a lock collection (purge); nothing changed";
 
 /// Inspect and free the locks that distributed-lock-mongodb keeps in MongoDB: exclusive locks,
 /// reader-writer locks and semaphores (one collection per kind, the library's defaults unless
@@ -99,7 +100,8 @@ enum Command {
     /// release would. Dangerous: a holder finds out at its next renewal and may act as the
     /// holder until then (up to one extension cadence); fence what the lock protects. Asks for
     /// confirmation unless `--yes`. Holders that released or changed since the read are left
-    /// alone (a lock id names one acquisition).
+    /// alone (a lock id names one acquisition). A holder's `min_hold` window (a job's) stays:
+    /// the lock is kept taken until the window ends, as after the holder's own release.
     Release {
         /// The lock's name.
         name: String,
@@ -116,11 +118,18 @@ enum Command {
     /// Delete lock documents whose last lease ended over a day ago (asks first).
     ///
     /// In each lock collection, what the TTL index would delete: never a held lock, nor a
-    /// document whose fencing token may still matter. Asks for confirmation unless `--yes`.
+    /// document whose fencing token may still matter, nor a document that is not shaped like
+    /// a lock document of the collection's kind. A collection most of whose first documents
+    /// are not lock documents (a wrong collection name) is refused with exit code 5, before
+    /// anything is deleted. Asks for confirmation, showing the count and the first names,
+    /// unless `--yes`.
     Purge {
         /// Do not ask for confirmation.
         #[arg(long, short)]
         yes: bool,
+        /// Only show what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -155,6 +164,7 @@ enum Failure {
     Usage(String),
     Server(String),
     NotConfirmed,
+    Refused(String),
 }
 
 impl Failure {
@@ -164,14 +174,16 @@ impl Failure {
             Failure::Usage(_) => 2,
             Failure::Server(_) => 3,
             Failure::NotConfirmed => 4,
+            Failure::Refused(_) => 5,
         }
     }
 
     fn message(&self) -> &str {
         match self {
-            Failure::NotFound(message) | Failure::Usage(message) | Failure::Server(message) => {
-                message
-            }
+            Failure::NotFound(message)
+            | Failure::Usage(message)
+            | Failure::Server(message)
+            | Failure::Refused(message) => message,
             Failure::NotConfirmed => "not confirmed: nothing changed",
         }
     }
@@ -183,6 +195,7 @@ impl From<Error> for Failure {
             Error::InvalidArgument(_)
             | Error::InvalidCollectionName { .. }
             | Error::InvalidOptions(_) => Failure::Usage(error.to_string()),
+            Error::NotALockCollection { .. } => Failure::Refused(error.to_string()),
             other => Failure::Server(other.to_string()),
         }
     }
@@ -219,18 +232,20 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Failure> {
     let collections = Collections::of(&cli);
     let database = connect(&cli).await?;
-    collections.check(&database).await?;
     let provider = Provider::new(&database)
         .with_collection(collections.exclusive.as_str())
         .with_reader_writer_collection(collections.reader_writer.as_str())
         .with_semaphore_collection(collections.semaphore.as_str());
+    // A name MongoDB would refuse is bad input, not a collection that is missing.
+    provider.validate()?;
+    collections.check(&database).await?;
     match cli.command {
         Command::List {
             kind,
             owner,
             held_for_at_least,
         } => {
-            let mut filter = with_kind(LockFilter::new(), kind);
+            let mut filter = with_kind(LockFilter::new().including_kept(), kind);
             if let Some(owner) = owner {
                 filter = filter.with_owner(owner);
             }
@@ -252,18 +267,36 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             kind,
             yes,
         } => release(&provider, &name, holder.as_deref(), kind, yes, cli.json).await,
-        Command::Purge { yes } => {
-            let question = format!(
-                "Delete the lock documents of {} whose last lease ended more than a day ago?",
-                collections.listed()
-            );
-            confirm(yes, &question)?;
+        Command::Purge { yes, dry_run } => {
+            let due = provider.purgeable(PURGE_NAMES_SHOWN).await?;
+            if dry_run {
+                output::would_purge(&due, cli.json);
+                return Ok(());
+            }
+            if !yes {
+                if due.count == 0 {
+                    // Nothing to ask about, and nothing deleted unasked.
+                    output::purged(0, cli.json);
+                    return Ok(());
+                }
+                let question = format!(
+                    "Delete {} of {} whose last lease ended more than a day ago ({})?",
+                    output::count_of(due.count, "expired lock document"),
+                    collections.listed(),
+                    output::some_names(&due)
+                );
+                confirm(false, &question)?;
+            }
             let deleted = provider.purge_expired().await?;
             output::purged(deleted, cli.json);
             Ok(())
         }
     }
 }
+
+/// How many names of the documents to delete the purge's question and dry run show per
+/// collection.
+const PURGE_NAMES_SHOWN: usize = 5;
 
 /// The lock collections, and which of them were named on the command line.
 struct Collections {
@@ -391,7 +424,10 @@ async fn show(
     kind: Option<Kind>,
 ) -> Result<Vec<LockStatus>, Failure> {
     let holders = provider
-        .held_locks_matching(&with_kind(LockFilter::new().with_name(name), kind))
+        .held_locks_matching(&with_kind(
+            LockFilter::new().with_name(name).including_kept(),
+            kind,
+        ))
         .await?;
     if !holders.is_empty() {
         return Ok(holders);
@@ -435,13 +471,25 @@ async fn release(
     yes: bool,
     json: bool,
 ) -> Result<(), Failure> {
-    let mut holders = provider
-        .held_locks_matching(&with_kind(LockFilter::new().with_name(name), kind))
-        .await?;
+    let (mut holders, kept): (Vec<LockStatus>, Vec<LockStatus>) = provider
+        .held_locks_matching(&with_kind(
+            LockFilter::new().with_name(name).including_kept(),
+            kind,
+        ))
+        .await?
+        .into_iter()
+        .partition(LockStatus::is_held);
     if holders.is_empty() {
-        return Err(Failure::NotFound(format!(
-            "lock {name:?} is not held: nothing to release"
-        )));
+        let kept_until = kept.iter().find_map(|kept| kept.expires_at);
+        return Err(Failure::NotFound(match kept_until {
+            Some(until) => format!(
+                "lock {name:?} is not held, but its last holder's min_hold window keeps it taken \
+                 until {} (server time): nothing to release (the window is a promise about the \
+                 work, not a lease)",
+                output::time(until)
+            ),
+            None => format!("lock {name:?} is not held: nothing to release"),
+        }));
     }
     if let Some(wanted) = holder {
         let ids: Vec<&str> = holders
@@ -459,11 +507,18 @@ async fn release(
     if !yes {
         // On stderr with the question: stdout keeps only the outcome (`--json` stays parseable).
         eprint!("{}", output::table(&holders));
-        let question = format!(
+        let mut question = format!(
             "Force-release {} of {name:?}? Each finds out at its next renewal and may act as the \
              holder until then.",
             output::count(holders.len(), "holder")
         );
+        if let Some(until) = window(&holders) {
+            question.push_str(&format!(
+                " The running holder loses its lease, but its min_hold window stays: nobody \
+                 can take the lock until {} (server time).",
+                output::time(until)
+            ));
+        }
         confirm(false, &question)?;
     }
     let (mut released, mut gone) = (Vec::new(), Vec::new());
@@ -486,13 +541,23 @@ async fn release(
             }
         }
     }
-    output::released(name, &released, &gone, json);
+    output::released(name, &released, &gone, window(&holders), json);
     if released.is_empty() {
         return Err(Failure::NotFound(format!(
-            "nothing released: every holder of {name:?} had already released or changed"
+            "nothing released: every holder of {name:?} had already released or changed (or \
+             its document is not shaped like a lock document, which is never touched)"
         )));
     }
     Ok(())
+}
+
+/// The latest end of a `min_hold` window among `holders`, if one is still ahead of its lease.
+fn window(holders: &[LockStatus]) -> Option<mongodb::bson::DateTime> {
+    holders
+        .iter()
+        .filter_map(|holder| holder.min_hold_until)
+        .filter(|until| *until > mongodb::bson::DateTime::now())
+        .max()
 }
 
 fn listed(ids: &[String]) -> String {

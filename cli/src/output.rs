@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use distributed_lock_mongodb::{LockKind, LockStatus};
+use distributed_lock_mongodb::{LockKind, LockStatus, Purgeable};
 use mongodb::bson::{Bson, DateTime};
 use serde_json::{Value, json};
 
@@ -19,13 +19,32 @@ pub fn holders(holders: &[LockStatus], json: bool, empty: &str) {
     }
 }
 
-/// The outcome of a forced release.
-pub fn released(name: &str, released: &[String], gone: &[String], json: bool) {
+/// The outcome of a forced release; `kept_until` is the end of a `min_hold` window that keeps
+/// the lock taken all the same.
+pub fn released(
+    name: &str,
+    released: &[String],
+    gone: &[String],
+    kept_until: Option<DateTime>,
+    json: bool,
+) {
     if json {
-        out(&json!({ "name": name, "released": released, "already_gone": gone }).to_string());
+        out(&json!({
+            "name": name,
+            "released": released,
+            "already_gone": gone,
+            "kept_until": date(kept_until),
+        })
+        .to_string());
         return;
     }
     let mut line = format!("released {} of {name:?}", count(released.len(), "holder"));
+    if let Some(until) = kept_until {
+        line.push_str(&format!(
+            "; its min_hold window keeps it taken until {} (server time)",
+            time(until)
+        ));
+    }
     if !gone.is_empty() {
         line.push_str(&format!(
             " ({} had already released or changed: {})",
@@ -34,6 +53,42 @@ pub fn released(name: &str, released: &[String], gone: &[String], json: bool) {
         ));
     }
     out(&line);
+}
+
+/// What a purge would delete (`--dry-run`).
+pub fn would_purge(due: &Purgeable, json: bool) {
+    if json {
+        out(&json!({ "would_delete": due.count, "names": due.names }).to_string());
+    } else if due.count == 0 {
+        out("nothing to delete: no lock document's last lease ended over a day ago");
+    } else {
+        out(&format!(
+            "would delete {} ({})",
+            count_of(due.count, "expired lock document"),
+            some_names(due)
+        ));
+    }
+}
+
+/// `3 holders`, for a count that may be large.
+pub fn count_of(n: u64, noun: &str) -> String {
+    format!("{n} {noun}{}", plural(n))
+}
+
+/// The names a purge would delete, as far as they were read: `a, b, c and 7 more`.
+pub fn some_names(due: &Purgeable) -> String {
+    let names: Vec<String> = due.names.iter().map(|name| cell(name)).collect();
+    let more = due.count.saturating_sub(names.len() as u64);
+    match more {
+        0 => names.join(", "),
+        more => format!("{} and {more} more", names.join(", ")),
+    }
+}
+
+/// A server time, as RFC 3339.
+pub fn time(at: DateTime) -> String {
+    at.try_to_rfc3339_string()
+        .unwrap_or_else(|_| at.timestamp_millis().to_string())
 }
 
 /// The outcome of a purge.
@@ -105,6 +160,8 @@ fn holder_json(holder: &LockStatus) -> Value {
         "renewed_at": date(holder.renewed_at),
         "expires_at": date(holder.expires_at),
         "remaining_ms": millis(holder.remaining),
+        "kept_ms": millis(holder.kept),
+        "min_hold_until": date(holder.min_hold_until),
         "held_for_ms": millis(holder.held_for()),
         "owner": holder.owner(),
         "host": holder.host(),
@@ -149,7 +206,11 @@ pub fn table(holders: &[LockStatus]) -> String {
                 kind(holder.kind).to_owned(),
                 text(holder.lock_id.clone()),
                 text(holder.fencing_token.map(|token| token.to_string())),
-                holder.remaining.map_or_else(|| "free".to_owned(), duration),
+                match (holder.remaining, holder.kept) {
+                    (Some(remaining), _) => duration(remaining),
+                    (None, Some(kept)) => format!("kept {}", duration(kept)),
+                    (None, None) => "free".to_owned(),
+                },
                 text(holder.held_for().map(duration)),
                 text(holder.owner().map(str::to_owned)),
                 text(holder.host().map(str::to_owned)),

@@ -304,6 +304,26 @@ async fn purge_deletes_only_documents_whose_lease_ended_over_a_day_ago() {
 
     let declined = dlock_on(&database, &["purge"], "no\n").await;
     assert_eq!(declined.code, 4, "{declined}");
+    assert!(
+        declined
+            .stderr
+            .contains("Delete 1 expired lock document of distributed_locks")
+            && declined.stderr.contains("(old)?"),
+        "the question shows the count and the names: {declined}"
+    );
+    assert_eq!(locks.count_documents(doc! {}).await.unwrap(), 2);
+
+    let dry_run = dlock_on(&database, &["purge", "--dry-run"], "").await;
+    assert_eq!(dry_run.code, 0, "{dry_run}");
+    assert!(
+        dry_run
+            .stdout
+            .contains("would delete 1 expired lock document (old)"),
+        "{dry_run}"
+    );
+    let dry_json = dlock_on(&database, &["--json", "purge", "--dry-run"], "").await;
+    assert_eq!(json(&dry_json)["would_delete"], 1, "{dry_json}");
+    assert_eq!(json(&dry_json)["names"][0], "old", "{dry_json}");
     assert_eq!(locks.count_documents(doc! {}).await.unwrap(), 2);
 
     let purged = dlock_on(&database, &["purge"], "yes\n").await;
@@ -365,6 +385,12 @@ async fn bad_input_is_named_exits_non_zero_and_changes_nothing() {
     let no_database = dlock(&["--uri", "mongodb://127.0.0.1:1", "list"], "").await;
     assert_eq!(no_database.code, 2, "{no_database}");
     assert!(no_database.stderr.contains("--database"), "{no_database}");
+
+    for invalid in ["a$b", "system.locks", ""] {
+        let run = dlock_on(&database, &["--collection", invalid, "list"], "").await;
+        assert_eq!(run.code, 2, "an invalid name is bad input: {run}");
+        assert!(run.stderr.contains("invalid collection name"), "{run}");
+    }
 
     let unknown_collection = dlock_on(
         &database,
@@ -480,4 +506,128 @@ async fn help_describes_every_command_option_and_exit_code() {
             "{needed:?} missing from\n{list}"
         );
     }
+}
+
+/// `dlock --collection sessions purge --yes` on an application's collection (documents with an
+/// `expiresAt`, but not lock documents) is refused with exit code 5 and deletes nothing; a lock
+/// collection that also holds a document that is not a lock keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_never_deletes_documents_that_are_not_locks() {
+    let database = fresh_database("purge_app").await;
+    let two_days_ago = DateTime::from_millis(DateTime::now().timestamp_millis() - 48 * 3_600_000);
+    let sessions = database.collection::<mongodb::bson::Document>("sessions");
+    sessions
+        .insert_many([
+            doc! { "_id": "s1", "user": "ann", "expiresAt": two_days_ago },
+            doc! { "_id": "s2", "user": "bob", "expiresAt": two_days_ago },
+            doc! { "_id": "s3", "user": "cy" },
+        ])
+        .await
+        .unwrap();
+    for args in [
+        &["--collection", "sessions", "purge", "--yes"][..],
+        &["--collection", "sessions", "purge", "--dry-run"],
+        &["--collection", "sessions", "purge"],
+    ] {
+        let refused = dlock_on(&database, args, "yes\n").await;
+        assert_eq!(refused.code, 5, "{args:?}: {refused}");
+        assert!(
+            refused
+                .stderr
+                .contains("\"sessions\" does not look like a lock collection"),
+            "{refused}"
+        );
+        assert!(refused.stderr.contains("\"s1\""), "an example: {refused}");
+        assert_eq!(sessions.count_documents(doc! {}).await.unwrap(), 3);
+    }
+
+    // A lock collection with one document that is not a lock: the lock is purged, the other
+    // document stays, whatever its `expiresAt`.
+    let locks = database.collection::<mongodb::bson::Document>("distributed_locks");
+    locks
+        .insert_many([
+            doc! { "_id": "old-lock", "expiresAt": two_days_ago, "fencingToken": 3_i64 },
+            doc! { "_id": "live-lock", "lockId": "x", "expiresAt": DateTime::now(), "fencingToken": 4_i64 },
+            doc! { "_id": "note", "text": "not a lock", "expiresAt": two_days_ago },
+            doc! { "_id": 42, "expiresAt": two_days_ago, "fencingToken": 1_i64 },
+        ])
+        .await
+        .unwrap();
+    let purged = dlock_on(&database, &["--json", "purge", "--yes"], "").await;
+    assert_eq!(json(&purged)["deleted"], 1, "{purged}");
+    let mut left: Vec<String> = locks
+        .distinct("_id", doc! {})
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    left.sort();
+    assert_eq!(left, ["\"live-lock\"", "\"note\"", "42"]);
+}
+
+/// A job's lock kept taken by its `min_hold` window after the run (no holder, `expiresAt`
+/// ahead) shows as kept, not free, in `show` and `list`; `release` says so and changes nothing.
+/// A forced release of a running job says that its window stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_kept_by_a_min_hold_window_shows_as_kept() {
+    let database = fresh_database("kept").await;
+    let provider = provider(&database);
+    let job = provider.create_job("hourly", Duration::from_secs(3_600));
+    assert!(job.run(async |_| ()).await.unwrap().ran());
+
+    let shown = dlock_on(&database, &["show", "hourly"], "").await;
+    assert_eq!(shown.code, 0, "{shown}");
+    assert!(shown.stdout.contains("kept 59 min"), "{shown}");
+    let listed = dlock_on(&database, &["--json", "list"], "").await;
+    let rows = json(&listed);
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(rows[0]["name"], "hourly", "{listed}");
+    assert_eq!(rows[0]["held"], false, "{listed}");
+    assert!(rows[0]["kept_ms"].as_u64().unwrap() > 3_000_000, "{listed}");
+    let released = dlock_on(&database, &["release", "hourly", "--yes"], "").await;
+    assert_eq!(released.code, 1, "{released}");
+    assert!(
+        released
+            .stderr
+            .contains("min_hold window keeps it taken until"),
+        "{released}"
+    );
+    assert!(!job.run(async |_| ()).await.unwrap().ran(), "still kept");
+
+    // A running job: the question says the window stays.
+    let running = provider.create_job("nightly", Duration::from_secs(3_600));
+    let (started, is_running) = tokio::sync::oneshot::channel();
+    let run = tokio::spawn(async move {
+        running
+            .run(async |guard| {
+                let _ = started.send(());
+                guard.lost().wait().await;
+            })
+            .await
+    });
+    is_running.await.unwrap();
+    let asked = dlock_on(&database, &["release", "nightly"], "no\n").await;
+    assert_eq!(asked.code, 4, "{asked}");
+    assert!(
+        asked
+            .stderr
+            .contains("The running holder loses its lease, but its min_hold window stays"),
+        "{asked}"
+    );
+    let forced = dlock_on(&database, &["release", "nightly", "--yes"], "").await;
+    assert_eq!(forced.code, 0, "{forced}");
+    assert!(
+        forced
+            .stdout
+            .contains("its min_hold window keeps it taken until"),
+        "{forced}"
+    );
+    let lost = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the holder hears it lost its lease")
+        .unwrap();
+    assert!(lost.is_err(), "{lost:?}");
+    let listed = dlock_on(&database, &["list"], "").await;
+    assert!(listed.stdout.contains("nightly"), "{listed}");
 }

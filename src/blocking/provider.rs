@@ -177,8 +177,20 @@ impl Provider {
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
         let collection = self.database.collection::<T>(collection);
-        let inner = self.inner.create_document_lock(&collection);
+        let inner = self
+            .inner
+            .create_document_lock(&collection)
+            .of_database(&self.database);
         DocumentLock::from_async(inner, &self.background)
+    }
+
+    /// Checks the provider's settings without talking to the server; see
+    /// [`crate::Provider::validate`].
+    ///
+    /// # Errors
+    /// As [`crate::Provider::validate`].
+    pub fn validate(&self) -> Result<()> {
+        self.inner.validate()
     }
 
     /// Starts campaigning for leadership of `name` (an exclusive lock of this provider, with
@@ -208,6 +220,7 @@ impl Provider {
         /// **Dangerous**: ends the one lease `holder` describes.
         fn force_release_holder(&self, holder: &LockStatus) -> bool;
         fn purge_expired(&self) -> u64;
+        fn purgeable(&self, names: usize) -> crate::Purgeable;
         fn create_indexes(&self) -> ();
     }
 

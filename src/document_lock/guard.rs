@@ -101,7 +101,7 @@ impl<T> DocumentGuard<T> {
     /// - [`Error::LockLost`] if the lock was lost: nothing is written.
     /// - [`Error::InvalidArgument`] if `update` is not made of update operators or touches the
     ///   lock field (nothing is written; the document is unlocked).
-    /// - [`Error::Mongo`] / [`Error::Timeout`] if the update failed or got no reply within
+    /// - [`Error::Mongo`] / [`Error::NoReply`] if the update failed or got no reply within
     ///   `expiry`; the document is then unlocked in the background (or its lease expires).
     ///
     /// # Cancel safety
@@ -145,7 +145,7 @@ impl<T> DocumentGuard<T> {
     /// - [`Error::LockLost`] if the lock was lost: nothing is written.
     /// - [`Error::InvalidArgument`] if `update` is not made of update operators or touches the
     ///   lock field (nothing is written; the document stays locked).
-    /// - [`Error::Mongo`] / [`Error::Timeout`] if the update failed or got no reply within
+    /// - [`Error::Mongo`] / [`Error::NoReply`] if the update failed or got no reply within
     ///   `expiry`; the document stays locked.
     ///
     /// # Cancel safety

@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mongodb::Collection;
 use mongodb::bson::{Bson, Document, doc};
+use mongodb::{Collection, Database};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -163,6 +163,12 @@ where
     /// Shares `renewals` (a provider's).
     pub(crate) fn with_renewals(self, renewals: &Arc<RenewalHub>) -> Self {
         self.rebuilt(|target| target.lock.share_renewals(renewals, None))
+    }
+
+    /// Its collection was made from `database` (a provider's): its leases are renewed with the
+    /// other leases of that database's deployment.
+    pub(crate) fn of_database(self, database: &Database) -> Self {
+        self.rebuilt(|target| target.lock.reached_through(database))
     }
 
     fn rebuilt(self, change: impl FnOnce(&mut Documents)) -> Self {

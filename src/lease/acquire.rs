@@ -63,7 +63,9 @@ impl Wait {
     }
 
     /// The guard, or [`Error::Timeout`] when the lock stayed busy until the deadline, naming
-    /// what held it then (read from `lock` only on that path).
+    /// what held it then (read from `lock` only on that path, for at most a small share of the
+    /// caller's timeout: it explains the wait and must not prolong it much). The error's
+    /// `waited` is the whole wait, that read included.
     pub(crate) async fn required<G>(
         &self,
         outcome: Result<Option<G>>,
@@ -77,8 +79,11 @@ impl Wait {
                 operation: Operation::Acquire,
             }),
             None => {
+                let timeout = self
+                    .deadline
+                    .map_or(Duration::ZERO, |deadline| deadline - self.started);
+                let holders = holders_now(lock, holders_read_limit(timeout)).await;
                 let waited = self.started.elapsed();
-                let holders = holders_now(lock).await;
                 tracing::debug!(
                     lock = %shown_name(name),
                     ?waited,
@@ -101,14 +106,21 @@ pub(crate) trait ReadHolders: std::fmt::Debug + Sync {
     fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>>;
 }
 
-/// Who holds `lock` now, if a read says so within a few seconds (nobody otherwise: this only
-/// explains a wait, and must not prolong it).
-async fn holders_now(lock: &dyn ReadHolders) -> Vec<LockStatus> {
-    tokio::time::timeout(backoff::ATTEMPT_SERVER_TIME, lock.read_holders())
+/// Who holds `lock` now, if a read says so within `limit` (nobody otherwise: this only explains
+/// a wait, and must not prolong it).
+async fn holders_now(lock: &dyn ReadHolders, limit: Duration) -> Vec<LockStatus> {
+    tokio::time::timeout(limit, lock.read_holders())
         .await
         .ok()
         .and_then(Result::ok)
         .unwrap_or_default()
+}
+
+/// How long a wait of `timeout` that ran out may spend reading what held the lock, for its
+/// error: a quarter of it, at least 250 ms (a few round trips to a remote cluster) and at most
+/// the attempts' server time.
+pub(crate) fn holders_read_limit(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(250), backoff::ATTEMPT_SERVER_TIME)
 }
 
 /// A wait longer than this (or than the lock's expiry, if longer) is reported once, with what
@@ -236,7 +248,7 @@ where
         let slow_wait = async {
             let slow_after = SLOW_WAIT.max(options.expiry());
             tokio::time::sleep_until(wait.started + slow_after).await;
-            let holders = holders_now(what.holders).await;
+            let holders = holders_now(what.holders, backoff::ATTEMPT_SERVER_TIME).await;
             tracing::info!(
                 waited = ?wait.started.elapsed(),
                 holders = %holders_text(&holders),
@@ -512,7 +524,7 @@ fn offer<G>(
     options: &LockOptions,
 ) -> oneshot::Receiver<Result<Option<G>>>
 where
-    G: Send + 'static,
+    G: Granted + Send + 'static,
 {
     let lock_id = new_lock_id();
     let Takeover {
@@ -528,6 +540,7 @@ where
         layout,
         update,
         cleanup: cleanup.clone(),
+        receiver: Arc::clone(&in_flight),
         write_concern: options.write_concern().clone(),
         deliver: Box::new(move |transfer| {
             let result = match transfer {
@@ -541,8 +554,10 @@ where
                     Ok(None)
                 }
             };
-            // A waiter that has gone drops the guard: released at once.
-            let _ = outcome.send(result);
+            // A waiter that has gone: the lease nobody was given ends at once.
+            if let Err(Ok(Some(guard))) = outcome.send(result) {
+                guard.undelivered();
+            }
         }),
     });
     received
@@ -580,7 +595,7 @@ async fn last_transfer<G>(
 ///
 /// The task, not the caller, owns the attempt's time limit and its cleanup, so they happen
 /// whatever becomes of the caller: an attempt gets at least five seconds (at most `expiry`) to
-/// answer; no answer is [`Error::Timeout`] (never "busy"), and its cleanup is sent. A caller
+/// answer; no answer is [`Error::NoReply`] (never "busy"), and its cleanup is sent. A caller
 /// that stops waiting (a timeout of its own, a losing `select!` branch, an aborted task, a
 /// shutdown, a resigned leader) gets its attempt cleaned up at once.
 /// When the attempt fails with an error after which its write may have been applied (a lost
@@ -637,6 +652,15 @@ where
                 {
                     in_flight.spawn_undo(&task_runtime, cleanup);
                 }
+                // A shutdown that took this attempt's cleanup is ending what it won: nobody is
+                // handed that lease.
+                let result = match result {
+                    Ok(Some(guard)) if !tracked.settle() => {
+                        guard.undelivered();
+                        Ok(None)
+                    }
+                    other => other,
+                };
                 if let Err(Ok(Some(guard))) = reply.send(result) {
                     guard.undelivered();
                 }

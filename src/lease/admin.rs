@@ -2,7 +2,9 @@
 //! details), forced release of stuck leases of every kind, and purging of expired lock
 //! documents.
 //! Reads go to the primary with read concern `local`, whatever the client's defaults, so they
-//! never show a lease the primary has already ended.
+//! never show a lease the primary has already ended. Every delete and update is filtered on the
+//! shape of the lock documents it means ([`Stored::shape`]), so none ever touches an
+//! application's document, whatever collection it is pointed at.
 
 use std::time::Duration;
 
@@ -12,11 +14,13 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::ReadConcern;
 
 use super::schema::{
-    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, LOCK_ID, Layout,
-    READERS, RENEWED_AT, RETENTION, WAITING_WRITER, WRITER, end_lease, live_members, primary,
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, Ending, FENCING_TOKEN, HOLDERS, ID, LOCK_ID,
+    Layout, MIN_HOLD_UNTIL, READERS, RENEWED_AT, RETENTION, Stored, WAITING_WRITER, WRITER,
+    end_lease, live_members, primary,
 };
+use crate::error::shown_name;
 use crate::token::read_i64;
-use crate::{FencingToken, LockDetails, LockKind, LockStatus, Result};
+use crate::{Error, FencingToken, LockDetails, LockKind, LockStatus, Result};
 
 /// The server time added to each row read.
 const NOW: &str = "now";
@@ -32,12 +36,18 @@ fn of_holder(
     let date = |field| holder.get_datetime(field).ok().copied();
     let expires_at = date(EXPIRES_AT);
     let holder_id = holder.get_str(id_field).ok().map(str::to_owned);
-    let remaining = match (&holder_id, expires_at, now) {
-        (Some(_), Some(expires_at), Some(now)) if expires_at > now => {
+    let ahead = match (expires_at, now) {
+        (Some(expires_at), Some(now)) if expires_at > now => {
             let millis = expires_at.timestamp_millis() - now.timestamp_millis();
             Some(Duration::from_millis(u64::try_from(millis).unwrap_or(0)))
         }
         _ => None,
+    };
+    let (remaining, kept) = match (&holder_id, kind) {
+        (Some(_), _) => (ahead, None),
+        // Nobody holds it, and its end is ahead: a finished holder's `min_hold` window.
+        (None, LockKind::Exclusive) => (None, ahead),
+        (None, _) => (None, None),
     };
     LockStatus {
         name,
@@ -51,6 +61,8 @@ fn of_holder(
             .and_then(read_i64)
             .map(FencingToken::new),
         remaining,
+        kept,
+        min_hold_until: date(MIN_HOLD_UNTIL),
         details: holder.get(DETAILS).and_then(LockDetails::from_bson),
     }
 }
@@ -82,14 +94,20 @@ pub(crate) async fn status(
     Ok(rows.first().map(exclusive))
 }
 
-/// The live holders of the exclusive locks of `collection` that match `filter`.
+/// The live holders of the exclusive locks of `collection` that match `filter`; with `kept`,
+/// also the locks nobody holds that a finished holder's `min_hold` window keeps taken.
 pub(crate) async fn held(
     collection: &Collection<Document>,
     filter: Document,
+    kept: bool,
 ) -> Result<Vec<LockStatus>> {
-    let mut live = doc! {
-        LOCK_ID: { "$exists": true },
-        "$expr": Layout::LockDocument.live(),
+    let mut live = if kept {
+        doc! { "$expr": Layout::LockDocument.live() }
+    } else {
+        doc! {
+            LOCK_ID: { "$exists": true },
+            "$expr": Layout::LockDocument.live(),
+        }
     };
     live.extend(filter);
     let rows = read(collection, live).await?;
@@ -200,10 +218,16 @@ fn semaphore_held() -> Document {
     doc! { "$gt": [{ "$size": live_members(HOLDERS, None) }, 0] }
 }
 
-/// Ends whatever lease `name` has, now. The document (and its fencing counter) stays.
+/// Ends whatever lease `name` has, now, as its holder's release would (a `min_hold` window
+/// stays). The document (and its fencing counter) stays.
 pub(crate) async fn force_release(collection: &Collection<Document>, name: &str) -> Result<bool> {
+    let filter = doc! {
+        ID: name,
+        LOCK_ID: { "$exists": true },
+        "$expr": Stored::Exclusive.shape(),
+    };
     let result = collection
-        .update_one(doc! { ID: name, LOCK_ID: { "$exists": true } }, end_lease())
+        .update_one(filter, end_lease(Ending::Release))
         .await?;
     Ok(result.modified_count > 0)
 }
@@ -216,9 +240,12 @@ pub(crate) async fn force_release_lease(
     name: &str,
     lock_id: &str,
 ) -> Result<bool> {
-    let filter = layout.release_filter(&name.into(), lock_id);
+    let mut filter = layout.release_filter(&name.into(), lock_id);
+    if let Some(stored) = Stored::of_layout(layout) {
+        filter.insert("$expr", stored.shape());
+    }
     let result = collection
-        .update_one(filter, layout.release_update(lock_id, None))
+        .update_one(filter, layout.release_update(lock_id, Ending::Release))
         .await?;
     Ok(result.modified_count > 0)
 }
@@ -229,7 +256,10 @@ pub(crate) async fn force_release_reader_writer(
     collection: &Collection<Document>,
     name: &str,
 ) -> Result<bool> {
-    let filter = doc! { ID: name, "$expr": reader_writer_held() };
+    let filter = doc! {
+        ID: name,
+        "$expr": { "$and": [reader_writer_held(), Stored::ReaderWriter.shape()] },
+    };
     let token_only = doc! { FENCING_TOKEN: format!("${WRITER}.{FENCING_TOKEN}") };
     let update = vec![doc! { "$set": {
         READERS: [],
@@ -244,20 +274,120 @@ pub(crate) async fn force_release_semaphore(
     collection: &Collection<Document>,
     name: &str,
 ) -> Result<bool> {
-    let filter = doc! { ID: name, "$expr": semaphore_held() };
+    let filter = doc! {
+        ID: name,
+        "$expr": { "$and": [semaphore_held(), Stored::Semaphore.shape()] },
+    };
     let update = doc! { "$set": { HOLDERS: [] } };
     Ok(collection.update_one(filter, update).await?.modified_count > 0)
 }
 
-/// Deletes lock documents whose lease ended more than [`RETENTION`] before now (server time).
-pub(crate) async fn purge_expired(collection: &Collection<Document>) -> Result<u64> {
+/// The filter of the lock documents of `kinds` whose last lease ended more than [`RETENTION`]
+/// before now (server time): what the TTL index deletes, and nothing that is not a lock
+/// document.
+fn expired(kinds: &[Stored]) -> Document {
     let retention_millis = i64::try_from(RETENTION.as_millis()).unwrap_or(i64::MAX);
     let retained_until = doc! { "$add": [format!("${EXPIRES_AT}"), retention_millis] };
-    let result = collection
-        .delete_many(doc! {
-            EXPIRES_AT: { "$type": "date" },
-            "$expr": { "$lt": [retained_until, "$$NOW"] },
-        })
+    doc! {
+        EXPIRES_AT: { "$type": "date" },
+        "$expr": { "$and": [
+            { "$lt": [retained_until, "$$NOW"] },
+            Stored::any_shape(kinds),
+        ] },
+    }
+}
+
+/// How many documents [`check_lock_collection`] reads: the first ones by `_id`.
+const SAMPLE: i32 = 100;
+
+/// [`Error::NotALockCollection`] unless most of the first [`SAMPLE`] documents of
+/// `collection` (by `_id`) are lock documents of `kinds`: a collection named by mistake, or one
+/// shared with application data, is refused before anything in it is deleted.
+pub(crate) async fn check_lock_collection(
+    collection: &Collection<Document>,
+    kinds: &[Stored],
+) -> Result<()> {
+    const IS_LOCK: &str = "isLock";
+    let rows: Vec<Document> = collection
+        .aggregate([
+            doc! { "$sort": { ID: 1 } },
+            doc! { "$limit": SAMPLE },
+            doc! { "$project": { ID: 1, IS_LOCK: Stored::any_shape(kinds) } },
+        ])
+        .selection_criteria(primary())
+        .read_concern(ReadConcern::local())
+        .await?
+        .try_collect()
         .await?;
+    let others: Vec<String> = rows
+        .iter()
+        .filter(|row| row.get_bool(IS_LOCK) != Ok(true))
+        .map(name_of)
+        .collect();
+    if others.len() * 2 <= rows.len() {
+        return Ok(());
+    }
+    let examples: Vec<String> = others
+        .iter()
+        .take(3)
+        .map(|name| format!("{:?}", shown_name(name)))
+        .collect();
+    Err(Error::NotALockCollection {
+        collection: collection.name().to_owned(),
+        reason: format!(
+            "{} of its first {} documents (by _id) are not {} lock documents, for example _id {}",
+            others.len(),
+            rows.len(),
+            kinds_text(kinds),
+            examples.join(", ")
+        ),
+    })
+}
+
+/// `exclusive`, `exclusive or semaphore`...
+fn kinds_text(kinds: &[Stored]) -> String {
+    let names: Vec<&str> = kinds
+        .iter()
+        .map(|kind| match kind {
+            Stored::Exclusive => "exclusive",
+            Stored::ReaderWriter => "reader-writer",
+            Stored::Semaphore => "semaphore",
+        })
+        .collect();
+    names.join(" or ")
+}
+
+/// How many lock documents of `kinds` in `collection` [`purge_expired`] would delete now, and
+/// the names of the first `names` of them (by name).
+pub(crate) async fn purgeable(
+    collection: &Collection<Document>,
+    kinds: &[Stored],
+    names: usize,
+) -> Result<(u64, Vec<String>)> {
+    let count = collection
+        .count_documents(expired(kinds))
+        .selection_criteria(primary())
+        .read_concern(ReadConcern::local())
+        .await?;
+    let first: Vec<Document> = collection
+        .find(expired(kinds))
+        .projection(doc! { ID: 1 })
+        .sort(doc! { ID: 1 })
+        .limit(i64::try_from(names).unwrap_or(i64::MAX))
+        .selection_criteria(primary())
+        .read_concern(ReadConcern::local())
+        .await?
+        .try_collect()
+        .await?;
+    Ok((count, first.iter().map(name_of).collect()))
+}
+
+/// Deletes the lock documents of `kinds` whose lease ended more than [`RETENTION`] before now
+/// (server time), and nothing else.
+pub(crate) async fn purge_expired(
+    collection: &Collection<Document>,
+    kinds: &[Stored],
+) -> Result<u64> {
+    let result = collection.delete_many(expired(kinds)).await?;
     Ok(result.deleted_count)
 }

@@ -58,6 +58,10 @@ impl HeldLease {
         lease: Lease,
     ) -> Option<HeldLease> {
         metrics::hold_started(lease.kind);
+        if lease.is_lost() {
+            // Too late to trust: nobody will be given it (no loss to report, nothing to keep).
+            lease.state.set_undelivered();
+        }
         let held = HeldLease {
             name: lease.name.clone(),
             lock_id: Some(lease.lock_id.clone()),
@@ -68,7 +72,12 @@ impl HeldLease {
             place: place.clone(),
             renewals: renewals.hold(runtime, place, lease),
         };
-        (!held.is_lost()).then_some(held)
+        if held.is_lost() {
+            // Nobody is given this lease: its release (by the drop) ends it at once.
+            held.state.set_undelivered();
+            return None;
+        }
+        Some(held)
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -133,6 +142,7 @@ impl HeldLease {
             collection,
             layout,
             options,
+            ..
         } = &self.place;
         let namespace = collection.namespace();
         let lock_ids = [lock_id];

@@ -13,17 +13,19 @@ use tokio::time::sleep_until;
 
 use super::in_flight::InFlight;
 use super::metrics::Loss;
-use super::record::{Lease, LeaseTable, Place};
+use super::record::{Deployment, Lease, LeaseTable, Place};
 use super::release::ReleaseContext;
 use super::renewal::{self, Command};
 use super::schema::Layout;
 use super::undo::Undo;
 use crate::clock;
 
-/// What one renewal loop serves: a runtime, and a place with the options renewal uses.
+/// What one renewal loop serves: a runtime, and a place (a collection of a deployment) with the
+/// options renewal uses.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct LoopKey {
     runtime: runtime::Id,
+    deployment: Deployment,
     namespace: Namespace,
     layout: Layout,
     expiry: Duration,
@@ -40,6 +42,7 @@ impl LoopKey {
         let options = &place.options;
         LoopKey {
             runtime: runtime.id(),
+            deployment: place.deployment.clone(),
             namespace: place.namespace(),
             layout: place.layout.clone(),
             expiry: options.expiry(),
@@ -133,7 +136,9 @@ impl RenewalHub {
         let mut loops = self.loops();
         if self.is_shut_down() {
             // Won by an attempt still in flight when the family was shut down; the shutdown
-            // waits for this release (it is work under way).
+            // waits for this release (it is work under way). Nobody is given the lease: it
+            // ends at once, keeping no `min_hold` window.
+            lease.state.set_undelivered();
             lease.mark_lost(Loss::ShutDown);
             self.release_context(runtime, place).spawn(lease, None);
             return mpsc::unbounded_channel().0;
@@ -157,23 +162,25 @@ impl RenewalHub {
         for undo in self.in_flight.take_abandoned() {
             self.in_flight.spawn_undo(runtime, undo);
         }
-        let running = loops
-            .entry(LoopKey::new(runtime, place))
-            .or_insert_with(|| {
-                let leases = Arc::new(LeaseTable::default());
-                let commands = renewal::start(
-                    runtime,
-                    place.clone(),
-                    lease.kind,
-                    Arc::clone(&leases),
-                    Arc::clone(&self.in_flight),
-                );
-                LoopHandle {
-                    commands,
-                    leases,
-                    place: place.clone(),
-                }
-            });
+        // Loops of other places with nothing to renew retire (each ends once its last guard is
+        // gone), so that locks built on handles made per request keep no loop each.
+        let key = LoopKey::new(runtime, place);
+        loops.retain(|other, running| *other == key || !running.leases.lock().is_empty());
+        let running = loops.entry(key).or_insert_with(|| {
+            let leases = Arc::new(LeaseTable::default());
+            let commands = renewal::start(
+                runtime,
+                place.clone(),
+                lease.kind,
+                Arc::clone(&leases),
+                Arc::clone(&self.in_flight),
+            );
+            LoopHandle {
+                commands,
+                leases,
+                place: place.clone(),
+            }
+        });
         let lock_id = lease.lock_id.clone();
         running.leases.lock().insert(lock_id.clone(), lease);
         if running
@@ -207,8 +214,9 @@ impl RenewalHub {
     /// cleanups, acquisition attempts) is waited for or undone.
     ///
     /// Everything is sent from the caller's task, never by the renewal loops, so it returns in
-    /// bounded time even when a loop's runtime is not being driven: an attempt under way is
-    /// waited for at most its server-side time limit (`ATTEMPT_SERVER_TIME`, 5 s), then undone;
+    /// bounded time even when a loop's runtime is not being driven: an attempt or a transfer
+    /// under way is waited for at most its server-side time limit (`ATTEMPT_SERVER_TIME`, 5 s,
+    /// after its last command), then undone;
     /// each update is given at most `expiry`. Concurrent callers all return once the job is done.
     pub(crate) async fn shut_down(&self) {
         let _one_at_a_time = self.shutting_down.lock().await;
@@ -236,7 +244,7 @@ impl RenewalHub {
                 .iter()
                 .map(|(lease, place)| {
                     lease.mark_lost(Loss::ShutDown);
-                    place.release_undo(&lease.id, &lease.lock_id, &lease.name)
+                    place.ending_undo(lease)
                 })
                 .collect(),
         };
@@ -315,6 +323,7 @@ mod tests {
                 .unwrap();
             Place {
                 collection: client.database("d").collection("c"),
+                deployment: super::super::record::Deployment::Database(client.database("d")),
                 layout: Layout::LockDocument,
                 options: options.clone(),
             }

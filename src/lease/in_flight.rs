@@ -1,9 +1,19 @@
 //! Work of a family of locks that may leave a lease on the server until it is over: acquisition
 //! attempts, releases, transfers, cleanups, a waiting writer's marker. Each piece of work is
 //! tracked with what undoes it, so that [`RenewalHub::shut_down`](super::hub::RenewalHub) can
-//! finish the job: it waits for attempts (at most until their reply limit) and sends the undo of
-//! everything still under way itself, on its own runtime, whatever runtime the work was
-//! started on (that one may not be driven any more, or may be gone).
+//! finish the job: it waits for work whose outcome is still coming (attempts and transfers, at
+//! most until the server gives up on them) and sends the undo of everything still under way
+//! itself, on its own runtime, whatever runtime the work was started on (that one may not be
+//! driven any more, or may be gone).
+//!
+//! Two rules keep a shutdown from leaving two holders:
+//! - **A shutdown never undoes work whose outcome it has not waited for**: work that writes
+//!   something other than its undo (an attempt, a transfer) carries a settle deadline, the
+//!   instant by which the server has applied or given up on its last command; before then the
+//!   shutdown waits for it.
+//! - **Nobody is handed a lease whose undo was taken**: work that hands a lease to a caller first
+//!   [`settles`](Tracked::settle) itself, which tells whether a shutdown took its undo (then
+//!   the lease is being ended, and the caller is told there was none).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,9 +60,11 @@ struct Piece {
     /// Ends whatever the work may leave behind; sending it twice is harmless (it is filtered by
     /// lock ids).
     undo: Vec<Undo>,
-    /// For an acquisition attempt: its reply limit. Until then the attempt may still win and
-    /// release what it won by itself (an undo sent before it was applied would miss it); after,
-    /// its cleanup is due. `None`: the undo is due at once.
+    /// For an acquisition attempt or a transfer: when the server has applied or given up on
+    /// its last command (sent with that time limit). Until then the work may still change the
+    /// lock document and hand the lease on by itself (an undo sent before it was applied would
+    /// miss it); after, its undo is due. `None`: the undo is due at once (its work writes what
+    /// its undo writes, or was abandoned).
     settle_by: Option<clock::Instant>,
 }
 
@@ -61,7 +73,7 @@ struct Piece {
 pub(crate) struct Due {
     /// Undo these now (their work is forgotten).
     pub(crate) undo: Vec<Undo>,
-    /// The earliest reply limit of the attempts still under way, if any.
+    /// The earliest settle deadline of the work still under way, if any.
     pub(crate) next: Option<clock::Instant>,
 }
 
@@ -180,6 +192,68 @@ impl Tracked {
         }
     }
 
+    /// The work may change the lock document until `settle_by` (it is about to send a command
+    /// with that server time limit): a shutdown waits until then before undoing it. False if a
+    /// shutdown already took the work's undo: the caller must not send the command. (A command
+    /// held up on the client, in a pool checkout or a server selection, longer than the time
+    /// left can still land later, as a command delayed in the network can.)
+    #[must_use]
+    pub(crate) fn settle_by(&self, settle_by: clock::Instant) -> bool {
+        let settled = match self.in_flight.work().pieces.get_mut(&self.id) {
+            Some(piece) => {
+                piece.settle_by = Some(settle_by);
+                true
+            }
+            None => false,
+        };
+        self.in_flight.changed();
+        settled
+    }
+
+    /// The work's outcome is known: from now on nobody sends its undo. True if nobody took it
+    /// before (what the work did stands, and may be handed to its caller); false if a shutdown
+    /// took it (it is being undone: hand nothing on). Finishing afterwards changes nothing.
+    #[must_use]
+    pub(crate) fn settle(&self) -> bool {
+        let settled = self.in_flight.work().pieces.remove(&self.id).is_some();
+        self.in_flight.changed();
+        settled
+    }
+
+    /// The work's outcome stays unknown: once it has settled (its settle deadline, when a command
+    /// still on its way has been applied or given up), its undo is sent on `runtime`, unless a
+    /// shutdown took it first. Until then it stays tracked, so a shutdown waits for it and then
+    /// undoes it itself.
+    pub(crate) fn undo_when_settled(self, runtime: &Handle) {
+        runtime.spawn(async move {
+            loop {
+                let settle_by = self
+                    .in_flight
+                    .work()
+                    .pieces
+                    .get(&self.id)
+                    .and_then(|piece| piece.settle_by);
+                match settle_by {
+                    Some(at) if clock::now() < at => {
+                        tokio::time::sleep_until(clock::wake_toward(at)).await;
+                    }
+                    _ => break,
+                }
+            }
+            // Sent while still tracked (due at once now): a shutdown meanwhile sends it too,
+            // which is harmless, and never finds the work gone before its undo went out.
+            let undo = match self.in_flight.work().pieces.get_mut(&self.id) {
+                Some(piece) => {
+                    piece.settle_by = None;
+                    piece.undo.clone()
+                }
+                None => Vec::new(),
+            };
+            futures::future::join_all(undo.iter().map(Undo::send)).await;
+            self.finish();
+        });
+    }
+
     /// The work is over: nothing of it is left to undo.
     pub(crate) fn finish(mut self) {
         self.finished = true;
@@ -251,6 +325,59 @@ mod tests {
         );
         release.finish();
         assert!(in_flight.is_idle());
+    }
+
+    #[tokio::test]
+    async fn work_whose_undo_was_taken_hands_nothing_on_and_sends_nothing_more() {
+        let undo = Undo::unanswered(Duration::from_secs(1)).await;
+        let in_flight = Arc::new(InFlight::default());
+        let now = clock::now();
+        let transfer = in_flight.track(vec![undo.clone()], None);
+        assert!(transfer.settle_by(now + Duration::from_secs(5)), "sent");
+        let due = in_flight.take_due(now);
+        assert!(due.undo.is_empty(), "a shutdown waits for the outcome");
+        assert_eq!(due.next, Some(now + Duration::from_secs(5)));
+        let due = in_flight.take_due(now + Duration::from_secs(5));
+        assert_eq!(due.undo.len(), 1, "then undoes it");
+        assert!(
+            !transfer.settle_by(now + Duration::from_secs(6)),
+            "taken: no command goes out after the undo"
+        );
+        assert!(!transfer.settle(), "taken: nothing is handed on");
+        transfer.finish();
+
+        let settled = in_flight.track(vec![undo], None);
+        assert!(settled.settle(), "nobody took it: what it did stands");
+        assert!(
+            in_flight.take_due(now).undo.is_empty(),
+            "and nobody undoes it"
+        );
+        settled.finish();
+        assert!(in_flight.is_idle());
+    }
+
+    #[tokio::test]
+    async fn work_of_unknown_outcome_is_undone_once_it_has_settled() {
+        let undo = Undo::unanswered(Duration::from_millis(50)).await;
+        let in_flight = Arc::new(InFlight::default());
+        let transfer = in_flight.track(vec![undo], None);
+        let settle_by = clock::now() + Duration::from_millis(400);
+        assert!(transfer.settle_by(settle_by));
+        transfer.undo_when_settled(&Handle::current());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let due = in_flight.take_due(clock::now());
+        assert!(
+            due.undo.is_empty() && due.next == Some(settle_by),
+            "a try may still land: nothing is undone yet, and a shutdown waits"
+        );
+        let mut changes = in_flight.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !in_flight.is_idle() {
+                let _ = changes.changed().await;
+            }
+        })
+        .await
+        .expect("undone and finished once settled");
     }
 
     #[test]

@@ -65,7 +65,7 @@ use crate::error::{is_duplicate_key, shown_name};
 use crate::{Error, LockOptions, Result};
 use held::HeldLease;
 use hub::RenewalHub;
-use record::{Lease, Place};
+use record::{Deployment, Lease, Place};
 use schema::Layout;
 use undo::Undo;
 
@@ -118,6 +118,8 @@ pub(crate) struct Target {
     pub(crate) renewals: Arc<RenewalHub>,
     /// This lock's queue of in-process waiters.
     pub(crate) waiters: handoff::Key,
+    /// The deployment its commands reach (for its renewal loop).
+    pub(crate) deployment: Deployment,
     /// The stored form of the holders' details, if they are stored.
     pub(crate) details: Option<Document>,
     /// Why the name or collection cannot be used, found when they were set and reported by the
@@ -161,6 +163,7 @@ impl Target {
     pub(crate) fn new(name: String, database: &Database, collection: &str) -> Target {
         let mut target = Target {
             waiters: handoff::key(0, "", "", ""),
+            deployment: Deployment::Database(database.clone()),
             database: database.clone(),
             collection: database.collection(collection),
             options: LockOptions::default(),
@@ -190,6 +193,11 @@ impl Target {
         if let Some(refusal) = refusal {
             self.problem.get_or_insert(refusal);
         }
+    }
+
+    /// Its collection was made from `database`: its deployment is that database's.
+    pub(crate) fn reached_through(&mut self, database: &Database) {
+        self.deployment = Deployment::Database(database.clone());
     }
 
     fn queue_key(&self) -> handoff::Key {
@@ -228,6 +236,7 @@ impl Target {
     pub(crate) fn place(&self, layout: &Layout) -> Place {
         Place {
             collection: self.collection.clone(),
+            deployment: self.deployment.clone(),
             layout: layout.clone(),
             options: self.options.clone(),
         }
@@ -316,6 +325,7 @@ impl Target {
         let database = collection.client().database(&collection.namespace().db);
         let mut target = Target::new(collection.name().to_owned(), &database, collection.name());
         target.collection = collection.clone();
+        target.deployment = Deployment::Collection(collection.clone());
         target
     }
 
@@ -370,7 +380,7 @@ impl Target {
         Undo {
             collection: self.collection.clone(),
             filter: doc! { layout.lock_id_path(): lock_id },
-            update: layout.release_update(lock_id, None),
+            update: layout.release_update(lock_id, schema::Ending::Cleanup),
             write_concern: self.options.write_concern().clone(),
             patience: self.options.expiry(),
             many: true,

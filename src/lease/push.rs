@@ -15,8 +15,11 @@
 //!   error, or the end of the stream (an `invalidate`), marks the stream unhealthy: pollers go
 //!   back to their busy-wait pace at once, and the stream is opened again after a pause, resuming
 //!   after the last event seen when it can (so no release in between is missed), afresh when
-//!   the token is refused. A server without change streams (a standalone `mongod`, error 40573)
-//!   is asked again only after [`NO_STREAMS_PAUSE`].
+//!   the token is refused. A `getMore` with no reply after [`GET_MORE_PATIENCE`] (a half-open
+//!   connection, which the driver never times out) counts the same: the stream is given up and
+//!   opened again from where it stood, on another connection, with the names subscribed
+//!   meanwhile. A server without change streams (a standalone `mongod`, error 40573) is asked
+//!   again only after [`NO_STREAMS_PAUSE`].
 //! - **Never relied upon for safety**: a wake only makes a waiter attempt, and a waiter that hears
 //!   nothing still polls.
 
@@ -26,7 +29,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use mongodb::Collection;
-use mongodb::bson::{Document, doc};
+use mongodb::bson::{Bson, Document, doc};
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType, ResumeToken};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
@@ -292,24 +295,35 @@ fn unhealthy(watcher: &WatcherKey, healthy: &AtomicBool) {
 ///   elements); where a server reports a whole array rewritten instead, that may be a release
 ///   too;
 /// - before MongoDB 5.0 a pipeline update is logged, and shown, as a replacement: an exclusive
-///   lock's document without `lockId` is free; any other replacement may have freed something.
+///   lock's document without `lockId` is free; any other replacement may have freed something;
+/// - from MongoDB 5.0 on, a changed subdocument whose difference would be larger than its new
+///   value is logged, and shown, as a whole-field update (server: `document_diff_calculator`):
+///   ending a writer by setting `writer: {fencingToken}` (a forced release, a writer handing
+///   over to readers) then arrives as `updatedFields.writer` without `removedFields`. So a
+///   field is judged by its new value: a `writer` without an `id` was freed, one with an `id`
+///   taken; a whole `holders` or `readers` array rewritten may be a release.
 ///
 /// Renewals (new `expiresAt`s) and acquisitions (a new `lockId`, writer or element) free
 /// nothing, also a writer's acquisition that removes its own waiting-writer marker.
 fn freed(event: &ChangeStreamEvent<Document>) -> Option<(String, bool)> {
     let name = event.document_key.as_ref()?.get_str(schema::ID).ok()?;
-    let ends_lease = |field: &String| {
-        [
-            schema::LOCK_ID,
-            schema::WAITING_WRITER,
-            &schema::Layout::Writer.lock_id_path(),
-        ]
-        .contains(&field.as_str())
-    };
-    let rewrites_holders =
-        |field: &String| [schema::HOLDERS, schema::READERS].contains(&field.as_str());
     let writer_id = schema::Layout::Writer.lock_id_path();
-    let takes_writer = |field: &String| *field == writer_id || field == schema::WRITER;
+    let ends_lease = |field: &String| {
+        [schema::LOCK_ID, schema::WAITING_WRITER, &writer_id].contains(&field.as_str())
+    };
+    let writer_has_holder = |value: &Bson| {
+        value
+            .as_document()
+            .is_some_and(|writer| writer.contains_key(schema::EMBEDDED_ID))
+    };
+    let frees = |(field, value): (&String, &Bson)| match field.as_str() {
+        schema::WRITER => !writer_has_holder(value),
+        schema::HOLDERS | schema::READERS => true,
+        _ => false,
+    };
+    let takes = |(field, value): (&String, &Bson)| {
+        *field == writer_id || field == schema::WRITER && writer_has_holder(value)
+    };
     let ends = match event.operation_type {
         OperationType::Delete => true,
         OperationType::Replace => event
@@ -317,13 +331,14 @@ fn freed(event: &ChangeStreamEvent<Document>) -> Option<(String, bool)> {
             .as_ref()
             .is_none_or(|document| !document.contains_key(schema::LOCK_ID)),
         OperationType::Update => event.update_description.as_ref().is_some_and(|update| {
-            let frees = update.removed_fields.iter().any(ends_lease)
+            let updated = || update.updated_fields.iter();
+            let freed = update.removed_fields.iter().any(ends_lease)
                 || update
                     .truncated_arrays
                     .as_ref()
                     .is_some_and(|truncated| !truncated.is_empty())
-                || update.updated_fields.keys().any(rewrites_holders);
-            frees && !update.updated_fields.keys().any(takes_writer)
+                || updated().any(frees);
+            freed && !updated().any(takes)
         }),
         _ => false,
     };
@@ -347,6 +362,11 @@ impl Drop for Ending {
 /// resume a cursor whose request was dropped), so a new name waits this long at most for its
 /// stream, and the stream outlives its last subscriber by as much.
 const AWAIT_EVENTS: Duration = Duration::from_secs(1);
+
+/// How long a `getMore` of the stream is waited for (it returns after [`AWAIT_EVENTS`] when
+/// nothing happens) before the stream counts as hung: then it is given up and opened again
+/// from where it stood.
+const GET_MORE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// The stream of one family and collection, for as long as it has subscribers.
 async fn run(
@@ -449,7 +469,17 @@ async fn run(
         wake(&key, Some(&new), Pushed::MaybeMissed);
         watched = filter;
         loop {
-            match stream.next_if_any().await {
+            let Ok(next) = tokio::time::timeout(GET_MORE_PATIENCE, stream.next_if_any()).await
+            else {
+                tracing::debug!(
+                    collection = %collection.name(),
+                    "the change stream of a lock collection got no reply; opening it again"
+                );
+                unhealthy(&key, &healthy);
+                resume = stream.resume_token().or(resume);
+                break;
+            };
+            match next {
                 Ok(Some(event)) => {
                     resume = Some(event.id.clone());
                     if matches!(
@@ -581,5 +611,38 @@ mod tests {
         // A writer renewed, or a waiting writer's marker renewed: nothing freed.
         let writer_renewed = doc! { "writer.expiresAt": now, "waitingWriter.expiresAt": now };
         assert_eq!(freed_by(writer_renewed, vec![], vec![]), Some(false));
+    }
+
+    /// MongoDB 5.0 and later log a changed subdocument whose difference is larger than its new
+    /// value as a whole-field update (server source, `document_diff_calculator.cpp`): the new
+    /// value tells whether the writer was freed or taken. Fails when any whole `writer` counts
+    /// as taken: waiters in other processes are then not woken by a writer's end.
+    #[test]
+    fn a_whole_writer_field_is_judged_by_its_new_value() {
+        let freed_by = |updated: Document| {
+            freed(&event(
+                "update",
+                doc! { "updateDescription": {
+                    "updatedFields": updated,
+                    "removedFields": [],
+                    "truncatedArrays": [],
+                } },
+            ))
+            .map(|(_, ends)| ends)
+        };
+        let now = mongodb::bson::DateTime::now();
+        // A forced release, or a writer handing over to readers: no id left.
+        assert_eq!(
+            freed_by(doc! { "writer": { "fencingToken": 7_i64 } }),
+            Some(true)
+        );
+        let handed_to_readers = doc! {
+            "writer": { "fencingToken": 7_i64 },
+            "readers": [{ "id": "r", "expiresAt": now }],
+        };
+        assert_eq!(freed_by(handed_to_readers), Some(true));
+        // A new writer, written whole.
+        let taken = doc! { "writer": { "id": "w2", "expiresAt": now, "fencingToken": 8_i64 } };
+        assert_eq!(freed_by(taken), Some(false));
     }
 }

@@ -5,24 +5,65 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mongodb::bson::{Bson, Document, doc};
-use mongodb::{Collection, Namespace};
+use mongodb::{Collection, Database, Namespace};
 
 use super::handoff;
 use super::lost::LeaseState;
 use super::metrics::{self, Loss};
-use super::schema::Layout;
+use super::schema::{Ending, Layout};
 use super::undo::Undo;
 use crate::LockKind;
 use crate::LockOptions;
 use crate::error::shown_name;
 
-/// Where leases live and how they are renewed: a collection, the layout of the leases in its
-/// documents, and the options. What one renewal loop serves.
+/// Where leases live and how they are renewed: a collection (of a deployment), the layout of
+/// the leases in its documents, and the options. What one renewal loop serves.
 #[derive(Clone, Debug)]
 pub(crate) struct Place {
     pub(crate) collection: Collection<Document>,
+    pub(crate) deployment: Deployment,
     pub(crate) layout: Layout,
     pub(crate) options: LockOptions,
+}
+
+/// The deployment a lock's commands reach, as far as this process can tell: the `Database` or
+/// `Collection` handle the lock was built from.
+///
+/// A `mongodb::Client` has no identity to compare, and two clients may reach two deployments
+/// whose databases and collections have the same names. Handles cloned from one another share
+/// their client, so two places count as one deployment when their handles descend from one
+/// handle (compared by the address of the client inside it, which this value keeps alive).
+/// Handles of one client made apart count as two: that costs a renewal loop each, never a lease
+/// renewed or released on another deployment.
+#[derive(Clone, Debug)]
+pub(crate) enum Deployment {
+    /// A lock of a database's lock collection (exclusive, reader-writer, semaphore).
+    Database(Database),
+    /// A document lock of an application's collection.
+    Collection(Collection<Document>),
+}
+
+impl Deployment {
+    fn identity(&self) -> usize {
+        match self {
+            Deployment::Database(database) => std::ptr::from_ref(database.client()).addr(),
+            Deployment::Collection(collection) => std::ptr::from_ref(collection.client()).addr(),
+        }
+    }
+}
+
+impl PartialEq for Deployment {
+    fn eq(&self, other: &Self) -> bool {
+        self.identity() == other.identity()
+    }
+}
+
+impl Eq for Deployment {}
+
+impl std::hash::Hash for Deployment {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.identity().hash(state);
+    }
 }
 
 impl Place {
@@ -30,23 +71,23 @@ impl Place {
         self.collection.namespace()
     }
 
-    /// The update that ends the lease `lock_id` in document `id` (its holder's release: an
-    /// exclusive lock with a `min_hold` stays taken until then).
-    pub(crate) fn release_undo(&self, id: &Bson, lock_id: &str, name: &str) -> Undo {
-        self.undo(id, lock_id, name, self.options.min_hold_millis())
-    }
-
     /// The update that ends at once whatever lease `lock_id` holds in document `id` (the
     /// cleanup after an attempt whose outcome is unknown: its caller never had the lock).
     pub(crate) fn cleanup_undo(&self, id: &Bson, lock_id: &str, name: &str) -> Undo {
-        self.undo(id, lock_id, name, None)
+        self.undo(id, lock_id, name, Ending::Cleanup)
     }
 
-    fn undo(&self, id: &Bson, lock_id: &str, name: &str, min_hold_millis: Option<i64>) -> Undo {
+    /// The update that ends `lease` as its own release would: keeping an exclusive lock's
+    /// `min_hold` window, unless nobody was given the lease (then at once).
+    pub(crate) fn ending_undo(&self, lease: &Lease) -> Undo {
+        self.undo(&lease.id, &lease.lock_id, &lease.name, lease.ending())
+    }
+
+    fn undo(&self, id: &Bson, lock_id: &str, name: &str, ending: Ending) -> Undo {
         Undo {
             collection: self.collection.clone(),
             filter: self.layout.release_filter(id, lock_id),
-            update: self.layout.release_update(lock_id, min_hold_millis),
+            update: self.layout.release_update(lock_id, ending),
             write_concern: self.options.write_concern().clone(),
             patience: self.options.expiry(),
             many: false,
@@ -76,6 +117,25 @@ pub(crate) struct Lease {
 impl Lease {
     pub(crate) fn is_lost(&self) -> bool {
         self.state.is_lost()
+    }
+
+    /// How its release ends it: keeping a `min_hold` window, unless the lease was never
+    /// delivered to a caller (won after the caller stopped waiting): nobody ran anything under
+    /// it, so nothing is kept.
+    pub(crate) fn ending(&self) -> Ending {
+        if self.state.is_undelivered() {
+            Ending::Cleanup
+        } else {
+            Ending::Release
+        }
+    }
+
+    /// The lease is over here (released, or its release's outcome is known as well as it will
+    /// be): it no longer counts as held in this process.
+    pub(crate) fn end_here(&self) {
+        if let Some(holding) = &self.holding {
+            holding.end();
+        }
     }
 
     /// Why a lease whose deadline has passed is lost: `max_hold` if its hold is over, else

@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::sleep_until;
 
+use super::backoff::ATTEMPT_SERVER_TIME;
 use super::handoff::{self, Handoff, Offer, Transfer};
 use super::in_flight::{InFlight, Tracked};
 use super::metrics::Loss;
@@ -53,13 +54,9 @@ impl ReleaseContext {
     /// Starts releasing `lease` in a task of its own on the context's runtime, tracked as work
     /// of the family until it is over; answers on `reply` if given.
     pub(crate) fn spawn(self, lease: Lease, reply: Option<ReleaseReply>) -> JoinHandle<()> {
-        let tracked = self.in_flight.track(
-            vec![
-                self.place
-                    .release_undo(&lease.id, &lease.lock_id, &lease.name),
-            ],
-            None,
-        );
+        let tracked = self
+            .in_flight
+            .track(vec![self.place.ending_undo(&lease)], None);
         let runtime = self.runtime.clone();
         runtime.spawn(release_lease(self, lease, reply, tracked))
     }
@@ -72,8 +69,10 @@ async fn release_lease(
     reply: Option<ReleaseReply>,
     tracked: Tracked,
 ) {
-    let result = send_release(&context, &lease, &tracked).await;
-    tracked.finish();
+    let result = send_release(&context, &lease, tracked).await;
+    // Over here, whatever the outcome (it is over, or will be at its expiry): a later
+    // acquisition in this process must not wait for this lease's end as a local event.
+    lease.end_here();
     match reply {
         // The caller may have stopped waiting; the outcome is the same either way.
         Some(reply) => {
@@ -93,12 +92,15 @@ async fn release_lease(
     }
 }
 
-async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: &Tracked) -> Result<()> {
+/// Releases `lease`, as tracked work `tracked` (finished here, or left to undo itself once it
+/// has settled when a transfer's outcome stays unknown).
+async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: Tracked) -> Result<()> {
     let ReleaseContext { runtime, place, .. } = context;
     let Place {
         collection,
         layout,
         options,
+        ..
     } = place;
     let started = clock::now();
     // Lost before the release was sent: the release still goes out (it never touches another
@@ -118,7 +120,7 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: &Tracked
             .iter()
             .all(|offer| tracked.add_undo(offer.cleanup.clone()))
         {
-            return transfer(context, lease, offers, started).await;
+            return transfer(context, lease, offers, started, tracked).await;
         }
         for offer in offers {
             (offer.deliver)(Transfer::NotDone);
@@ -126,19 +128,20 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: &Tracked
     }
     let wake = lease.waiters.as_ref();
     let filter = layout.release_filter(&lease.id, &lease.lock_id);
-    let update = layout.release_update(&lease.lock_id, options.min_hold_millis());
+    let update = layout.release_update(&lease.lock_id, lease.ending());
     let send = || {
         let (collection, filter, update) = (collection.clone(), filter.clone(), update.clone());
         let write_concern = options.write_concern().clone();
-        runtime.spawn(async move {
+        Some(runtime.spawn(async move {
             collection
                 .update_one(filter, update)
                 .write_concern(write_concern)
                 .await
-        })
+        }))
     };
     let matched = |result: &UpdateResult| result.matched_count > 0;
     let outcome = release_outcome(options, started, send, matched).await;
+    tracked.finish();
     // Local waiters attempt once the lease is over (whatever the outcome: it is over or will
     // be), not before: an attempt that overtook the release would fail and cost a command.
     if let Some(waiters) = wake {
@@ -168,6 +171,8 @@ enum Released<T> {
     Unknown(Error),
     /// No try answered within `expiry`: the lease ends by itself.
     NoReply,
+    /// Nothing was sent: a shutdown took the work's undo first, and ends the lease itself.
+    Declined,
 }
 
 /// The first of `tasks` to finish, with its index; never resolves when there is none (a
@@ -183,7 +188,8 @@ pub(crate) async fn first_finished<'a, T: 'a>(
     (result, index)
 }
 
-/// Sends the release update with `send` and waits for the outcome until `started + expiry`.
+/// Sends the release update with `send` (which declines, with `None`, once the work's undo was
+/// taken) and waits for the outcome until `started + expiry`.
 ///
 /// A try that fails transiently (an election, a lost reply) is sent again after a short delay.
 /// A try without a reply after a quarter of the expiry (at least 1 s) is not given up, but a
@@ -196,10 +202,13 @@ async fn release_outcome<T, S>(
     matched: impl Fn(&T) -> bool,
 ) -> Released<T>
 where
-    S: Fn() -> JoinHandle<mongodb::error::Result<T>>,
+    S: Fn() -> Option<JoinHandle<mongodb::error::Result<T>>>,
 {
     let deadline = started + options.expiry();
-    let mut calls = vec![send()];
+    let Some(first) = send() else {
+        return Released::Declined;
+    };
+    let mut calls = vec![first];
     let mut resend_at = Some(clock::now() + release_call_limit(options));
     let mut matched_nothing = false;
     // The first failure whose outcome is unknown, and the last failure.
@@ -247,8 +256,13 @@ where
             }
             () = sleep_until(clock::wake_toward(resend.unwrap_or(deadline))), if resend.is_some() => {
                 if resend.is_some_and(|at| clock::now() >= at) {
-                    calls.push(send());
-                    resend_at = Some(clock::now() + release_call_limit(options));
+                    match send() {
+                        Some(call) => {
+                            calls.push(call);
+                            resend_at = Some(clock::now() + release_call_limit(options));
+                        }
+                        None => resend_at = None,
+                    }
                 }
             }
             () = sleep_until(clock::wake_toward(deadline)) => {
@@ -283,6 +297,13 @@ fn released<T>(lease: &Lease, started: clock::Instant, outcome: Released<T>) -> 
             name: lease.name.clone(),
             waited: clock::now().saturating_duration_since(started),
         }),
+        // As for a lease its family's shutdown took from its renewal loop.
+        Released::Declined => {
+            lease.mark_lost(Loss::ShutDown);
+            Err(Error::LockLost {
+                name: lease.name.clone(),
+            })
+        }
     }
 }
 
@@ -321,11 +342,19 @@ impl Drop for Delivery {
 ///
 /// If the outcome stays unknown, the waiters' leases (if the command took effect) are ended at
 /// once with cleanups filtered by their lock ids, and the waiters go on waiting.
+///
+/// Each try carries the attempts' server time limit, and its settle deadline (see `in_flight`),
+/// in the releasing family's work and in each waiter's family's, tells a shutdown of either to
+/// wait for its outcome rather than undo it. Should a shutdown of the releasing family have
+/// undone the transfer all the same (its outcome came later than that), the waiters are not
+/// handed the leases it is ending: they go on waiting. An outcome that stays unknown is undone
+/// once the last try has settled (and the waiters' leases at once, in case it applied).
 async fn transfer(
     context: &ReleaseContext,
     lease: &Lease,
     offers: Vec<Offer>,
     started: clock::Instant,
+    tracked: Tracked,
 ) -> Result<()> {
     let ReleaseContext {
         runtime,
@@ -336,6 +365,17 @@ async fn transfer(
         .first()
         .map_or_else(|| place.layout.clone(), |offer| offer.layout.clone());
     let waiters: Vec<&str> = offers.iter().map(|offer| offer.lock_id.as_str()).collect();
+    // In each waiter's family too: its shutdown waits for the lease this may hand it (and for
+    // that lease's release, which its hub starts on delivery) before returning.
+    let receiving: Vec<Tracked> = offers
+        .iter()
+        .map(|offer| {
+            let settle_by = clock::now() + ATTEMPT_SERVER_TIME;
+            offer
+                .receiver
+                .track(vec![offer.cleanup.clone()], Some(settle_by))
+        })
+        .collect();
     let filter = schema::transfer_filter(
         &lease.id,
         &place.layout,
@@ -356,42 +396,71 @@ async fn transfer(
                 offer.deliver
             })
             .collect(),
-        releasing: place.release_undo(&lease.id, &lease.lock_id, &lease.name),
+        releasing: place.ending_undo(lease),
     };
     let send = || {
+        // The server gives the try up after this: a shutdown waits until then for its outcome.
+        let settle_by = clock::now() + ATTEMPT_SERVER_TIME;
+        if !tracked.settle_by(settle_by) {
+            return None;
+        }
+        for receiving in &receiving {
+            // Taken by the waiter's family's shutdown: it has sent the waiter's cleanup, and
+            // a lease delivered to it now is released by its hub.
+            let _ = receiving.settle_by(settle_by);
+        }
         let (collection, filter, update) =
             (place.collection.clone(), filter.clone(), update.clone());
         let write_concern = place.options.write_concern().clone();
-        runtime.spawn(async move {
+        Some(runtime.spawn(async move {
             collection
                 .find_one_and_update(filter, update)
                 .return_document(ReturnDocument::After)
                 .write_concern(write_concern)
+                .max_time(ATTEMPT_SERVER_TIME)
                 .await
-        })
+        }))
     };
     let outcome = release_outcome(&place.options, started, send, Option::is_some).await;
     let unknown = matches!(outcome, Released::Unknown(_) | Released::NoReply);
-    match released(lease, started, outcome) {
+    let result = match released(lease, started, outcome) {
         Ok(document) => {
             lease.state.mark_released();
-            tracing::debug!(lock = %shown_name(&lease.name), "released to local waiters");
-            let document = document.unwrap_or_default();
-            // Every try was sent at or after `started`: the leases last at least from then.
-            delivery.deliver(|| Transfer::Done {
-                document: document.clone(),
-                sent_at: started,
-            });
+            if tracked.settle() {
+                tracing::debug!(lock = %shown_name(&lease.name), "released to local waiters");
+                let document = document.unwrap_or_default();
+                // Every try was sent at or after `started`: the leases last at least from then.
+                delivery.deliver(|| Transfer::Done {
+                    document: document.clone(),
+                    sent_at: started,
+                });
+            } else {
+                // A shutdown took this transfer's undo: the waiters' leases are being ended.
+                tracing::debug!(lock = %shown_name(&lease.name), "released; the transfer to local waiters was undone by a shutdown");
+                delivery.deliver(|| Transfer::NotDone);
+            }
+            tracked.finish();
             Ok(())
         }
         Err(error) => {
             if unknown {
+                // In case a try applied; and everything again once a try still on its way has
+                // landed or been given up (the releasing lease included).
                 for cleanup in cleanups {
                     in_flight.spawn_undo(runtime, cleanup);
                 }
+                tracked.undo_when_settled(runtime);
+            } else {
+                tracked.finish();
             }
             delivery.deliver(|| Transfer::NotDone);
             Err(error)
         }
+    };
+    // Delivered (a lease handed to a waiter of a family shut down is being released, tracked by
+    // its hub): nothing of the transfer is left for the waiters' families to wait for.
+    for receiving in receiving {
+        receiving.finish();
     }
+    result
 }

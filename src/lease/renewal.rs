@@ -700,6 +700,7 @@ mod tests {
             runtime: Handle::current(),
             place: Place {
                 collection: client.database("d").collection("c"),
+                deployment: super::super::record::Deployment::Database(client.database("d")),
                 layout: super::super::schema::Layout::LockDocument,
                 options,
             },

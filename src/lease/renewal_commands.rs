@@ -72,6 +72,7 @@ pub(crate) async fn renew_one(
         collection,
         layout,
         options,
+        ..
     } = place;
     let lock_ids = [lock_id.to_owned()];
     let ids = [id.clone()];
@@ -116,6 +117,7 @@ pub(crate) async fn renew_many(
         collection,
         layout,
         options,
+        ..
     } = place;
     let mut command = doc! {
         "update": collection.name(),

@@ -28,6 +28,12 @@ pub(crate) const RENEWED_AT: &str = "renewedAt";
 pub(crate) const FENCING_TOKEN: &str = "fencingToken";
 /// A holder's [`LockDetails`](crate::LockDetails), where stored.
 pub(crate) const DETAILS: &str = "details";
+/// Until when an exclusive lock stays taken whatever becomes of its holder: `acquiredAt +
+/// min_hold`, by the server's clock (not in .NET's layout: only a lock with a
+/// [`min_hold`](crate::LockOptions::min_hold) has it). Stored so that every way of ending the
+/// lease keeps the window, a forced release by someone who does not know the holder's options
+/// included.
+pub(crate) const MIN_HOLD_UNTIL: &str = "minHoldUntil";
 /// The lock id's field inside an embedded lock.
 pub(crate) const EMBEDDED_ID: &str = "id";
 
@@ -76,15 +82,17 @@ pub(crate) fn primary() -> SelectionCriteria {
 /// `lockId` with its own. The fencing token is `max(previous + 1, $$NOW in ms × 1000)`, where a
 /// previous value that is not a number counts as 0.
 ///
-/// With `details` (an opt-in that .NET clients cannot read), the holder's details are written
-/// to a sixth field, `details`, along with the lease, and a seventh, `renewedAt`, is kept.
+/// Every field that describes the holder is the new holder's own, or removed: `details` (an
+/// opt-in that .NET clients cannot read) with `renewedAt`, and `minHoldUntil` with a
+/// [`min_hold`](LockOptions::min_hold), whose lease lasts until then at least. A lock without
+/// either keeps DistributedLock.MongoDB's five fields, whoever held it before.
 ///
 /// With `replacing`, the lease with that lock id counts as free too: a release handing the lock
 /// over to a waiter in the same command (run on `{_id: name, lockId: {$in: [replacing,
-/// lock_id]}}` without upsert).
+/// lock_id]}}` without upsert). The waiter's lease is the one its own attempt would write.
 pub(crate) fn acquire_update(
     lock_id: &str,
-    expiry_millis: i64,
+    options: &LockOptions,
     details: Option<&Document>,
     replacing: Option<&str>,
 ) -> Vec<Document> {
@@ -96,18 +104,24 @@ pub(crate) fn acquire_update(
     let keep_or = |field: &str, taken: Bson| -> Bson {
         Bson::Document(doc! { "$cond": [free.clone(), taken, format!("${field}")] })
     };
+    let removed = || Bson::from("$$REMOVE");
     let next_token = next_fencing_token(FENCING_TOKEN);
-    let mut set = doc! {
+    let min_hold = options.min_hold_millis();
+    let records_renewals = details.is_some() || min_hold.is_some();
+    let renewed_at = if records_renewals {
+        "$$NOW".into()
+    } else {
+        removed()
+    };
+    vec![doc! { "$set": {
         LOCK_ID: keep_or(LOCK_ID, lock_id.into()),
-        EXPIRES_AT: keep_or(EXPIRES_AT, lease_end(expiry_millis)),
+        EXPIRES_AT: keep_or(EXPIRES_AT, lease_end(options.acquired_lease_millis())),
         ACQUIRED_AT: keep_or(ACQUIRED_AT, "$$NOW".into()),
         FENCING_TOKEN: keep_or(FENCING_TOKEN, next_token.into()),
-    };
-    if let Some(details) = details {
-        set.insert(DETAILS, keep_or(DETAILS, literal(details)));
-        set.insert(RENEWED_AT, keep_or(RENEWED_AT, "$$NOW".into()));
-    }
-    vec![doc! { "$set": set }]
+        DETAILS: keep_or(DETAILS, details.map_or_else(removed, literal)),
+        RENEWED_AT: keep_or(RENEWED_AT, renewed_at),
+        MIN_HOLD_UNTIL: keep_or(MIN_HOLD_UNTIL, min_hold.map_or_else(removed, lease_end)),
+    } }]
 }
 
 /// The filter of an acquisition attempt on the lock document `id` (an upsert run with
@@ -368,24 +382,13 @@ impl Layout {
     /// document keeps an `expiresAt` of now, so the TTL index removes it later; an embedded lock
     /// drops both its id and expiry, leaving the business document unlocked; an array member is
     /// removed from its array.
-    /// With `min_hold_millis` (an exclusive lock's [`LockOptions::min_hold`]), the lock stays
-    /// taken until `acquiredAt + min_hold` if that is later than now.
-    pub(crate) fn release_update(
-        &self,
-        lock_id: &str,
-        min_hold_millis: Option<i64>,
-    ) -> Vec<Document> {
+    ///
+    /// An exclusive lock's `minHoldUntil` (see [`MIN_HOLD_UNTIL`]) keeps it taken until then
+    /// when its holder's lease ends ([`Ending::Release`]: a release, a forced release, a
+    /// shutdown); a lease nobody was given ends at once ([`Ending::Cleanup`]).
+    pub(crate) fn release_update(&self, lock_id: &str, ending: Ending) -> Vec<Document> {
         match self {
-            Layout::LockDocument => match min_hold_millis {
-                None => end_lease(),
-                Some(min_hold) => vec![
-                    doc! { "$set": { EXPIRES_AT: { "$max": [
-                        "$$NOW",
-                        { "$add": [format!("${ACQUIRED_AT}"), min_hold] },
-                    ] } } },
-                    doc! { "$unset": LOCK_ID },
-                ],
-            },
+            Layout::LockDocument => end_lease(ending),
             Layout::Embedded(_) | Layout::Writer => {
                 vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
             }
@@ -398,14 +401,119 @@ impl Layout {
     }
 }
 
-/// Ends a lock document's lease, whoever holds it: `expiresAt` becomes now and `lockId` goes;
-/// the fencing token stays.
-pub(crate) fn end_lease() -> Vec<Document> {
-    vec![
-        doc! { "$set": { EXPIRES_AT: "$$NOW" } },
-        doc! { "$unset": LOCK_ID },
-    ]
+/// How a lease ends: what [`Layout::release_update`] keeps of an exclusive lock's `min_hold`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Its holder's lease ends (released, dropped, shut down, or forced by an operator): a
+    /// `min_hold` window keeps the lock taken until `minHoldUntil`. The window is a promise
+    /// about the work, not about who holds the lease.
+    Release,
+    /// A lease nobody was given ends (the cleanup after an attempt whose outcome is unknown, or
+    /// a win after its caller stopped waiting): at once, window and all, since nobody ran.
+    Cleanup,
 }
+
+/// Ends a lock document's lease, whoever holds it, as `ending` says: `lockId` goes, the fencing
+/// token stays, and `expiresAt` becomes now, or for a holder's lease with a `min_hold` window
+/// `minHoldUntil` if that is later (a cleanup removes the window with the lease nobody got).
+pub(crate) fn end_lease(ending: Ending) -> Vec<Document> {
+    let until = format!("${MIN_HOLD_UNTIL}");
+    match ending {
+        Ending::Release => vec![
+            doc! { "$set": { EXPIRES_AT: { "$cond": [
+                { "$eq": [{ "$type": &until }, "date"] },
+                { "$max": ["$$NOW", &until] },
+                "$$NOW",
+            ] } } },
+            doc! { "$unset": LOCK_ID },
+        ],
+        Ending::Cleanup => vec![
+            doc! { "$set": { EXPIRES_AT: "$$NOW" } },
+            doc! { "$unset": [LOCK_ID, MIN_HOLD_UNTIL] },
+        ],
+    }
+}
+
+/// The kinds of lock document a lock collection holds (document locks live in application
+/// documents, which no administrative call deletes or ends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Stored {
+    /// An exclusive lock's document.
+    Exclusive,
+    /// A reader-writer lock's document.
+    ReaderWriter,
+    /// A semaphore's document.
+    Semaphore,
+}
+
+impl Stored {
+    /// The kind of document a lease stored as `layout` says lives in (`None`: a document lock's).
+    pub(crate) fn of_layout(layout: &Layout) -> Option<Stored> {
+        match layout {
+            Layout::LockDocument => Some(Stored::Exclusive),
+            Layout::Writer => Some(Stored::ReaderWriter),
+            Layout::Members(field) if field == READERS => Some(Stored::ReaderWriter),
+            Layout::Members(_) => Some(Stored::Semaphore),
+            Layout::Embedded(_) => None,
+        }
+    }
+
+    /// The fields its commands write, and the one array or number every such document has.
+    fn fields(self) -> (&'static [&'static str], Document) {
+        let is =
+            |field: &str, types: &[&str]| doc! { "$in": [{ "$type": format!("${field}") }, types] };
+        match self {
+            Stored::Exclusive => (
+                &[
+                    ID,
+                    LOCK_ID,
+                    EXPIRES_AT,
+                    ACQUIRED_AT,
+                    FENCING_TOKEN,
+                    DETAILS,
+                    RENEWED_AT,
+                    MIN_HOLD_UNTIL,
+                ],
+                is(FENCING_TOKEN, &NUMBERS),
+            ),
+            Stored::ReaderWriter => (
+                &[ID, EXPIRES_AT, READERS, WRITER, WAITING_WRITER],
+                is(READERS, &["array"]),
+            ),
+            Stored::Semaphore => (
+                &[ID, EXPIRES_AT, HOLDERS, MAX_COUNT, FENCING_TOKEN],
+                is(HOLDERS, &["array"]),
+            ),
+        }
+    }
+
+    /// `$expr`: the document is shaped like a lock document of this kind: a string `_id`, an
+    /// `expiresAt` date, the field every such document has, and no field its commands do not
+    /// write. Every administrative delete or update requires it, so that none ever touches an
+    /// application's document (a collection named by mistake, or shared).
+    pub(crate) fn shape(self) -> Document {
+        let (fields, has) = self.fields();
+        let names = doc! { "$map": {
+            "input": { "$objectToArray": "$$ROOT" },
+            "as": "field",
+            "in": "$$field.k",
+        } };
+        doc! { "$and": [
+            { "$eq": [{ "$type": format!("${ID}") }, "string"] },
+            { "$eq": [{ "$type": format!("${EXPIRES_AT}") }, "date"] },
+            has,
+            { "$setIsSubset": [names, fields] },
+        ] }
+    }
+
+    /// `$expr`: shaped like a lock document of one of `kinds` (see [`Stored::shape`]).
+    pub(crate) fn any_shape(kinds: &[Stored]) -> Document {
+        doc! { "$or": kinds.iter().map(|kind| kind.shape()).collect::<Vec<_>>() }
+    }
+}
+
+/// `$type` names of numbers.
+const NUMBERS: [&str; 4] = ["int", "long", "double", "decimal"];
 
 /// The field of [`Layout::live_lock_ids`]' results.
 pub(crate) const LIVE_LOCK_IDS: &str = "ours";
@@ -476,12 +584,54 @@ mod tests {
         );
     }
 
-    #[test]
-    fn acquire_update_writes_only_the_dotnet_fields() {
-        let pipeline = acquire_update("id", 1_000, None, None);
-        assert_eq!(pipeline.len(), 1);
+    /// The fields an acquisition writes when it wins, as its pipeline's `$cond` picks them
+    /// (the second branch of each).
+    fn written_when_free(pipeline: &[Document]) -> Document {
         let set = pipeline[0].get_document("$set").unwrap();
-        let fields: Vec<&str> = set.keys().map(String::as_str).collect();
-        assert_eq!(fields, [LOCK_ID, EXPIRES_AT, ACQUIRED_AT, FENCING_TOKEN]);
+        set.iter()
+            .map(|(field, value)| {
+                let branches = value.as_document().unwrap().get_array("$cond").unwrap();
+                (field.clone(), branches[1].clone())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_acquisition_removes_what_described_the_previous_holder() {
+        let plain = LockOptions::default();
+        let pipeline = acquire_update("id", &plain, None, None);
+        assert_eq!(pipeline.len(), 1);
+        let written = written_when_free(&pipeline);
+        // .NET's five fields are written; the others are removed, whoever wrote them before.
+        for removed in [DETAILS, RENEWED_AT, MIN_HOLD_UNTIL] {
+            assert_eq!(
+                written.get_str(removed),
+                Ok("$$REMOVE"),
+                "{removed}: {written}"
+            );
+        }
+        assert_eq!(written.get_str(LOCK_ID), Ok("id"));
+
+        let details = doc! { "owner": "batch-7" };
+        let job = LockOptions::builder()
+            .expiry(Duration::from_secs(3))
+            .min_hold(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let written = written_when_free(&acquire_update("id", &job, Some(&details), Some("old")));
+        assert_eq!(
+            written.get_document(DETAILS),
+            Ok(&doc! { "$literal": details })
+        );
+        assert_eq!(written.get_str(RENEWED_AT), Ok("$$NOW"));
+        assert_eq!(
+            written.get_document(MIN_HOLD_UNTIL),
+            Ok(&doc! { "$add": ["$$NOW", 60_000_i64] })
+        );
+        assert_eq!(
+            written.get_document(EXPIRES_AT),
+            Ok(&doc! { "$add": ["$$NOW", 60_000_i64] }),
+            "a takeover's lease lasts min_hold, as the attempt's does"
+        );
     }
 }

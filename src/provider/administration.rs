@@ -5,9 +5,9 @@ use mongodb::bson::{Document, doc};
 
 use super::Provider;
 use crate::error::shown_name;
-use crate::lease::schema::{HOLDERS, Layout, READERS};
+use crate::lease::schema::{HOLDERS, Layout, READERS, Stored};
 use crate::lease::{admin, create_ttl_index};
-use crate::{Error, LockFilter, LockKind, LockStatus, Result};
+use crate::{Error, LockFilter, LockKind, LockStatus, Purgeable, Result};
 
 impl Provider {
     /// The status of exclusive lock `name` (holder, lease, fencing token, and details if it
@@ -58,7 +58,7 @@ impl Provider {
         let mut held = Vec::new();
         if filter.wants(LockKind::Exclusive) {
             let locks = self.open(&self.collection)?;
-            held.extend(admin::held(&locks, by_name()).await?);
+            held.extend(admin::held(&locks, by_name(), filter.wants_kept()).await?);
         }
         if filter.wants(LockKind::Read) || filter.wants(LockKind::Write) {
             let rw_locks = self.open(&self.reader_writer_collection)?;
@@ -76,7 +76,9 @@ impl Provider {
     /// **Dangerous** (see [`force_release`](Self::force_release)): ends the one lease `holder`
     /// describes (an entry of [`held_locks`](Self::held_locks), of any kind), now, as its
     /// holder's release would: an exclusive lock or a writer keeps its document and fencing
-    /// token, a reader or semaphore place leaves the others alone. Returns whether that lease
+    /// token (and an exclusive lock its holder's `min_hold` window), a reader or semaphore place
+    /// leaves the others alone. Only a document shaped like a lock document of that kind is
+    /// touched. Returns whether that lease
     /// was still there (a holder that released or was replaced since the read is not
     /// touched: the lock id names one acquisition). Its holder's next renewal finds the lease
     /// gone and signals `lost`.
@@ -138,8 +140,10 @@ impl Provider {
     /// holder is not asked: its next renewal finds the lease gone and signals `lost`, but until
     /// then it may still believe it holds the lock, so two holders can overlap for up to one
     /// extension cadence. Protect resources with fencing tokens before relying on this. The
-    /// document is kept (never deleted), so fencing tokens keep increasing. Returns whether a
-    /// holder was removed.
+    /// document is kept (never deleted), so fencing tokens keep increasing, and a holder's
+    /// [`min_hold`](crate::LockOptions::min_hold) window stays (as after its own release): a
+    /// job's window is a promise about the work, not about who holds the lease. Returns whether a
+    /// holder was removed. Only a document shaped like an exclusive lock's is touched.
     ///
     /// # Errors
     /// As [`status`](Self::status).
@@ -154,19 +158,55 @@ impl Provider {
     /// each of the provider's collections (exclusive, reader-writer, semaphore) and returns
     /// how many; never touches a held lock, nor a document whose fencing token may still
     /// matter (see `RELIABILITY.md`). For deployments where the TTL index cannot be created
-    /// or its monitor lags. One `delete_many` per collection.
+    /// or its monitor lags.
+    ///
+    /// Only documents shaped like the lock documents of the kinds kept in each collection are
+    /// deleted (a string `_id`, an `expiresAt` date, and only the fields those kinds write), so
+    /// an application's documents never are. Before deleting anything it reads the first 100
+    /// documents (by `_id`) of each collection, and refuses them all with
+    /// [`Error::NotALockCollection`](crate::Error::NotALockCollection) if most of one's are not
+    /// lock documents: a collection setting that names the wrong collection. Then one
+    /// `delete_many` per collection. See [`purgeable`](Self::purgeable) for what it would delete.
     ///
     /// # Errors
-    /// As [`status`](Self::status).
+    /// [`Error::NotALockCollection`](crate::Error::NotALockCollection), nothing deleted;
+    /// otherwise as [`status`](Self::status).
     ///
     /// # Cancel safety
     /// Dropping the future may or may not leave documents deleted.
     pub async fn purge_expired(&self) -> Result<u64> {
+        let collections = self.lock_collections()?;
+        for (collection, kinds) in &collections {
+            admin::check_lock_collection(collection, kinds).await?;
+        }
         let mut deleted = 0;
-        for collection in self.lock_collections()? {
-            deleted += admin::purge_expired(&collection).await?;
+        for (collection, kinds) in &collections {
+            deleted += admin::purge_expired(collection, kinds).await?;
         }
         Ok(deleted)
+    }
+
+    /// What [`purge_expired`](Self::purge_expired) would delete now: how many lock documents,
+    /// and the names of the first few of each collection (at most `names` each, by name). It
+    /// refuses the same collections, and deletes nothing (for a confirmation, or a dry run).
+    ///
+    /// # Errors
+    /// As [`purge_expired`](Self::purge_expired).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: reads only.
+    pub async fn purgeable(&self, names: usize) -> Result<Purgeable> {
+        let collections = self.lock_collections()?;
+        for (collection, kinds) in &collections {
+            admin::check_lock_collection(collection, kinds).await?;
+        }
+        let mut purgeable = Purgeable::default();
+        for (collection, kinds) in &collections {
+            let (count, first) = admin::purgeable(collection, kinds, names).await?;
+            purgeable.count += count;
+            purgeable.names.extend(first);
+        }
+        Ok(purgeable)
     }
 
     /// Creates the TTL index on `expiresAt` in each of the provider's collections (exclusive,
@@ -198,21 +238,45 @@ impl Provider {
     /// # Cancel safety
     /// Dropping the future may or may not leave some of the indexes created.
     pub async fn create_indexes(&self) -> Result<()> {
-        for collection in self.lock_collections()? {
+        for (collection, _) in self.lock_collections()? {
             create_ttl_index(&collection).await?;
         }
         Ok(())
     }
 
-    /// The provider's lock collections (exclusive, reader-writer, semaphore), each once.
-    fn lock_collections(&self) -> Result<Vec<Collection<Document>>> {
-        let mut names = vec![
-            &self.collection,
-            &self.reader_writer_collection,
-            &self.semaphore_collection,
-        ];
-        names.sort_by(|a, b| a.name.cmp(&b.name));
-        names.dedup_by(|a, b| a.name == b.name);
-        names.into_iter().map(|name| self.open(name)).collect()
+    /// Checks the provider's settings without talking to the server, for an application (or
+    /// tool) that wants to fail at startup: the problem every call that talks to the server
+    /// would report first, if any.
+    ///
+    /// # Errors
+    /// [`Error::InvalidCollectionName`](crate::Error::InvalidCollectionName) for a collection
+    /// name MongoDB would refuse; [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
+    /// two kinds of lock kept in one collection.
+    pub fn validate(&self) -> Result<()> {
+        self.lock_collections().map(drop)
+    }
+
+    /// The provider's lock collections (exclusive, reader-writer, semaphore), each once, with
+    /// the kinds of lock document kept there.
+    fn lock_collections(&self) -> Result<Vec<(Collection<Document>, Vec<Stored>)>> {
+        let mut collections: Vec<(&str, Vec<Stored>)> = Vec::new();
+        for (name, kind) in [
+            (&self.collection, Stored::Exclusive),
+            (&self.reader_writer_collection, Stored::ReaderWriter),
+            (&self.semaphore_collection, Stored::Semaphore),
+        ] {
+            self.open(name)?;
+            match collections
+                .iter_mut()
+                .find(|(known, _)| *known == name.name)
+            {
+                Some((_, kinds)) => kinds.push(kind),
+                None => collections.push((&name.name, vec![kind])),
+            }
+        }
+        Ok(collections
+            .into_iter()
+            .map(|(name, kinds)| (self.database.collection(name), kinds))
+            .collect())
     }
 }

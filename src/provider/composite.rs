@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::Provider;
 use crate::composite::HeldMember;
 use crate::error::shown_name;
-use crate::lease::held;
+use crate::lease::{acquire, held};
 use crate::{CompositeGuard, CompositeMember, Error, LockGuard, LockKind, LockStatus, Result};
 
 impl Provider {
@@ -84,12 +84,14 @@ impl Provider {
         match self.acquire_all_within(members, timeout).await? {
             Ok(guard) => Ok(guard),
             Err(busy) => {
-                let waited = started.elapsed();
-                let holders = tokio::time::timeout(Duration::from_secs(5), self.holders_of(busy))
+                // Explains the wait; must not prolong it much.
+                let read_limit = acquire::holders_read_limit(timeout);
+                let holders = tokio::time::timeout(read_limit, self.holders_of(busy))
                     .await
                     .ok()
                     .and_then(Result::ok)
                     .unwrap_or_default();
+                let waited = started.elapsed();
                 Err(Error::Timeout {
                     name: busy.name().to_owned(),
                     waited,
@@ -140,20 +142,35 @@ impl Provider {
     {
         let members = self.in_lock_order(members)?;
         let deadline = Instant::now().checked_add(timeout);
-        let mut held = Vec::with_capacity(members.len());
+        let mut held = Partial(Vec::with_capacity(members.len()));
         for member in members {
             let remaining = deadline.map_or(Duration::MAX, |deadline| {
                 deadline.saturating_duration_since(Instant::now())
             });
             // On failure the members acquired so far are dropped: released at once.
             match self.acquire_member(member, remaining).await? {
-                Some(acquired) => held.push(acquired),
+                Some(acquired) => held.0.push(acquired),
                 None => return Ok(Err(member)),
             }
         }
-        Ok(Ok(CompositeGuard::new(held)))
+        Ok(Ok(CompositeGuard::new(std::mem::take(&mut held.0))))
     }
+}
 
+/// The members of a composite acquired so far. Dropped before the composite is complete (a
+/// member stayed busy, an error, the caller stopped waiting), nobody is given them: each is
+/// released at once, keeping no `min_hold` window, as an acquisition nobody waited for is.
+struct Partial(Vec<HeldMember>);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        for member in self.0.drain(..) {
+            member.lease.undelivered();
+        }
+    }
+}
+
+impl Provider {
     /// `members` sorted into the global lock order: by the collection of their kind, then by
     /// name; refused if empty or if a lock comes twice.
     fn in_lock_order<'a, M>(&self, members: &[M]) -> Result<Vec<CompositeMember<'a>>>

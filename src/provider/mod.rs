@@ -186,11 +186,13 @@ impl Provider {
     /// Every held lease of the locks it created (locks, semaphore places, readers, writers,
     /// document locks, composite members) is marked lost (their `lost` signals fire first) and
     /// released with one update each. Work under way that could leave a lease behind is finished
-    /// or undone before this returns: releases and transfers already on their way (such as those
-    /// of guards dropped earlier) and cleanups are sent again (harmlessly, by lock id), and
-    /// acquisition attempts still in flight are waited for, at most until 5 s after they were
-    /// sent, and then cleaned up by their own lock id (a lease one of them wins meanwhile is
-    /// released at once). Acquisitions waiting at that moment end with [`Error::ShutDown`](crate::Error::ShutDown), and so
+    /// or undone before this returns: releases already on their way (such as those of guards
+    /// dropped earlier) and cleanups are sent again (harmlessly, by lock id); acquisition
+    /// attempts still in flight, and transfers of a released lease to a waiting lock object
+    /// (of this provider or built apart), are waited for, at most until 5 s after their last
+    /// command was sent (the server time limit each carries), and only then undone by their
+    /// own lock ids (a lease one of them wins meanwhile is released at once; a waiter is never
+    /// handed a lease this undoes). Acquisitions waiting at that moment end with [`Error::ShutDown`](crate::Error::ShutDown), and so
     /// does every later one. Guards of this provider report
     /// [`Error::LockLost`](crate::Error::LockLost) from `release` afterwards. Call it when a
     /// service stops, so that other instances need not wait for the leases to expire; the
@@ -271,7 +273,12 @@ impl Provider {
     }
 
     /// Locks in the documents of `collection` (see [`DocumentLock`]), with this provider's
-    /// options; its guards share the provider's renewal loops.
+    /// options; its guards share the provider's renewal loops with the other document locks of
+    /// the same collection handle (clones of it). A `mongodb::Client` cannot be compared, and
+    /// two clients may reach two deployments with the same names: a handle made apart (even
+    /// from the same client) gets renewal loops of its own, which cost a renewal command per
+    /// cadence each, never a lease renewed on another deployment. Keep one handle per
+    /// collection where many document locks are held at once.
     pub fn create_document_lock<T>(&self, collection: &Collection<T>) -> DocumentLock<T>
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -297,7 +304,7 @@ impl DistributedLockProvider for Provider {
 
     fn create_document_lock(&self, collection: &str) -> Box<dyn DistributedDocumentLock> {
         let collection = self.database.collection::<Document>(collection);
-        Box::new(Provider::create_document_lock(self, &collection))
+        Box::new(Provider::create_document_lock(self, &collection).of_database(&self.database))
     }
 }
 

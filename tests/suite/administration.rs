@@ -537,3 +537,113 @@ async fn one_holder_or_all_holders_of_every_kind_can_be_forced_out() {
         "{error}"
     );
 }
+
+/// A provider pointed at an application's collection (documents with an `expiresAt` a day old,
+/// but not lock documents): `purge_expired` refuses it before deleting anything, and every
+/// administrative write leaves documents that are not locks alone, whatever their fields.
+#[tokio::test]
+async fn administration_never_touches_documents_that_are_not_locks() {
+    let database = common::database().await;
+    let days_ago =
+        |days: i64| DateTime::from_millis(DateTime::now().timestamp_millis() - days * 86_400_000);
+    let in_a_minute = DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000);
+    let sessions_name = common::unique("sessions");
+    let sessions = database.collection::<Document>(&sessions_name);
+    let application = [
+        doc! { "_id": "s1", "user": "ann", "expiresAt": days_ago(2) },
+        doc! { "_id": "s2", "user": "bob", "expiresAt": days_ago(3) },
+        doc! { "_id": "s3", "user": "cy" },
+    ];
+    sessions.insert_many(application.clone()).await.unwrap();
+    let (provider, [_, rw, semaphores]) = common::provider_with_own_collections(&database);
+    let misconfigured = provider.with_collection(sessions_name.as_str());
+    let refused = misconfigured.purge_expired().await.unwrap_err();
+    assert!(
+        matches!(&refused, distributed_lock_mongodb::Error::NotALockCollection { collection, .. } if *collection == sessions_name),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("\"s1\""), "{refused}");
+    assert!(refused.is_invalid_input());
+    assert!(misconfigured.purgeable(5).await.is_err());
+
+    // Documents shaped almost like locks, each with something a lock document never has, in
+    // every lock collection: forced releases and purges leave them as they are.
+    let (provider, [locks, _, _]) = common::provider_with_own_collections(&database);
+    let provider = provider
+        .with_reader_writer_collection(rw.name())
+        .with_semaphore_collection(semaphores.name());
+    let lookalikes = [
+        (
+            &locks,
+            doc! { "_id": "held-lookalike", "lockId": "x", "expiresAt": in_a_minute, "fencingToken": 1_i64, "order": 7 },
+        ),
+        (
+            &locks,
+            doc! { "_id": "old-lookalike", "expiresAt": days_ago(2), "fencingToken": 1_i64, "order": 8 },
+        ),
+        (
+            &locks,
+            doc! { "_id": 5, "expiresAt": days_ago(2), "fencingToken": 1_i64 },
+        ),
+        (
+            &rw,
+            doc! { "_id": "rw-lookalike", "expiresAt": days_ago(2), "readers": [], "writer": { "id": "w", "expiresAt": in_a_minute }, "order": 9 },
+        ),
+        (
+            &semaphores,
+            doc! { "_id": "sem-lookalike", "expiresAt": days_ago(2), "holders": [{ "id": "h", "expiresAt": in_a_minute }], "maxCount": 2_i64, "order": 10 },
+        ),
+    ];
+    for (collection, document) in &lookalikes {
+        collection.insert_one(document.clone()).await.unwrap();
+    }
+    // Real lock documents beside them (most of each collection: it is a lock collection), of
+    // which one is purged.
+    locks
+        .insert_one(doc! { "_id": "old-lock", "expiresAt": days_ago(2), "fencingToken": 2_i64 })
+        .await
+        .unwrap();
+    for name in ["a", "b", "c"] {
+        let writer = doc! { "fencingToken": 3_i64 };
+        rw.insert_one(
+            doc! { "_id": name, "expiresAt": in_a_minute, "readers": [], "writer": writer },
+        )
+        .await
+        .unwrap();
+        semaphores
+            .insert_one(
+                doc! { "_id": name, "expiresAt": in_a_minute, "holders": [], "maxCount": 2_i64 },
+            )
+            .await
+            .unwrap();
+        locks
+            .insert_one(doc! { "_id": name, "expiresAt": in_a_minute, "acquiredAt": days_ago(0), "fencingToken": 4_i64 })
+            .await
+            .unwrap();
+    }
+    assert!(!provider.force_release("held-lookalike").await.unwrap());
+    for holder in provider.held_locks().await.unwrap() {
+        assert!(
+            !provider.force_release_holder(&holder).await.unwrap(),
+            "{holder:?}"
+        );
+    }
+    let due = provider.purgeable(10).await.unwrap();
+    assert_eq!(
+        (due.count, due.names.clone()),
+        (1, vec!["old-lock".to_owned()])
+    );
+    assert_eq!(provider.purge_expired().await.unwrap(), 1);
+    for (collection, document) in &lookalikes {
+        let stored = collection
+            .find_one(doc! { "_id": document.get("_id").unwrap().clone() })
+            .await
+            .unwrap();
+        assert_eq!(stored.as_ref(), Some(document), "changed");
+    }
+    let left: Vec<Document> =
+        futures::TryStreamExt::try_collect(sessions.find(doc! {}).await.unwrap())
+            .await
+            .unwrap();
+    assert_eq!(left, application);
+}

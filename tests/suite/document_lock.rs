@@ -631,3 +631,54 @@ async fn a_checkpoint_without_a_reply_in_time_times_out_and_its_update_runs_to_i
     assert_eq!(stored.get_i32("progress"), Ok(50), "{stored}");
     guard.release().await.unwrap();
 }
+
+/// Two document locks on `app.orders` of two clients that reach two deployments, made by one
+/// provider (one family: its renewal loops): each lease is renewed and released on its own
+/// deployment. Fails when one renewal loop, keyed by the namespace alone, serves both: the
+/// second lease is then renewed (and released) on the first deployment, found gone there and
+/// reported lost, and stays locked on its own until it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn document_locks_of_two_deployments_renew_and_release_each_on_its_own() {
+    let other = common::server::start_dedicated(None);
+    let here = common::database().await;
+    let there = common::database_on(&other.uri).await;
+    let name = common::unique("orders");
+    let (ours, theirs) = (
+        here.collection::<Document>(&name),
+        there.collection::<Document>(&name),
+    );
+    for orders in [&ours, &theirs] {
+        orders
+            .insert_one(doc! { "_id": 1, "status": "new" })
+            .await
+            .unwrap();
+    }
+    let provider =
+        distributed_lock_mongodb::Provider::new(&here).with_options(common::options(1_500, 300));
+    let first = provider
+        .create_document_lock(&ours)
+        .lock(doc! { "_id": 1 })
+        .await
+        .unwrap();
+    let second = provider
+        .create_document_lock(&theirs)
+        .lock(doc! { "_id": 1 })
+        .await
+        .unwrap();
+    // Several lease lifetimes: both are renewed, each where it lives.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!first.is_lost(), "the first lease was lost");
+    assert!(
+        !second.is_lost(),
+        "the lease on the other deployment was lost"
+    );
+    second.release().await.unwrap();
+    let unlocked = theirs.find_one(doc! { "_id": 1 }).await.unwrap().unwrap();
+    assert!(
+        unlocked
+            .get_document("lock")
+            .is_ok_and(|lock| !lock.contains_key("id")),
+        "released on its own deployment: {unlocked}"
+    );
+    first.release().await.unwrap();
+}

@@ -80,3 +80,78 @@ async fn tokens_increase_after_the_document_was_deleted() {
     );
     second.release().await.unwrap();
 }
+
+/// Every acquisition writes its own holder's details, or removes the last holder's: a plain
+/// lock taken after a holder with details is not listed, filtered or named as that holder's
+/// (an operator freeing "what batch-7 holds" would free a healthy holder), its document has
+/// DistributedLock.MongoDB's fields only, and the same holds when the lock is handed over in a
+/// release command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_holder_never_shows_the_previous_holders_details() {
+    use distributed_lock_mongodb::{LockDetails, LockFilter, MongoDistributedLock, Provider};
+    let database = common::database().await;
+    let collection_name = common::unique("locks");
+    let collection = database.collection::<mongodb::bson::Document>(&collection_name);
+    let name = common::unique("details");
+    let sleepy = distributed_lock_mongodb::LockOptions::builder()
+        .expiry(Duration::from_secs(30))
+        .busy_wait_sleep_time(Duration::from_secs(20), Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let batch = MongoDistributedLock::new(name.as_str(), &database)
+        .with_collection(collection_name.as_str())
+        .with_options(sleepy.clone())
+        .with_details(LockDetails::new().with_owner("batch-7"));
+    let plain = MongoDistributedLock::new(name.as_str(), &database)
+        .with_collection(collection_name.as_str())
+        .with_options(sleepy);
+    let provider = Provider::new(&database).with_collection(collection_name.as_str());
+    // In any order: a release removes `lockId`, the next acquisition adds it back at the end.
+    let dotnet_fields = ["_id", "acquiredAt", "expiresAt", "fencingToken", "lockId"];
+    let fields = |stored: &mongodb::bson::Document| -> Vec<String> {
+        let mut fields: Vec<String> = stored.keys().cloned().collect();
+        fields.sort();
+        fields
+    };
+
+    // An attempt after a release.
+    batch.acquire().await.unwrap().release().await.unwrap();
+    let guard = plain.acquire().await.unwrap();
+    let stored = common::lock_document(&collection, &name).await.unwrap();
+    assert_eq!(fields(&stored), dotnet_fields, "{stored}");
+    let status = plain.status().await.unwrap().unwrap();
+    assert_eq!((status.details, status.renewed_at), (None, None));
+    let batch_7 = LockFilter::new().with_owner("batch-7");
+    assert!(
+        provider
+            .held_locks_matching(&batch_7)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a healthy holder listed as batch-7's"
+    );
+    guard.release().await.unwrap();
+
+    // A takeover in a release command: the holder with details, the waiter without, in one
+    // family (a clone with details shares the plain lock's family), so the release hands over.
+    let holder = plain
+        .clone()
+        .with_details(LockDetails::new().with_owner("batch-7"))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = {
+        let plain = plain.clone();
+        tokio::spawn(async move { plain.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    assert!(common::offers_become(&collection_name, &name, 1).await);
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("handed over")
+        .unwrap()
+        .unwrap();
+    let stored = common::lock_document(&collection, &name).await.unwrap();
+    assert_eq!(fields(&stored), dotnet_fields, "{stored}");
+    next.release().await.unwrap();
+}

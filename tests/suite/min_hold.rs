@@ -3,11 +3,13 @@
 
 use test_support as common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use distributed_lock_mongodb::{
     DocumentLock, Error, LeaderElection, LockOptions, MongoDistributedLock,
-    MongoDistributedReaderWriterLock, MongoDistributedSemaphore,
+    MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Provider,
 };
 use mongodb::bson::{DateTime, Document, doc};
 use mongodb::{Collection, Database};
@@ -243,4 +245,191 @@ async fn min_hold_is_refused_by_the_kinds_it_does_not_apply_to() {
         documents.find_one(doc! { "_id": 1 }).await.unwrap(),
         Some(doc! { "_id": 1 })
     );
+}
+
+/// A waiter with a `min_hold` handed the lock in a local holder's release command (the holder
+/// without one) gets the same lease as its own attempt would write: at least `acquiredAt +
+/// min_hold`, not `expiry` (3 s against 60 s), so its death keeps the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_min_hold_waiter_handed_the_lock_in_a_release_keeps_its_min_hold() {
+    const MIN_HOLD_MS: i64 = 60_000;
+    let (database, log) = common::counting_database().await;
+    let collection_name = common::unique("locks");
+    let collection = database.collection::<Document>(&collection_name);
+    let sleepy = |builder: distributed_lock_mongodb::LockOptionsBuilder| {
+        builder
+            .busy_wait_sleep_time(Duration::from_secs(20), Duration::from_secs(20))
+            .build()
+            .unwrap()
+    };
+    let plain = MongoDistributedLock::new(common::unique("handed"), &database)
+        .with_collection(collection_name.as_str())
+        .with_options(sleepy(
+            LockOptions::builder().expiry(Duration::from_secs(30)),
+        ));
+    // A clone with other options: the same family of locks, so the release hands over to it.
+    let job = plain.clone().with_options(sleepy(
+        LockOptions::builder()
+            .expiry(Duration::from_secs(3))
+            .min_hold(Duration::from_millis(MIN_HOLD_MS as u64)),
+    ));
+    let guard = plain.acquire().await.unwrap();
+    let waiter = tokio::spawn(async move { job.acquire_timeout(Duration::from_secs(60)).await });
+    assert!(common::offers_become(&collection_name, plain.name(), 1).await);
+    log.clear();
+    guard.release().await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("handed over, not found by a poll 20 s later")
+        .unwrap()
+        .unwrap();
+    assert_eq!(log.transfers(), 1, "{:?}", log.started());
+    let stored = common::lock_document(&collection, plain.name())
+        .await
+        .unwrap();
+    let acquired = stored
+        .get_datetime("acquiredAt")
+        .unwrap()
+        .timestamp_millis();
+    let expires = stored.get_datetime("expiresAt").unwrap().timestamp_millis();
+    assert!(
+        expires - acquired >= MIN_HOLD_MS,
+        "the lease lasts {} ms, not acquiredAt + min_hold: {stored}",
+        expires - acquired
+    );
+    drop(handed);
+}
+
+/// A forced release of a running job (as `dlock release` does) ends its holder's lease, but the
+/// window is a promise about the work: another instance's run in the same window is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_of_a_running_job_keeps_its_window() {
+    let database = common::database().await;
+    let collection = common::unique("jobs");
+    let instance = |owner: &str| {
+        Provider::new(&database)
+            .with_collection(collection.as_str())
+            .with_options(common::options(5_000, 1_000))
+            .with_details(distributed_lock_mongodb::LockDetails::new().with_owner(owner))
+    };
+    let (first, second) = (instance("first"), instance("second"));
+    let name = common::unique("report");
+    let job = first.create_job(name.as_str(), Duration::from_secs(60));
+    let (running_tx, running) = tokio::sync::oneshot::channel();
+    let run = tokio::spawn(async move {
+        job.run(async |guard| {
+            let _ = running_tx.send(());
+            guard.lost().wait().await;
+        })
+        .await
+    });
+    running.await.unwrap();
+    let holders = first.held_locks().await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert!(first.force_release_holder(&holders[0]).await.unwrap());
+    let ended = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the running holder hears that it lost its lease")
+        .unwrap();
+    assert!(matches!(ended, Err(Error::LockLost { .. })), "{ended:?}");
+    let again = second
+        .create_job(name.as_str(), Duration::from_secs(60))
+        .run(async |_| ())
+        .await
+        .unwrap();
+    assert!(
+        !again.ran(),
+        "another instance ran the job in the same window"
+    );
+}
+
+/// A job run cancelled while its attempt is slow to reach the server: the cleanup sent at once
+/// overtakes the attempt, which then wins a lease nobody was given. That lease is ended at once
+/// (not kept for the window: nobody ran), so another instance runs the job right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cancelled_while_its_attempt_is_delayed_leaves_the_window_open() {
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let database = common::database().await;
+    let collection_name = common::unique("jobs");
+    let collection = database.collection::<Document>(&collection_name);
+    let name = common::unique("report");
+    let window = Duration::from_secs(60);
+    let cancelled = Provider::new(&client.database(common::DATABASE))
+        .with_collection(collection_name.as_str())
+        .with_options(common::options(5_000, 1_000))
+        .create_job(name.as_str(), window);
+    let delayed = proxy.add_rule(
+        common::proxy::Rule::new(
+            "findAndModify",
+            common::proxy::Action::Delay(Duration::from_millis(1_500)),
+        )
+        .on(&collection_name),
+    );
+    let ran = Arc::new(AtomicBool::new(false));
+    let run = {
+        let ran = Arc::clone(&ran);
+        cancelled.run(async move |_| ran.store(true, Ordering::SeqCst))
+    };
+    // The caller stops waiting while the attempt is on its way.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), run)
+            .await
+            .is_err()
+    );
+    assert_eq!(proxy.hits(delayed), 1, "the attempt was under way");
+    // The attempt reaches the server after the cleanup and wins; its lease is ended.
+    let won_and_ended = common::eventually(Duration::from_secs(20), || async {
+        common::lock_document(&collection, &name)
+            .await
+            .is_some_and(|stored| {
+                stored.contains_key("acquiredAt") && !stored.contains_key("lockId")
+            })
+    })
+    .await;
+    assert!(
+        won_and_ended,
+        "{:?}",
+        common::lock_document(&collection, &name).await
+    );
+    assert!(!ran.load(Ordering::SeqCst), "the cancelled run never ran");
+    let other = Provider::new(&database)
+        .with_collection(collection_name.as_str())
+        .with_options(common::options(5_000, 1_000))
+        .create_job(name.as_str(), window);
+    let outcome = other.run(async |_| ()).await.unwrap();
+    assert!(
+        outcome.ran(),
+        "nobody ran the job, yet the window was closed: {outcome:?}"
+    );
+}
+
+/// A composite that cannot be completed (a member stays busy) releases the members it had
+/// acquired: nobody was given them, so an exclusive member's `min_hold` window is not kept.
+/// Fails when they are released as a holder's release: the lock stays taken for the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_composite_that_cannot_be_completed_keeps_no_window() {
+    use distributed_lock_mongodb::CompositeMember::Exclusive;
+    let database = common::database().await;
+    let collection = common::unique("locks");
+    let provider = Provider::new(&database)
+        .with_collection(collection.as_str())
+        .with_options(min_hold_options(5_000, 1_000, 60_000));
+    let (first, second) = (common::unique("a"), common::unique("b"));
+    let busy = MongoDistributedLock::new(second.as_str(), &database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(5_000, 1_000))
+        .acquire()
+        .await
+        .unwrap();
+    let members = [Exclusive(first.as_str()), Exclusive(second.as_str())];
+    assert!(provider.try_acquire_all(&members).await.unwrap().is_none());
+    let other = MongoDistributedLock::new(first.as_str(), &database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(5_000, 1_000));
+    let again = other
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("free again at once, not kept for the 60 s window");
+    again.release().await.unwrap();
+    busy.release().await.unwrap();
 }

@@ -317,3 +317,72 @@ async fn a_writer_released_by_another_process_wakes_the_readers_and_readers_the_
         .unwrap();
     write.release().await.unwrap();
 }
+
+/// A `getMore` of the waiters' change stream that never returns (a half-open connection, which
+/// the driver never times out) does not keep the stream counted as healthy: it is given up and
+/// the stream opened again from where it stood, so a release made meanwhile is pushed, and a
+/// name subscribed meanwhile joins the stream's filter. Fails when the hung stream stays
+/// "healthy": both waiters then sleep 60 s between polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_more_that_never_returns_is_given_up_and_the_stream_opened_again() {
+    let proxy = common::proxy::FaultProxy::start(common::proxy::upstream_address().await).await;
+    let uri = format!("mongodb://{}/?directConnection=true", proxy.address());
+    let (database, log) = common::counting_database_on(&uri, |_| {}).await;
+    let collection_name = common::unique("locks");
+    let collection = database.collection::<Document>(&collection_name);
+    // One family of locks (a provider's): its waiters share one stream.
+    let provider = distributed_lock_mongodb::Provider::new(&database)
+        .with_collection(collection_name.as_str())
+        .with_options(
+            LockOptions::builder()
+                .expiry(Duration::from_secs(30))
+                .busy_wait_sleep_time(Duration::from_secs(60), Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        );
+    let (first, second) = (common::unique("push"), common::unique("push"));
+    let waiter = |name: &str| {
+        let lock = provider.create_lock(name);
+        tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(120)).await })
+    };
+    held_by_another_process(&collection, &first).await;
+    held_by_another_process(&collection, &second).await;
+    let first_waiter = waiter(&first);
+    stream_open(&log, &collection_name, &first, 1).await;
+    let opened = log.count("aggregate");
+    let hung = proxy.add_rule(common::proxy::Rule::new(
+        "getMore",
+        common::proxy::Action::Hang,
+    ));
+    assert!(
+        common::eventually(Duration::from_secs(10), || async { proxy.hits(hung) == 1 }).await,
+        "the stream's next getMore hangs"
+    );
+    // A waiter for another name joins while the getMore hangs: its name is not in the filter.
+    let second_waiter = waiter(&second);
+    let queued = common::eventually(Duration::from_secs(20), || async {
+        distributed_lock_mongodb::__testing::waiters_idle(
+            common::DATABASE,
+            &collection_name,
+            &second,
+        ) == 1
+    })
+    .await;
+    assert!(queued, "{:?}", log.started());
+    released_by_the_other_process(&collection, &first).await;
+    released_by_the_other_process(&collection, &second).await;
+    let released = std::time::Instant::now();
+    for waiter in [first_waiter, second_waiter] {
+        let guard = tokio::time::timeout(Duration::from_secs(40), waiter)
+            .await
+            .expect("woken through the stream opened again, not by a poll 60 s later")
+            .unwrap()
+            .unwrap();
+        println!(
+            "hung getMore: a waiter acquired {:?} after the release (polls every 60 s)",
+            released.elapsed()
+        );
+        guard.release().await.unwrap();
+    }
+    assert!(log.count("aggregate") > opened, "{:?}", log.started());
+}

@@ -372,3 +372,92 @@ async fn indexes_of(collection: &mongodb::Collection<Document>) -> Vec<IndexMode
         .await
         .unwrap()
 }
+
+/// Runs `cycle` (one acquisition and release of one lock) [`UNCONTENDED_CYCLES`] times and
+/// returns the commands they sent.
+async fn commands_of_cycles<F, Fut>(commands: &common::CommandLog, mut cycle: F) -> Vec<String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    commands.clear();
+    for _ in 0..UNCONTENDED_CYCLES {
+        cycle().await;
+    }
+    commands.started()
+}
+
+/// How many of each command `sent` holds, for a short failure message.
+fn tally(sent: &[String]) -> std::collections::BTreeMap<&str, usize> {
+    let mut tally = std::collections::BTreeMap::new();
+    for command in sent {
+        *tally.entry(command.as_str()).or_default() += 1;
+    }
+    tally
+}
+
+const UNCONTENDED_CYCLES: usize = 200;
+
+/// The plainest loop: acquire and release one lock, over and over, with nobody else. After
+/// `release().await` returns, nothing of that lease may make the next acquisition wait, queue
+/// or watch the collection: two commands per cycle, never an `aggregate` (a change stream), for
+/// one lock object, for its clones, and for a provider's locks of one name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_loop_on_one_lock_sends_two_commands_per_cycle_and_never_waits() {
+    let (database, commands) = common::counting_database().await;
+    let collection = common::unique("locks");
+    let options = common::options(60_000, 20_000);
+    let expected = ["findAndModify", "update"].repeat(UNCONTENDED_CYCLES);
+    // The collection's first acquisition creates its TTL index in the background.
+    MongoDistributedLock::new(common::unique("first"), &database)
+        .with_collection(collection.as_str())
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let settled = common::eventually(Duration::from_secs(10), || async {
+        commands.count("createIndexes") == 1 && commands.in_flight() == 0
+    })
+    .await;
+    assert!(settled, "{:?}", commands.started());
+
+    let lock = MongoDistributedLock::new(common::unique("loop"), &database)
+        .with_collection(collection.as_str())
+        .with_options(options.clone());
+    let sent = commands_of_cycles(&commands, || async {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    })
+    .await;
+    assert!(sent == expected, "one lock object: {:?}", tally(&sent));
+
+    let clones = [lock.clone(), lock.clone()];
+    let mut turn = 0;
+    let sent = commands_of_cycles(&commands, || {
+        turn += 1;
+        let clone = clones[turn % 2].clone();
+        async move { clone.acquire().await.unwrap().release().await.unwrap() }
+    })
+    .await;
+    assert!(
+        sent == expected,
+        "clones of one lock, taking turns: {:?}",
+        tally(&sent)
+    );
+
+    let provider = Provider::new(&database)
+        .with_collection(collection.as_str())
+        .with_options(options);
+    let name = common::unique("provided");
+    let sent = commands_of_cycles(&commands, || async {
+        let guard = provider.create_lock(name.as_str()).acquire().await.unwrap();
+        guard.release().await.unwrap();
+    })
+    .await;
+    assert!(
+        sent == expected,
+        "a provider's locks of one name: {:?}",
+        tally(&sent)
+    );
+}

@@ -381,3 +381,185 @@ fn a_lease_left_by_a_dropped_runtime_is_released_by_the_next_acquisition() {
     });
     drop(guard);
 }
+
+/// A lock object built apart (as in another part of the process, with its own client) whose
+/// waiters would sleep 20 s between attempts: anything faster is a handoff.
+fn lock_built_apart(
+    database: &mongodb::Database,
+    collection: &str,
+    name: &str,
+) -> distributed_lock_mongodb::MongoDistributedLock {
+    let sleepy = distributed_lock_mongodb::LockOptions::builder()
+        .expiry(Duration::from_secs(30))
+        .busy_wait_sleep_time(Duration::from_secs(20), Duration::from_secs(20))
+        .build()
+        .unwrap();
+    distributed_lock_mongodb::MongoDistributedLock::new(name, database)
+        .with_collection(collection)
+        .with_options(sleepy)
+}
+
+/// A provider holds a lock; a lock object built apart (another family, linked by the lock id it
+/// found stored) waits with an offer; the provider's release becomes a transfer, which the
+/// server applies and whose reply is slow (`reply_delay`); the provider is shut down meanwhile.
+/// Returns the waiter's outcome, the collection and the name.
+async fn shut_down_during_a_transfer(
+    reply_delay: Duration,
+) -> (
+    Result<distributed_lock_mongodb::LockGuard, Error>,
+    String,
+    String,
+) {
+    let (proxy, client) = proxy::proxied_client().await;
+    let collection = common::unique("shutdown-transfer");
+    let name = common::unique("transfer");
+    let provider = Provider::new(&client.database(common::DATABASE))
+        .with_collection(collection.as_str())
+        .with_options(common::options(30_000, 10_000));
+    let database = common::database().await;
+    let documents = database.collection::<Document>(&collection);
+    let guard = provider.create_lock(name.as_str()).acquire().await.unwrap();
+    let releasing = common::lock_document(&documents, &name)
+        .await
+        .unwrap()
+        .get_str("lockId")
+        .unwrap()
+        .to_owned();
+    let waiter = {
+        let apart = lock_built_apart(&database, &collection, &name);
+        tokio::spawn(async move { apart.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    assert!(common::offers_become(&collection, &name, 1).await);
+    let slow = proxy.add_rule(
+        Rule::new("findAndModify", Action::DelayReply(reply_delay))
+            .where_present("query.lockId.$in"),
+    );
+    let release = tokio::spawn(guard.release());
+    // The transfer is applied: the stored lease is no longer the releasing one.
+    let applied = common::eventually(Duration::from_secs(10), || async {
+        common::lock_document(&documents, &name)
+            .await
+            .and_then(|stored| stored.get_str("lockId").ok().map(str::to_owned))
+            .is_some_and(|holder| holder != releasing)
+    })
+    .await;
+    assert!(applied, "the release handed the lock over");
+    assert_eq!(proxy.hits(slow), 1, "its reply is on its way");
+    tokio::time::timeout(Duration::from_secs(60), provider.shutdown())
+        .await
+        .expect("shutdown returns in bounded time");
+    let _ = release.await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the waiter is answered")
+        .unwrap();
+    (outcome, collection, name)
+}
+
+/// Fails if a third lock object can take `name` while `holder` holds it, or if `holder`'s lease
+/// is not the one stored.
+async fn is_the_only_holder(
+    holder: &distributed_lock_mongodb::LockGuard,
+    collection: &str,
+    name: &str,
+) {
+    let database = common::database().await;
+    let stored = common::lock_document(&database.collection::<Document>(collection), name)
+        .await
+        .unwrap();
+    assert!(
+        stored.contains_key("lockId"),
+        "its lease was ended: {stored}"
+    );
+    assert_eq!(
+        stored.get_i64("fencingToken"),
+        Ok(holder.fencing_token().get()),
+        "{stored}"
+    );
+    let third = lock_built_apart(&database, collection, name);
+    assert!(
+        third.try_acquire().await.unwrap().is_none(),
+        "a third lock object took the lock while the waiter holds it"
+    );
+    assert!(!holder.is_lost());
+}
+
+/// The shutdown waits for the transfer's outcome (it settles within the attempt's server time
+/// limit) instead of undoing it: the waiter gets the lock, and it alone holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_during_a_transfer_to_a_lock_built_apart_never_leaves_two_holders() {
+    let (outcome, collection, name) = shut_down_during_a_transfer(Duration::from_secs(1)).await;
+    let holder = outcome.expect("the waiter got the lock");
+    is_the_only_holder(&holder, &collection, &name).await;
+    holder.release().await.unwrap();
+}
+
+/// A transfer whose reply comes after its settle deadline: the shutdown undoes it (the waiter's
+/// lease too), so the waiter must not be handed that lease when the reply comes. It goes on
+/// waiting and takes the freed lock with an attempt of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_never_handed_a_lease_whose_undo_was_sent() {
+    let (outcome, collection, name) = shut_down_during_a_transfer(Duration::from_secs(7)).await;
+    let holder = outcome.expect("the waiter got the lock with an attempt of its own");
+    is_the_only_holder(&holder, &collection, &name).await;
+    holder.release().await.unwrap();
+}
+
+/// The waiter's side: a lock object of provider B (built apart, linked by the lease id it found
+/// stored) waits; provider A's release becomes a transfer to it, applied, its reply slow; B is
+/// shut down meanwhile and its runtime dropped right after, as a process exit does. B's shutdown
+/// waits for the transfer's outcome and ends the lease it handed B, so the name is free when it
+/// returns. Fails when the transfer is tracked by A alone: B's shutdown returns at once, the
+/// lease is handed to B after its runtime is gone, and nobody releases it for its 30 s.
+#[test]
+fn a_shutdown_of_the_waiters_provider_waits_for_a_transfer_to_it() {
+    let collection = common::unique("shutdown-receiving");
+    let name = common::unique("transfer");
+    let (network, proxy) = network();
+    let (guard, releasing) = network.block_on(async {
+        let holder = provider_through(&proxy, &collection).await;
+        let guard = holder.create_lock(name.as_str()).acquire().await.unwrap();
+        let documents = common::database().await.collection::<Document>(&collection);
+        let stored = common::lock_document(&documents, &name).await.unwrap();
+        (guard, stored.get_str("lockId").unwrap().to_owned())
+    });
+    let waiters = tokio::runtime::Runtime::new().unwrap();
+    let (waiting, provider) = waiters.block_on(async {
+        let provider = Provider::new(&common::database().await)
+            .with_collection(collection.as_str())
+            .with_options(common::options(30_000, 10_000));
+        let lock = provider.create_lock(name.as_str());
+        let waiting = tokio::spawn(async move { lock.acquire().await });
+        assert!(common::offers_become(&collection, &name, 1).await);
+        (waiting, provider)
+    });
+    let slow = proxy.add_rule(
+        Rule::new("findAndModify", Action::DelayReply(Duration::from_secs(1)))
+            .where_present("query.lockId.$in"),
+    );
+    let release = network.spawn(guard.release());
+    network.block_on(async {
+        let documents = common::database().await.collection::<Document>(&collection);
+        let applied = common::eventually(Duration::from_secs(10), || async {
+            common::lock_document(&documents, &name)
+                .await
+                .and_then(|stored| stored.get_str("lockId").ok().map(str::to_owned))
+                .is_some_and(|holder| holder != releasing)
+        })
+        .await;
+        assert!(applied, "the release handed the lock over");
+    });
+    assert_eq!(proxy.hits(slow), 1);
+    waiters.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), provider.shutdown())
+            .await
+            .expect("shutdown returns in bounded time");
+        assert!(is_shut_down(waiting.await.unwrap()));
+    });
+    drop(waiters);
+    assert!(
+        is_free(&collection, &name),
+        "the lease handed to the shut-down provider was ended before its shutdown returned"
+    );
+    network.block_on(release).unwrap().unwrap();
+}

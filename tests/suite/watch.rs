@@ -136,3 +136,34 @@ async fn a_watch_needs_a_cadence_and_a_usable_lock() {
         "{error}"
     );
 }
+
+/// A job's lock kept taken by its `min_hold` window after the run (no holder, `expiresAt`
+/// ahead) is not shown as free: the watch holds one entry without a lock id, kept for the rest
+/// of the window. Fails when such a lock reads as free (`is_free`, no entry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_kept_by_a_min_hold_window_is_watched_as_kept_not_free() {
+    let database = common::database().await;
+    let provider = distributed_lock_mongodb::Provider::new(&database)
+        .with_collection(common::unique("jobs"))
+        .with_options(common::options(5_000, 1_000));
+    let job = provider.create_job(common::unique("hourly"), Duration::from_secs(3_600));
+    assert!(job.run(async |_| ()).await.unwrap().ran());
+    let watch = job
+        .lock()
+        .unwrap()
+        .watch(Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(!watch.is_held(), "nobody holds it");
+    assert!(!watch.is_free(), "but it cannot be taken");
+    let kept = watch.holders();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].lock_id, None);
+    assert!(
+        kept[0]
+            .kept
+            .is_some_and(|kept| kept > Duration::from_secs(3_000)),
+        "{kept:?}"
+    );
+    assert_eq!(kept[0].min_hold_until, kept[0].expires_at);
+}

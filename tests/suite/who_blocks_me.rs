@@ -172,3 +172,52 @@ async fn a_lock_free_again_when_read_names_nobody() {
         format!("timed out after 1s waiting to acquire {:?}", lock.name())
     );
 }
+
+/// The read that names the holder for the error of a wait that ran out is bounded by a small
+/// share of the caller's timeout, and the error's `waited` is the whole wait. Fails when the
+/// read may take seconds (`acquire_timeout(200 ms)` returned after 3.2 s, saying 200 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_read_of_the_holder_does_not_prolong_a_short_wait() {
+    const READ_DELAY: Duration = Duration::from_secs(3);
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let database = client.database(common::DATABASE);
+    let collection = common::unique("locks");
+    let name = common::unique("slow-read");
+    let holder = MongoDistributedLock::new(name.as_str(), &common::database().await)
+        .with_collection(collection.as_str())
+        .with_options(options())
+        .acquire()
+        .await
+        .unwrap();
+    // The holders are read with an aggregation that starts with `$match` (a change stream's
+    // starts with `$changeStream`).
+    let slow = proxy.add_rule(
+        common::proxy::Rule::new("aggregate", common::proxy::Action::Delay(READ_DELAY))
+            .where_present("pipeline")
+            .on(&collection)
+            .times(100),
+    );
+    let waiter = MongoDistributedLock::new(name.as_str(), &database)
+        .with_collection(collection.as_str())
+        .with_options(options());
+    let started = std::time::Instant::now();
+    let error = waiter
+        .acquire_timeout(Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    println!("acquire_timeout(200 ms) with a 3 s read of the holder returned after {took:?}");
+    assert!(took < READ_DELAY, "returned after {took:?}: {error}");
+    let Error::Timeout { waited, .. } = error else {
+        panic!("{error}");
+    };
+    assert!(
+        waited + Duration::from_millis(100) >= took,
+        "the error says {waited:?}, the wait took {took:?}"
+    );
+    assert!(
+        proxy.hits(slow) >= 1,
+        "the holders were read through the proxy"
+    );
+    holder.release().await.unwrap();
+}

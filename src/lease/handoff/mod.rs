@@ -311,15 +311,15 @@ pub(crate) enum Pushed {
 /// the group to attempt, as a local release does (if every waiter is attempting already, the
 /// first attempts once more: its attempt may have reached the server before the release);
 /// except the first release pushed after one that ended a run of transfers (most likely that
-/// one, whose waiter it woke already), and a stream starting to watch meanwhile. Someone
-/// holding the lock ends that exception.
+/// one, whose waiter it woke already). Someone holding the lock ends that exception, and so
+/// does a stream starting to watch the lock: it may have missed any release before it (its
+/// poller attempts), and the echo it skipped was one of them.
 pub(crate) fn pushed(key: &Key, what: Pushed) {
     with_queue(key, |queue| match what {
         Pushed::Taken => queue.others_turn = false,
         Pushed::Freed if queue.others_turn => queue.others_turn = false,
-        // Whatever was missed, the waiter woken by that release is attempting.
-        Pushed::MaybeMissed if queue.others_turn => {}
         Pushed::Freed | Pushed::MaybeMissed => {
+            queue.others_turn = false;
             queue.wake_first(key.family);
         }
     });

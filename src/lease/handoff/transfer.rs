@@ -4,7 +4,10 @@
 use mongodb::bson::Document;
 use mongodb::options::WriteConcern;
 
+use std::sync::Arc;
+
 use crate::clock;
+use crate::lease::in_flight::InFlight;
 use crate::lease::schema::{HOLDERS, Layout, READERS};
 use crate::lease::undo::Undo;
 
@@ -29,6 +32,9 @@ pub(crate) struct Offer {
     pub(crate) update: TakeoverUpdate,
     /// Ends the lease the waiter may have been given, should the outcome be unknown.
     pub(crate) cleanup: Undo,
+    /// The waiter's family's work under way: a transfer to it is tracked there too, so that
+    /// that family's shutdown waits for it.
+    pub(crate) receiver: Arc<InFlight>,
     /// The waiter's write concern: only a releaser with the same one transfers to it.
     pub(crate) write_concern: WriteConcern,
     /// Receives the outcome (and builds the waiter's guard from it). Called exactly once: with
