@@ -77,7 +77,7 @@ fn has_type(value: &Bson, wanted: &Bson) -> bool {
     }
 }
 
-/// Applies an update pipeline (`$set`/`$addFields`, `$unset`) to `document`.
+/// Applies an update pipeline (`$set`/`$addFields`, `$unset`, `$replaceWith`) to `document`.
 pub fn apply_pipeline(pipeline: &[Document], document: &Document, now: DateTime) -> Document {
     pipeline.iter().fold(document.clone(), |current, stage| {
         let (name, argument) = stage.iter().next().expect("a stage");
@@ -97,6 +97,10 @@ pub fn apply_pipeline(pipeline: &[Document], document: &Document, now: DateTime)
                 }
                 next
             }
+            "$replaceWith" => match evaluate(argument, &current, now) {
+                Some(Bson::Document(next)) => next,
+                other => panic!("$replaceWith needs a document, got {other:?}"),
+            },
             "$unset" => {
                 let mut next = current;
                 let fields = match argument {
@@ -133,6 +137,7 @@ pub fn evaluate(expression: &Bson, document: &Document, now: DateTime) -> Value 
     match expression {
         Bson::String(text) if text == "$$NOW" => Some(Bson::DateTime(now)),
         Bson::String(text) if text == "$$REMOVE" => None,
+        Bson::String(text) if text == "$$ROOT" => Some(Bson::Document(document.clone())),
         Bson::String(text) if text.starts_with("$$") => panic!("variable {text} not modelled"),
         Bson::String(text) if text.starts_with('$') => lookup(document, &text[1..]),
         Bson::Array(items) => Some(Bson::Array(
@@ -501,5 +506,28 @@ mod tests {
         );
         assert_eq!(removed.get("x"), None);
         assert_eq!(removed.get_datetime("y"), Ok(&at(2_005)));
+    }
+
+    #[test]
+    fn a_replacement_writes_a_whole_document_or_keeps_the_root() {
+        let now = at(2_000);
+        let stored =
+            doc! { "_id": "n", "lockId": "a", "details": { "o": 1 }, "expiresAt": at(1_000) };
+        let replace = |free: bool| {
+            apply_pipeline(
+                &[doc! { "$replaceWith": { "$cond": [
+                    free,
+                    { "_id": "$_id", "lockId": "b", "expiresAt": "$$NOW" },
+                    "$$ROOT",
+                ] } }],
+                &stored,
+                now,
+            )
+        };
+        assert_eq!(
+            replace(true),
+            doc! { "_id": "n", "lockId": "b", "expiresAt": at(2_000) }
+        );
+        assert_eq!(replace(false), stored);
     }
 }

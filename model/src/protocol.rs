@@ -1250,16 +1250,16 @@ fn take_whatever_is_stored(pipeline: Vec<Document>) -> Vec<Document> {
 }
 
 /// The planted [`Mistake::TokenNotIncremented`]: the fencing token written on a takeover is the
-/// stored one.
+/// stored one (in the new holder's document the acquisition writes).
 fn keep_the_stored_token(pipeline: Vec<Document>) -> Vec<Document> {
     pipeline
         .into_iter()
         .map(|mut stage| {
-            if let Ok(set) = stage.get_document_mut("$set")
-                && let Some(Bson::Document(token)) = set.get_mut("fencingToken")
-                && let Ok(branches) = token.get_array_mut("$cond")
+            if let Ok(replacement) = stage.get_document_mut("$replaceWith")
+                && let Ok(branches) = replacement.get_array_mut("$cond")
+                && let Some(Bson::Document(holder)) = branches.get_mut(1)
             {
-                branches[1] = Bson::Document(doc! { "$ifNull": ["$fencingToken", 0_i64] });
+                holder.insert("fencingToken", doc! { "$ifNull": ["$fencingToken", 0_i64] });
             }
             stage
         })

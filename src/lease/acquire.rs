@@ -335,11 +335,15 @@ where
     // While this waiter polls for its group: releases pushed to it by a change stream.
     let mut subscription: Option<push::Subscription> = None;
     // While an exclusive lease of the lock is held in this process, a caller that may wait
-    // queues at once: an attempt could only fail, and the lease's end is a local event.
+    // queues at once: an attempt could only fail, and the lease's end is a local event. So it
+    // does behind callers of this process already in line: an attempt would jump the line (and
+    // cost a command racing the waiter a release woke). A waiting writer attempts first all the
+    // same: its attempt places the marker that keeps new readers out.
     let mut attempt_now = !(deadline.is_none_or(|deadline| Instant::now() < deadline)
-        && queue
-            .as_ref()
-            .is_some_and(|queue| handoff::held_here(queue.key)));
+        && queue.as_ref().is_some_and(|queue| {
+            handoff::held_here(queue.key)
+                || !queue.renews_while_waiting && handoff::waiting_here(queue.key)
+        }));
     let skipped_first_attempt = !attempt_now;
     loop {
         if attempt_now {
@@ -382,9 +386,13 @@ where
             ticket = queue
                 .as_ref()
                 .map(|queue| Ticket::join(queue.key, queue.shared));
-            // The lease held here when this caller came may have ended before it joined: then
-            // no local event is coming for it.
-            if skipped_first_attempt && ticket.as_ref().is_some_and(|ticket| !ticket.held_here()) {
+            // The lease held here (or the line) when this caller came may have ended before it
+            // joined, with nobody ahead: then no local event is coming for it.
+            if skipped_first_attempt
+                && ticket
+                    .as_ref()
+                    .is_some_and(|ticket| ticket.is_first() && !ticket.held_here())
+            {
                 continue;
             }
         }

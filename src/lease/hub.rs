@@ -226,13 +226,15 @@ impl RenewalHub {
             loops
                 .drain()
                 .flat_map(|(_, running)| {
-                    let _ = running.commands.send(Command::ShutDown);
+                    // Taken before the loop hears of the shutdown: a loop that ends first would
+                    // report its leases lost with the wrong reason (its end, not the shutdown).
                     let leases: Vec<Lease> = running
                         .leases
                         .lock()
                         .drain()
                         .map(|(_, lease)| lease)
                         .collect();
+                    let _ = running.commands.send(Command::ShutDown);
                     let place = running.place;
                     leases.into_iter().map(move |lease| (lease, place.clone()))
                 })

@@ -4,7 +4,8 @@
 //! An exclusive lock document has DistributedLock.MongoDB's layout, so .NET and Rust services
 //! can share locks:
 //! `{ _id: <name>, lockId: <string>, expiresAt: <date>, acquiredAt: <date>, fencingToken: <long> }`
-//! and no other field (unless details are stored). Reader-writer locks, semaphores and
+//! and no other field (unless details are stored, or the lock has a `min_hold`: see
+//! [`acquire_update`]). Reader-writer locks, semaphores and
 //! document locks keep their leases as embedded documents `{id, expiresAt, ...}` (see
 //! [`Layout`]); a reader-writer lock or semaphore document also keeps a top-level `expiresAt`,
 //! never earlier than the end of any lease it holds (see [`retain`]), so the same TTL index and
@@ -77,15 +78,18 @@ pub(crate) fn primary() -> SelectionCriteria {
 /// `{_id: name}`, `upsert: true`, returning the document after the update.
 ///
 /// When the stored lease is missing or over (`expiresAt <= $$NOW`; a missing or non-date value
-/// sorts below every date) the attempt writes our `lockId`, a fresh lease and the next fencing
-/// token; otherwise every field is written back unchanged. The caller then compares the returned
-/// `lockId` with its own. The fencing token is `max(previous + 1, $$NOW in ms × 1000)`, where a
-/// previous value that is not a number counts as 0.
+/// sorts below every date) the attempt writes the new holder's document: our `lockId`, a fresh
+/// lease and the next fencing token; otherwise the document stays as it is (`$$ROOT`). The
+/// caller then compares the returned `lockId` with its own. The fencing token is
+/// `max(previous + 1, $$NOW in ms × 1000)`, where a previous value that is not a number counts
+/// as 0.
 ///
-/// Every field that describes the holder is the new holder's own, or removed: `details` (an
-/// opt-in that .NET clients cannot read) with `renewedAt`, and `minHoldUntil` with a
-/// [`min_hold`](LockOptions::min_hold), whose lease lasts until then at least. A lock without
-/// either keeps DistributedLock.MongoDB's five fields, whoever held it before.
+/// The new holder's document is written whole, so everything that described the previous holder
+/// goes: it holds `details` (an opt-in that .NET clients cannot read) and `renewedAt` only if
+/// this holder stores details, and `minHoldUntil` only with a [`min_hold`](LockOptions::min_hold),
+/// whose lease lasts until then at least. A lock without either keeps DistributedLock.MongoDB's
+/// five fields, whoever held it before. (One `$cond` for the whole document also costs the
+/// server less than one per field.)
 ///
 /// With `replacing`, the lease with that lock id counts as free too: a release handing the lock
 /// over to a waiter in the same command (run on `{_id: name, lockId: {$in: [replacing,
@@ -101,27 +105,24 @@ pub(crate) fn acquire_update(
         None => expired,
         Some(replacing) => doc! { "$or": [expired, { "$eq": [format!("${LOCK_ID}"), replacing] }] },
     };
-    let keep_or = |field: &str, taken: Bson| -> Bson {
-        Bson::Document(doc! { "$cond": [free.clone(), taken, format!("${field}")] })
+    let mut holder = doc! {
+        ID: format!("${ID}"),
+        LOCK_ID: lock_id,
+        EXPIRES_AT: lease_end(options.acquired_lease_millis()),
+        ACQUIRED_AT: "$$NOW",
+        FENCING_TOKEN: next_fencing_token(FENCING_TOKEN),
     };
-    let removed = || Bson::from("$$REMOVE");
-    let next_token = next_fencing_token(FENCING_TOKEN);
+    if let Some(details) = details {
+        holder.insert(DETAILS, literal(details));
+    }
     let min_hold = options.min_hold_millis();
-    let records_renewals = details.is_some() || min_hold.is_some();
-    let renewed_at = if records_renewals {
-        "$$NOW".into()
-    } else {
-        removed()
-    };
-    vec![doc! { "$set": {
-        LOCK_ID: keep_or(LOCK_ID, lock_id.into()),
-        EXPIRES_AT: keep_or(EXPIRES_AT, lease_end(options.acquired_lease_millis())),
-        ACQUIRED_AT: keep_or(ACQUIRED_AT, "$$NOW".into()),
-        FENCING_TOKEN: keep_or(FENCING_TOKEN, next_token.into()),
-        DETAILS: keep_or(DETAILS, details.map_or_else(removed, literal)),
-        RENEWED_AT: keep_or(RENEWED_AT, renewed_at),
-        MIN_HOLD_UNTIL: keep_or(MIN_HOLD_UNTIL, min_hold.map_or_else(removed, lease_end)),
-    } }]
+    if details.is_some() || min_hold.is_some() {
+        holder.insert(RENEWED_AT, "$$NOW");
+    }
+    if let Some(min_hold) = min_hold {
+        holder.insert(MIN_HOLD_UNTIL, lease_end(min_hold));
+    }
+    vec![doc! { "$replaceWith": { "$cond": [free, holder, "$$ROOT"] } }]
 }
 
 /// The filter of an acquisition attempt on the lock document `id` (an upsert run with
@@ -584,33 +585,30 @@ mod tests {
         );
     }
 
-    /// The fields an acquisition writes when it wins, as its pipeline's `$cond` picks them
-    /// (the second branch of each).
-    fn written_when_free(pipeline: &[Document]) -> Document {
-        let set = pipeline[0].get_document("$set").unwrap();
-        set.iter()
-            .map(|(field, value)| {
-                let branches = value.as_document().unwrap().get_array("$cond").unwrap();
-                (field.clone(), branches[1].clone())
-            })
-            .collect()
+    /// The document an acquisition writes when it wins, and what it keeps otherwise.
+    fn written_when_free(pipeline: &[Document]) -> (Document, Bson) {
+        assert_eq!(pipeline.len(), 1);
+        let replacement = pipeline[0].get_document("$replaceWith").unwrap();
+        let branches = replacement.get_array("$cond").unwrap();
+        (
+            branches[1].as_document().unwrap().clone(),
+            branches[2].clone(),
+        )
     }
 
     #[test]
-    fn an_acquisition_removes_what_described_the_previous_holder() {
-        let plain = LockOptions::default();
-        let pipeline = acquire_update("id", &plain, None, None);
-        assert_eq!(pipeline.len(), 1);
-        let written = written_when_free(&pipeline);
-        // .NET's five fields are written; the others are removed, whoever wrote them before.
-        for removed in [DETAILS, RENEWED_AT, MIN_HOLD_UNTIL] {
-            assert_eq!(
-                written.get_str(removed),
-                Ok("$$REMOVE"),
-                "{removed}: {written}"
-            );
-        }
+    fn an_acquisition_writes_the_new_holders_document_whole() {
+        let (written, kept) =
+            written_when_free(&acquire_update("id", &LockOptions::default(), None, None));
+        assert_eq!(kept, Bson::from("$$ROOT"), "a busy lock stays as it is");
+        // .NET's five fields, and nothing that described the previous holder.
+        let fields: Vec<&str> = written.keys().map(String::as_str).collect();
+        assert_eq!(
+            fields,
+            [ID, LOCK_ID, EXPIRES_AT, ACQUIRED_AT, FENCING_TOKEN]
+        );
         assert_eq!(written.get_str(LOCK_ID), Ok("id"));
+        assert_eq!(written.get_str(ID), Ok("$_id"));
 
         let details = doc! { "owner": "batch-7" };
         let job = LockOptions::builder()
@@ -618,7 +616,8 @@ mod tests {
             .min_hold(Duration::from_secs(60))
             .build()
             .unwrap();
-        let written = written_when_free(&acquire_update("id", &job, Some(&details), Some("old")));
+        let (written, _) =
+            written_when_free(&acquire_update("id", &job, Some(&details), Some("old")));
         assert_eq!(
             written.get_document(DETAILS),
             Ok(&doc! { "$literal": details })

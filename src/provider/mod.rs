@@ -27,7 +27,8 @@ mod composite;
 ///
 /// Clone + Send + Sync. The guards of all locks created by one provider (and its clones), of
 /// every kind, share a renewal loop per Tokio runtime and collection: holding a thousand locks
-/// costs one renewal command per cadence, not a thousand. The TTL index of each lock collection
+/// costs one renewal command per cadence, not a thousand. (Document locks share it per
+/// collection handle: see [`create_document_lock`](Self::create_document_lock).) The TTL index of each lock collection
 /// is created once per process, after the first successful acquisition there (shared with
 /// locks created directly), unless turned off in the options (see
 /// [`create_indexes`](Self::create_indexes)).

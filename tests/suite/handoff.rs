@@ -844,3 +844,53 @@ async fn stored_lock_id(collection: &str, name: &str) -> Option<String> {
         .unwrap()
         .and_then(|stored| stored.get_str("lockId").ok().map(str::to_owned))
 }
+
+/// A caller that comes while callers of its process already wait in line for a lock (held by
+/// another process) joins the line at once, behind them, without an attempt of its own: an
+/// attempt could only fail, or jump the line. (Without anyone in line, a caller attempts at
+/// once: see `round_trips.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_behind_local_waiters_joins_the_line_without_an_attempt() {
+    let (database, log) = common::counting_database().await;
+    let (lock, collection) = sleepy_lock(&database, "behind");
+    let in_a_minute = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() + 60_000,
+    );
+    collection
+        .insert_one(doc! {
+            "_id": lock.name(),
+            "lockId": "remote",
+            "expiresAt": in_a_minute,
+            "fencingToken": 1_i64,
+        })
+        .await
+        .unwrap();
+    let first = queued_waiter(&lock, &collection).await;
+    // The first waiter's stream is open, and the attempt its start woke the waiter for is
+    // answered: it waits idle, and nothing more is coming from it.
+    let settled = common::eventually(Duration::from_secs(20), || async {
+        log.count("getMore") >= 1
+            && distributed_lock_mongodb::__testing::waiters_idle(
+                common::DATABASE,
+                collection.name(),
+                lock.name(),
+            ) == 1
+            && log.in_flight() <= 1
+    })
+    .await;
+    assert!(settled, "{:?}", log.started());
+    log.clear();
+    let second = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
+    });
+    assert!(common::offers_become(collection.name(), lock.name(), 2).await);
+    assert_eq!(
+        log.count("findAndModify"),
+        0,
+        "the second caller attempted: {:?}",
+        log.find_and_modifies()
+    );
+    first.abort();
+    second.abort();
+}

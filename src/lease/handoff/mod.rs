@@ -2,8 +2,10 @@
 //! up, so that a local release reaches them at once and only one of them polls the server.
 //!
 //! - **Queue.** A waiter joins in FIFO order after its first failed attempt (at once, without an
-//!   attempt, while an exclusive lease of the lock is held here) and leaves when its `acquire*`
-//!   call ends (with the lock, an error, a timeout or cancellation).
+//!   attempt, while an exclusive lease of the lock is held here or callers of its group already
+//!   wait: an attempt could only fail, or jump the line) and leaves when its `acquire*` call ends
+//!   (with the lock, an error, a timeout or cancellation). A lease stops counting as held here
+//!   when its release's outcome is known, before `release()` returns.
 //! - **One poller.** Only the first waiter polls the server, at the busy-wait pace, to notice
 //!   releases by other processes (at the slowest pace while an exclusive lease of the same lock
 //!   is held in this process: its release will come as a local event). The others wait for local
@@ -288,6 +290,13 @@ pub(crate) fn held_here(key: &Key) -> bool {
     queues()
         .get(&key.lock)
         .is_some_and(|queue| queue.held_by_group_of(key.family))
+}
+
+/// Whether callers of `key`'s family's group already wait in line for its lock.
+pub(crate) fn waiting_here(key: &Key) -> bool {
+    queues()
+        .get(&key.lock)
+        .is_some_and(|queue| queue.first_of(key.family).is_some())
 }
 
 /// Wakes the first waiter of `key`'s lock in its family's group not busy with an attempt (and
