@@ -23,7 +23,7 @@ pub fn spawn_against(uri: &str, args: &[&str]) -> Child {
         .expect("target directory layout");
     assert!(
         worker.exists(),
-        "{} is missing: run the tests with `scripts/test` (cargo test builds the examples) or \
+        "{} is missing: run the tests with `scripts/test` (it builds the worker) or \
          `cargo build --example lock_worker` first",
         worker.display()
     );
