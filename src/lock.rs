@@ -276,6 +276,7 @@ impl MongoDistributedLock {
             renews_while_waiting: false,
             family: &target.renewals,
             push: Some(&target.collection),
+            places: None,
             holders: self,
         };
         let takeovers = |runtime: &Handle, lock_id: String| {

@@ -270,6 +270,7 @@ impl MongoDistributedSemaphore {
             renews_while_waiting: false,
             family: &target.renewals,
             push: Some(&target.collection),
+            places: Some(self.max_count),
             holders: self,
         };
         let layout = places();

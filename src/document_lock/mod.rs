@@ -387,6 +387,7 @@ where
             renews_while_waiting: false,
             family: &target.lock.renewals,
             push: None,
+            places: None,
             holders: &matching,
         };
         acquire::acquire(

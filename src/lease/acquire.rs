@@ -153,6 +153,8 @@ pub(crate) struct Acquisition<'a> {
     /// The lock's collection, if a release of the lock can be pushed to its poller by a change
     /// stream (see `push`).
     pub(crate) push: Option<&'a Collection<Document>>,
+    /// A semaphore's places: a pushed change frees one only if it leaves fewer holders.
+    pub(crate) places: Option<u32>,
 }
 
 /// How a waiter takes a lease over in a local holder's release command (see `handoff`), built by
@@ -237,7 +239,7 @@ where
             takeovers: takeovers.map(|takeovers| (takeovers, &runtime, in_flight)),
             push: what
                 .push
-                .map(|collection| (collection, what.name, &runtime)),
+                .map(|collection| (collection, what.name, &runtime, what.places)),
         });
         let attempts = retry(options, deadline, queue, || {
             metrics::attempt(kind);
@@ -295,8 +297,9 @@ struct Queue<'a, G> {
     shared: bool,
     renews_while_waiting: bool,
     takeovers: Option<(Takeovers<'a, G>, &'a Handle, &'a Arc<InFlight>)>,
-    /// The lock's collection and name, and the runtime of the stream that pushes its releases.
-    push: Option<(&'a Collection<Document>, &'a str, &'a Handle)>,
+    /// The lock's collection and name, the runtime of the stream that pushes its releases, and
+    /// a semaphore's places.
+    push: Option<(&'a Collection<Document>, &'a str, &'a Handle, Option<u32>)>,
 }
 
 /// What ended a wait between attempts.
@@ -411,12 +414,12 @@ where
             // release will be a local event); a waiter that stops polling leaves.
             let polls = ticket.as_ref().is_some_and(Ticket::is_first);
             match (&subscription, queue.as_ref().and_then(|queue| queue.push)) {
-                (None, Some((collection, name, runtime)))
+                (None, Some((collection, name, runtime, places)))
                     if polls && !ticket.as_ref().is_some_and(Ticket::held_here) =>
                 {
                     let key = queue.as_ref().map(|queue| queue.key);
-                    subscription =
-                        key.map(|key| push::Subscription::new(runtime, collection, key, name));
+                    subscription = key
+                        .map(|key| push::Subscription::new(runtime, collection, key, name, places));
                 }
                 (Some(_), _) if !polls => subscription = None,
                 _ => {}

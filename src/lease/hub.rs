@@ -93,6 +93,7 @@ impl Drop for RenewalHub {
     fn drop(&mut self) {
         // Its family's lock objects are all gone: the queues forget it.
         super::handoff::forget_family(self.id);
+        super::push::forget_family(self.id);
     }
 }
 

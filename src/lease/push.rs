@@ -5,8 +5,9 @@
 //! poller then polls only at the slowest busy-wait pace, as a safety net.
 //!
 //! - **One stream per family and collection**, opened when its first poller subscribes and
-//!   closed (its cursor killed by the driver) when the last one leaves. Subscriptions are counted
-//!   per name, so memory is bounded by the names waited for.
+//!   closed (its cursor killed by the driver) when the last one leaves; the next one resumes
+//!   where it stood. Subscriptions are counted per name, so memory is bounded by the names
+//!   waited for.
 //! - **Which events wake**: those that may end a lease, for every kind of lock (see [`freed`]):
 //!   a lock document deleted, an exclusive lock's `lockId` or a writer's id removed, an array of
 //!   semaphore places or readers shrunk, a waiting writer's marker gone. Renewals and
@@ -23,7 +24,7 @@
 //! - **Never relied upon for safety**: a wake only makes a waiter attempt, and a waiter that hears
 //!   nothing still polls.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
@@ -52,8 +53,12 @@ pub(crate) type PushFrom = (Collection<Document>, u64, String);
 type WatcherKey = (u64, String, String);
 
 struct Watcher {
-    /// Subscribed names: how many pollers wait for each, and the key that wakes them.
-    names: HashMap<String, (usize, Key)>,
+    /// Subscribed names: who polls for each.
+    names: HashMap<String, Subscribed>,
+    /// Names a release was seen of while nobody polled for them (between a poller leaving and
+    /// the next one subscribing, or before the stream learns that its filter changed): the next
+    /// poller of such a name is woken to attempt as it subscribes.
+    unheard: HashSet<String>,
     /// Observed names (lock watches, see `watch`): notified of every event of their name.
     observers: HashMap<String, Vec<Arc<Notify>>>,
     /// The names, for the stream's filter (changed when a name comes or goes).
@@ -62,12 +67,53 @@ struct Watcher {
     task: JoinHandle<()>,
 }
 
+/// The pollers of one subscribed name.
+struct Subscribed {
+    /// How many poll for it.
+    pollers: usize,
+    /// Wakes them.
+    key: Key,
+    /// A semaphore's places (see [`freed`]).
+    places: Option<u32>,
+}
+
 static WATCHERS: LazyLock<Mutex<HashMap<WatcherKey, Watcher>>> = LazyLock::new(Mutex::default);
 
 fn watchers() -> MutexGuard<'static, HashMap<WatcherKey, Watcher>> {
     WATCHERS
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Where a family's stream of a collection stood when it ended for lack of subscribers, the
+/// names it watched, and when. The next stream of that family and collection, if it opens within
+/// [`POSITION_KEPT`], resumes there: a poller that subscribes right after another left (the
+/// lock changed hands in this process) misses nothing, and is not woken to attempt for a
+/// release its predecessor's stream could have seen. Later, it starts afresh (replaying a long
+/// history would wake its pollers for every release in it). Forgotten with the family.
+static POSITIONS: LazyLock<Mutex<HashMap<WatcherKey, Position>>> = LazyLock::new(Mutex::default);
+
+/// See [`POSITIONS`].
+struct Position {
+    token: ResumeToken,
+    names: Vec<String>,
+    /// Its watcher's unheard names (see [`Watcher`]).
+    unheard: HashSet<String>,
+    ended: std::time::Instant,
+}
+
+/// How long a stream's position is kept for the next stream of its family and collection.
+const POSITION_KEPT: Duration = Duration::from_secs(10);
+
+fn positions() -> MutexGuard<'static, HashMap<WatcherKey, Position>> {
+    POSITIONS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The family `family` is gone (its hub was dropped): so are its streams' positions.
+pub(crate) fn forget_family(family: u64) {
+    positions().retain(|(of, _, _), _| *of != family);
 }
 
 /// A poller's subscription to releases of its lock; ends when dropped.
@@ -81,12 +127,13 @@ pub(crate) struct Subscription {
 impl Subscription {
     /// Subscribes the poller of `key`'s lock `name` in `collection` (whose family `key` names)
     /// to releases of that name, opening the family's stream for the collection on `runtime` if
-    /// it has none.
+    /// it has none. `places`: the lock is a semaphore with that many.
     pub(crate) fn new(
         runtime: &Handle,
         collection: &Collection<Document>,
         key: &Key,
         name: &str,
+        places: Option<u32>,
     ) -> Subscription {
         let watcher_key = (
             key.family(),
@@ -98,16 +145,26 @@ impl Subscription {
         let entry = watcher
             .names
             .entry(name.to_owned())
-            .or_insert_with(|| (0, key.clone()));
-        entry.0 += 1;
-        if entry.0 == 1 {
+            .or_insert_with(|| Subscribed {
+                pollers: 0,
+                key: key.clone(),
+                places,
+            });
+        entry.pollers += 1;
+        let unheard = entry.pollers == 1 && watcher.unheard.remove(name);
+        if entry.pollers == 1 {
             watcher.names_changed();
         }
-        Subscription {
+        let subscription = Subscription {
             watcher: watcher_key,
             name: name.to_owned(),
             healthy: Arc::clone(&watcher.healthy),
+        };
+        drop(watchers);
+        if unheard {
+            handoff::pushed(key, Pushed::Freed);
         }
+        subscription
     }
 
     /// Whether the stream is open: a release will wake the poller, which may poll slowly. (A
@@ -125,8 +182,8 @@ impl Drop for Subscription {
             return;
         };
         if let Some(entry) = watcher.names.get_mut(&self.name) {
-            entry.0 -= 1;
-            if entry.0 == 0 {
+            entry.pollers -= 1;
+            if entry.pollers == 0 {
                 watcher.names.remove(&self.name);
                 watcher.names_changed();
             }
@@ -171,6 +228,7 @@ fn watcher_for<'a>(
         let task = start(names, Arc::clone(&healthy));
         Watcher {
             names: HashMap::new(),
+            unheard: HashSet::new(),
             observers: HashMap::new(),
             filter,
             healthy,
@@ -245,11 +303,21 @@ impl Drop for Observation {
 }
 
 /// Tells the pollers of `names` (all subscribed names when `None`) what the stream saw (see
-/// [`handoff::pushed`]), and their observers that something changed.
+/// [`handoff::pushed`]), and their observers that something changed. A release of a name
+/// nobody polls for right now is kept for its next poller (`Watcher::unheard`).
 fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
     let wanted = |name: &String| names.is_none_or(|names| names.contains(name));
-    let keys: Vec<Key> = match watchers().get(watcher) {
+    let keys: Vec<Key> = match watchers().get_mut(watcher) {
         Some(watcher) => {
+            if event != Pushed::Taken {
+                let unheard = names.unwrap_or_default();
+                for name in unheard
+                    .iter()
+                    .filter(|name| !watcher.names.contains_key(*name))
+                {
+                    watcher.unheard.insert(name.clone());
+                }
+            }
             for (_, observers) in watcher.observers.iter().filter(|(name, _)| wanted(name)) {
                 for notify in observers {
                     notify.notify_one();
@@ -259,7 +327,7 @@ fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
                 .names
                 .iter()
                 .filter(|(name, _)| wanted(name))
-                .map(|(_, (_, key))| key.clone())
+                .map(|(_, subscribed)| subscribed.key.clone())
                 .collect()
         }
         None => return,
@@ -269,13 +337,26 @@ fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
     }
 }
 
+/// The places of the semaphore `name` whose pollers subscribed to `watcher`'s stream.
+fn places(watcher: &WatcherKey, name: &str) -> Option<u32> {
+    watchers()
+        .get(watcher)?
+        .names
+        .get(name)
+        .and_then(|subscribed| subscribed.places)
+}
+
 /// The stream stopped being healthy: its pollers go back to their busy-wait pace at once.
 fn unhealthy(watcher: &WatcherKey, healthy: &AtomicBool) {
     if !healthy.swap(false, Ordering::Relaxed) {
         return;
     }
     let keys: Vec<Key> = match watchers().get(watcher) {
-        Some(watcher) => watcher.names.values().map(|(_, key)| key.clone()).collect(),
+        Some(watcher) => watcher
+            .names
+            .values()
+            .map(|subscribed| subscribed.key.clone())
+            .collect(),
         None => return,
     };
     for key in keys {
@@ -301,12 +382,24 @@ fn unhealthy(watcher: &WatcherKey, healthy: &AtomicBool) {
 ///   ending a writer by setting `writer: {fencingToken}` (a forced release, a writer handing
 ///   over to readers) then arrives as `updatedFields.writer` without `removedFields`. So a
 ///   field is judged by its new value: a `writer` without an `id` was freed, one with an `id`
-///   taken; a whole `holders` or `readers` array rewritten may be a release.
+///   taken; a whole `readers` array rewritten may be a release;
+/// - a semaphore's `holders` array written whole (a replacement, or a whole-field update) has
+///   a free place when it is shorter than the semaphore's places (`maxCount` in a replacement,
+///   `places` for the name in an update, which does not show it; unknown: it may be a release).
+///   A place handed over in a release command shifts the array by one, which MongoDB logs as
+///   the whole array rewritten: its echo, with every place taken, wakes nobody.
 ///
 /// Renewals (new `expiresAt`s) and acquisitions (a new `lockId`, writer or element) free
 /// nothing, also a writer's acquisition that removes its own waiting-writer marker.
-fn freed(event: &ChangeStreamEvent<Document>) -> Option<(String, bool)> {
+fn freed(
+    event: &ChangeStreamEvent<Document>,
+    places: impl Fn(&str) -> Option<u32>,
+) -> Option<(String, bool)> {
     let name = event.document_key.as_ref()?.get_str(schema::ID).ok()?;
+    let has_room = |holders: &Bson, places: Option<i64>| {
+        let held = holders.as_array().map_or(0, Vec::len);
+        places.is_none_or(|places| i64::try_from(held).unwrap_or(i64::MAX) < places)
+    };
     let writer_id = schema::Layout::Writer.lock_id_path();
     let ends_lease = |field: &String| {
         [schema::LOCK_ID, schema::WAITING_WRITER, &writer_id].contains(&field.as_str())
@@ -318,30 +411,39 @@ fn freed(event: &ChangeStreamEvent<Document>) -> Option<(String, bool)> {
     };
     let frees = |(field, value): (&String, &Bson)| match field.as_str() {
         schema::WRITER => !writer_has_holder(value),
-        schema::HOLDERS | schema::READERS => true,
+        schema::HOLDERS => has_room(value, places(name).map(i64::from)),
+        schema::READERS => true,
         _ => false,
     };
     let takes = |(field, value): (&String, &Bson)| {
         *field == writer_id || field == schema::WRITER && writer_has_holder(value)
     };
-    let ends = match event.operation_type {
-        OperationType::Delete => true,
-        OperationType::Replace => event
-            .full_document
-            .as_ref()
-            .is_none_or(|document| !document.contains_key(schema::LOCK_ID)),
-        OperationType::Update => event.update_description.as_ref().is_some_and(|update| {
-            let updated = || update.updated_fields.iter();
-            let freed = update.removed_fields.iter().any(ends_lease)
-                || update
-                    .truncated_arrays
-                    .as_ref()
-                    .is_some_and(|truncated| !truncated.is_empty())
-                || updated().any(frees);
-            freed && !updated().any(takes)
-        }),
-        _ => false,
-    };
+    let ends =
+        match event.operation_type {
+            OperationType::Delete => true,
+            OperationType::Replace => event.full_document.as_ref().is_none_or(|document| {
+                match document.get(schema::HOLDERS) {
+                    Some(holders) => has_room(
+                        holders,
+                        document
+                            .get(schema::MAX_COUNT)
+                            .and_then(crate::token::read_i64),
+                    ),
+                    None => !document.contains_key(schema::LOCK_ID),
+                }
+            }),
+            OperationType::Update => event.update_description.as_ref().is_some_and(|update| {
+                let updated = || update.updated_fields.iter();
+                let freed = update.removed_fields.iter().any(ends_lease)
+                    || update
+                        .truncated_arrays
+                        .as_ref()
+                        .is_some_and(|truncated| !truncated.is_empty())
+                    || updated().any(frees);
+                freed && !updated().any(takes)
+            }),
+            _ => false,
+        };
     Some((name.to_owned(), ends))
 }
 
@@ -380,9 +482,15 @@ async fn run(
         key: key.clone(),
         healthy: Arc::clone(&healthy),
     };
-    let mut resume: Option<ResumeToken> = None;
-    // The names the last stream was filtered to, when `resume` continues it.
-    let mut watched: Vec<String> = Vec::new();
+    // Where the family's last stream of the collection stood, if it ended for lack of
+    // subscribers, and the names it was filtered to (which `resume` continues).
+    let kept = positions()
+        .remove(&key)
+        .filter(|position| position.ended.elapsed() < POSITION_KEPT);
+    let (mut resume, mut watched, mut unheard) = match kept {
+        Some(position) => (Some(position.token), position.names, position.unheard),
+        None => (None, Vec::new(), HashSet::new()),
+    };
     loop {
         // The watcher is gone (its last subscriber left): so is its stream.
         if names.has_changed().is_err() {
@@ -393,7 +501,22 @@ async fn run(
             // The last subscriber left: so does the stream, unless one came back meanwhile.
             let mut all = watchers();
             if all.get(&key).is_some_and(Watcher::is_unused) {
-                all.remove(&key);
+                let unheard = all.remove(&key).map(|watcher| watcher.unheard);
+                // Before a new watcher can start (it needs `all`).
+                if let Some(token) = resume {
+                    let mut positions = positions();
+                    positions.retain(|_, position| position.ended.elapsed() < POSITION_KEPT);
+                    let ended = std::time::Instant::now();
+                    positions.insert(
+                        key,
+                        Position {
+                            token,
+                            names: watched,
+                            unheard: unheard.unwrap_or_default(),
+                            ended,
+                        },
+                    );
+                }
                 return;
             }
             continue;
@@ -457,7 +580,8 @@ async fn run(
         healthy.store(true, Ordering::Relaxed);
         // A release of a name this stream did not watch until now may have come between its
         // poller's last attempt and now: that poller attempts at once. (Resumed, the names
-        // watched before miss nothing.)
+        // watched before miss nothing; but a release of one the last stream saw while nobody
+        // polled for it is told now.)
         if resume.is_none() {
             watched.clear();
         }
@@ -465,6 +589,7 @@ async fn run(
             .iter()
             .filter(|name| !watched.contains(name))
             .cloned()
+            .chain(unheard.drain())
             .collect();
         wake(&key, Some(&new), Pushed::MaybeMissed);
         watched = filter;
@@ -492,7 +617,7 @@ async fn run(
                         wake(&key, None, Pushed::Freed);
                         break;
                     }
-                    if let Some((name, ends)) = freed(&event) {
+                    if let Some((name, ends)) = freed(&event, |name| places(&key, name)) {
                         let pushed = if ends { Pushed::Freed } else { Pushed::Taken };
                         wake(&key, Some(std::slice::from_ref(&name)), pushed);
                     }
@@ -551,7 +676,7 @@ mod tests {
 
     #[test]
     fn releases_deletions_and_replacements_without_a_holder_free_the_lock() {
-        let freed_by = |operation: &str, more: Document| freed(&event(operation, more));
+        let freed_by = |operation: &str, more: Document| freed(&event(operation, more), |_| None);
         let released = doc! { "updateDescription": {
             "updatedFields": { "expiresAt": mongodb::bson::DateTime::now() },
             "removedFields": ["lockId"],
@@ -573,14 +698,17 @@ mod tests {
     #[test]
     fn places_readers_and_writers_are_freed_by_what_their_releases_change() {
         let freed_by = |updated: Document, removed: Vec<&str>, truncated: Vec<Document>| {
-            freed(&event(
-                "update",
-                doc! { "updateDescription": {
-                    "updatedFields": updated,
-                    "removedFields": removed,
-                    "truncatedArrays": truncated,
-                } },
-            ))
+            freed(
+                &event(
+                    "update",
+                    doc! { "updateDescription": {
+                        "updatedFields": updated,
+                        "removedFields": removed,
+                        "truncatedArrays": truncated,
+                    } },
+                ),
+                |_| None,
+            )
             .map(|(_, ends)| ends)
         };
         let now = mongodb::bson::DateTime::now();
@@ -620,14 +748,17 @@ mod tests {
     #[test]
     fn a_whole_writer_field_is_judged_by_its_new_value() {
         let freed_by = |updated: Document| {
-            freed(&event(
-                "update",
-                doc! { "updateDescription": {
-                    "updatedFields": updated,
-                    "removedFields": [],
-                    "truncatedArrays": [],
-                } },
-            ))
+            freed(
+                &event(
+                    "update",
+                    doc! { "updateDescription": {
+                        "updatedFields": updated,
+                        "removedFields": [],
+                        "truncatedArrays": [],
+                    } },
+                ),
+                |_| None,
+            )
             .map(|(_, ends)| ends)
         };
         let now = mongodb::bson::DateTime::now();
@@ -644,5 +775,73 @@ mod tests {
         // A new writer, written whole.
         let taken = doc! { "writer": { "id": "w2", "expiresAt": now, "fencingToken": 8_i64 } };
         assert_eq!(freed_by(taken), Some(false));
+    }
+
+    /// A place handed over in a release command (the releaser's lease filtered out, the new one
+    /// appended) shifts the array, which MongoDB 5.0 and later log as the whole array rewritten;
+    /// before 5.0, as a replacement. With every place taken it frees nothing: the semaphore's
+    /// next local waiter must not attempt (it failed 9 runs in 10 of
+    /// `semaphore::each_release_hands_its_place_to_a_local_waiter_in_the_release_command`
+    /// beside two busy loops, with an attempt after the first of three transfers).
+    #[test]
+    fn a_whole_holders_array_frees_a_place_only_when_shorter_than_the_places() {
+        let now = mongodb::bson::DateTime::now();
+        let holders = |count: usize| {
+            (0..count)
+                .map(|id| Bson::Document(doc! { "id": id.to_string(), "expiresAt": now }))
+                .collect::<Vec<Bson>>()
+        };
+        let rewritten = |count: usize| {
+            event(
+                "update",
+                doc! { "updateDescription": {
+                    "updatedFields": { "holders": holders(count), "fencingToken": 9_i64 },
+                    "removedFields": [],
+                    "truncatedArrays": [],
+                } },
+            )
+        };
+        let three_places = |name: &str| (name == "job").then_some(3);
+        let ends = |event: &ChangeStreamEvent<Document>, places: &dyn Fn(&str) -> Option<u32>| {
+            freed(event, places).map(|(_, ends)| ends)
+        };
+        assert_eq!(ends(&rewritten(3), &three_places), Some(false));
+        assert_eq!(ends(&rewritten(2), &three_places), Some(true));
+        // Places unknown: it may have been a release.
+        assert_eq!(ends(&rewritten(3), &|_| None), Some(true));
+        // A replacement shows the stored places.
+        let replaced = |count: usize| {
+            event(
+                "replace",
+                doc! { "fullDocument": {
+                    "_id": "job", "holders": holders(count), "maxCount": 3_i64,
+                } },
+            )
+        };
+        assert_eq!(ends(&replaced(3), &|_| None), Some(false));
+        assert_eq!(ends(&replaced(2), &|_| None), Some(true));
+    }
+
+    /// A release the stream sees while nobody polls for its lock (a poller just left with the
+    /// lock, the next has not subscribed yet) is told to the next poller as it subscribes: it
+    /// would otherwise wait at the slowest pace for a release it missed.
+    #[tokio::test]
+    async fn a_release_seen_between_two_pollers_wakes_the_next_one_as_it_subscribes() {
+        // Never reached: the stream's task only tries to open it.
+        let client = mongodb::Client::with_uri_str("mongodb://127.0.0.1:9")
+            .await
+            .unwrap();
+        let collection = client.database("db").collection::<Document>("unheard");
+        let family = u64::MAX - 7;
+        let key = handoff::key(family, "db", "unheard", "job");
+        let runtime = Handle::current();
+        // Nothing here yields to the stream's task: it cannot end the watcher meanwhile.
+        drop(Subscription::new(&runtime, &collection, &key, "job", None));
+        let watcher = (family, "db".to_owned(), "unheard".to_owned());
+        wake(&watcher, Some(&["job".to_owned()]), Pushed::Freed);
+        let next = handoff::Ticket::join(&key, false);
+        let _subscribed = Subscription::new(&runtime, &collection, &key, "job", None);
+        let woken = tokio::time::timeout(Duration::from_secs(1), next.woken()).await;
+        assert_eq!(woken.ok(), Some(handoff::Wake::Attempt));
     }
 }

@@ -454,6 +454,7 @@ impl MongoDistributedReaderWriterLock {
             renews_while_waiting: mode == Mode::Write,
             family: &target.renewals,
             push: Some(&target.collection),
+            places: None,
             holders: self,
         }
     }

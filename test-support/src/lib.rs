@@ -332,6 +332,22 @@ pub async fn offers_become(collection: &str, name: &str, count: usize) -> bool {
     .await
 }
 
+/// Waits (up to 20 s) until the change stream of `log`'s client is open (the driver asks for its
+/// first batch of events) and the `waiters` for lock `name` of `collection` wait idle: their
+/// first attempts, and those of the pollers woken as the stream starts to watch (a release may
+/// have come before), have been answered. A release from now on reaches them by the stream or
+/// the release itself; panics if that does not happen.
+pub async fn stream_open(log: &CommandLog, collection: &str, name: &str, waiters: usize) {
+    let open = eventually(Duration::from_secs(20), || async {
+        log.count("getMore") >= 1
+            && distributed_lock_mongodb::__testing::waiters_idle(DATABASE, collection, name)
+                == waiters
+            && log.in_flight() <= 1
+    })
+    .await;
+    assert!(open, "no change stream: {:?}", log.started());
+}
+
 /// Polls `condition` every 10 ms until it holds or `limit` passes; returns whether it held.
 pub async fn eventually<F, Fut>(limit: Duration, mut condition: F) -> bool
 where

@@ -868,17 +868,7 @@ async fn a_caller_behind_local_waiters_joins_the_line_without_an_attempt() {
     let first = queued_waiter(&lock, &collection).await;
     // The first waiter's stream is open, and the attempt its start woke the waiter for is
     // answered: it waits idle, and nothing more is coming from it.
-    let settled = common::eventually(Duration::from_secs(20), || async {
-        log.count("getMore") >= 1
-            && distributed_lock_mongodb::__testing::waiters_idle(
-                common::DATABASE,
-                collection.name(),
-                lock.name(),
-            ) == 1
-            && log.in_flight() <= 1
-    })
-    .await;
-    assert!(settled, "{:?}", log.started());
+    common::stream_open(&log, collection.name(), lock.name(), 1).await;
     log.clear();
     let second = tokio::spawn({
         let lock = lock.clone();

@@ -229,21 +229,6 @@ async fn without_change_streams_the_poller_polls_at_its_pace() {
     guard.release().await.unwrap();
 }
 
-/// Waits until the change stream of `log`'s client is open (the driver asks for its first batch
-/// of events) and the `waiters` for lock `name` of `collection` wait idle: their first attempts,
-/// and those of the pollers woken as the stream starts to watch (a release may have come
-/// before), have been answered. A release from now on can only reach them by the stream.
-async fn stream_open(log: &CommandLog, collection: &str, name: &str, waiters: usize) {
-    let open = common::eventually(Duration::from_secs(20), || async {
-        log.count("getMore") >= 1
-            && distributed_lock_mongodb::__testing::waiters_idle(common::DATABASE, collection, name)
-                == waiters
-            && log.in_flight() <= 1
-    })
-    .await;
-    assert!(open, "no change stream: {:?}", log.started());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_place_released_by_another_process_wakes_the_semaphores_poller_at_once() {
     let (database, log) = common::counting_database().await;
@@ -257,7 +242,7 @@ async fn a_place_released_by_another_process_wakes_the_semaphores_poller_at_once
         .with_options(sleepy_options());
     let waiter =
         tokio::spawn(async move { semaphore.acquire_timeout(Duration::from_secs(60)).await });
-    stream_open(&log, &collection, &name, 1).await;
+    common::stream_open(&log, &collection, &name, 1).await;
     place.release().await.unwrap();
     let place = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
@@ -265,6 +250,116 @@ async fn a_place_released_by_another_process_wakes_the_semaphores_poller_at_once
         .unwrap()
         .unwrap();
     place.release().await.unwrap();
+}
+
+/// A place handed over in a release command (the releaser's lease filtered out, the waiter's
+/// appended) comes back through the stream as a change of the holders array with every place
+/// taken: it frees nothing, and the next local waiter, which becomes the poller as the first
+/// leaves with the place, is not woken to attempt (an attempt that could only fail). (The test
+/// server reports the shifted elements field by field; a server that reports the array whole,
+/// or the document replaced, is covered by `push`'s unit tests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_handed_over_in_its_release_wakes_no_other_waiter_through_the_stream() {
+    let (database, log) = common::counting_database().await;
+    let (collection, name) = (common::unique("semaphores"), common::unique("echo"));
+    let semaphore = MongoDistributedSemaphore::new(name.as_str(), 2, &database)
+        .with_collection(collection.as_str())
+        .with_options(sleepy_options());
+    // Held in this order: the first is the array's first element.
+    let first = semaphore.acquire().await.unwrap();
+    let _second = semaphore.acquire().await.unwrap();
+    let (acquired, mut acquisitions) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for queued in 1..=2 {
+        let (semaphore, acquired) = (semaphore.clone(), acquired.clone());
+        waiters.push(tokio::spawn(async move {
+            let place = semaphore
+                .acquire_timeout(Duration::from_secs(60))
+                .await
+                .unwrap();
+            acquired.send(()).unwrap();
+            std::future::pending::<()>().await;
+            drop(place);
+        }));
+        let in_line = common::offers_become(&collection, &name, queued).await;
+        assert!(in_line, "waiter {queued} did not queue");
+    }
+    common::stream_open(&log, &collection, &name, 2).await;
+    log.clear();
+    first.release().await.unwrap();
+    // The `getMore` that carries the release's echo was sent by now, or is the next one; the one
+    // after it is sent once the echo was handled.
+    let get_mores = log.count("getMore");
+    tokio::time::timeout(Duration::from_secs(10), acquisitions.recv())
+        .await
+        .expect("the place handed over in the release")
+        .unwrap();
+    let echoed = common::eventually(Duration::from_secs(20), || async {
+        log.count("getMore") >= get_mores + 2
+            && distributed_lock_mongodb::__testing::waiters_idle(
+                common::DATABASE,
+                &collection,
+                &name,
+            ) == 1
+            && log.in_flight() <= 1
+    })
+    .await;
+    assert!(echoed, "{:?}", log.started());
+    assert_eq!(
+        log.started_without_streams(),
+        ["findAndModify"],
+        "the transfer and no attempt: {:#?}",
+        log.find_and_modifies()
+    );
+    assert_eq!(log.transfers(), 1);
+    for waiter in waiters {
+        waiter.abort();
+    }
+}
+
+/// The stream of a lock's poller closes when the poller leaves; a poller that subscribes soon
+/// after resumes it where it stood, so no release in between is missed, and its first attempt
+/// is all it needs (a stream started afresh wakes its poller to attempt once more: a release
+/// may have come before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_closed_with_its_last_poller_is_resumed_by_the_next_one() {
+    let (database, log) = common::counting_database().await;
+    let setup = setup(&database, Arc::clone(&log), sleepy_options());
+    let first = setup.waiter_with_its_stream_open().await;
+    first.abort();
+    // Its stream closes once its `getMore` is answered: the driver kills its cursor.
+    let closed = common::eventually(Duration::from_secs(20), || async {
+        log.count("killCursors") >= 1
+    })
+    .await;
+    assert!(closed, "{:?}", log.started());
+    log.clear();
+    let lock = setup.lock.clone();
+    let second = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await });
+    common::stream_open(&log, setup.collection.name(), setup.lock.name(), 1).await;
+    let resumed = log.reads().iter().any(|read| {
+        read.get_array("pipeline")
+            .ok()
+            .and_then(|pipeline| pipeline.first())
+            .and_then(|stage| stage.as_document())
+            .and_then(|stage| stage.get_document("$changeStream").ok())
+            .is_some_and(|stream| stream.contains_key("startAfter"))
+    });
+    assert!(resumed, "opened afresh: {:#?}", log.reads());
+    assert_eq!(
+        log.started_without_streams(),
+        ["findAndModify"],
+        "its first attempt only: {:#?}",
+        log.find_and_modifies()
+    );
+    // And the stream pushes: a release by the other process reaches it.
+    released_by_the_other_process(&setup.collection, setup.lock.name()).await;
+    let guard = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("woken by the release, not by a poll 20 s later")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +380,7 @@ async fn a_writer_released_by_another_process_wakes_the_readers_and_readers_the_
             tokio::spawn(async move { lock.acquire_read_timeout(Duration::from_secs(60)).await })
         })
         .collect();
-    stream_open(&log, &collection, &name, 3).await;
+    common::stream_open(&log, &collection, &name, 3).await;
     writer.release().await.unwrap();
     let mut reads = Vec::new();
     for reader in readers {
@@ -308,7 +403,7 @@ async fn a_writer_released_by_another_process_wakes_the_readers_and_readers_the_
         let lock = lock.clone();
         tokio::spawn(async move { lock.acquire_write_timeout(Duration::from_secs(60)).await })
     };
-    stream_open(&log, &collection, &name, 1).await;
+    common::stream_open(&log, &collection, &name, 1).await;
     read.release().await.unwrap();
     let write = tokio::time::timeout(Duration::from_secs(10), writer)
         .await
@@ -348,7 +443,7 @@ async fn a_get_more_that_never_returns_is_given_up_and_the_stream_opened_again()
     held_by_another_process(&collection, &first).await;
     held_by_another_process(&collection, &second).await;
     let first_waiter = waiter(&first);
-    stream_open(&log, &collection_name, &first, 1).await;
+    common::stream_open(&log, &collection_name, &first, 1).await;
     let opened = log.count("aggregate");
     let hung = proxy.add_rule(common::proxy::Rule::new(
         "getMore",
