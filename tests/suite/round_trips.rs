@@ -107,9 +107,18 @@ fn without_index_creation() -> LockOptions {
 #[tokio::test]
 async fn every_reader_writer_attempt_is_one_find_and_modify() {
     let (database, commands) = common::counting_database().await;
+    // A waiting writer attempts every 50 ms at most. (With the default pace, up to 800 ms, and
+    // a 100 ms timeout, an overloaded CI run saw a single attempt.)
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(5))
+        .extension_cadence(Duration::from_secs(1))
+        .automatic_ttl_index(false)
+        .busy_wait_sleep_time(Duration::from_millis(10), Duration::from_millis(50))
+        .build()
+        .unwrap();
     let lock = MongoDistributedReaderWriterLock::new(common::unique("rw"), &database)
         .with_collection(common::unique("rw"))
-        .with_options(without_index_creation());
+        .with_options(options);
     let read = lock.try_acquire_read().await.unwrap().unwrap();
     assert!(lock.try_acquire_write().await.unwrap().is_none());
     assert_eq!(
@@ -119,7 +128,8 @@ async fn every_reader_writer_attempt_is_one_find_and_modify() {
     );
 
     commands.clear();
-    let timed_out = lock.acquire_write_timeout(Duration::from_millis(100)).await;
+    // Attempts every 50 ms at most (see above), for 2 s: at least two, however slow the machine.
+    let timed_out = lock.acquire_write_timeout(Duration::from_secs(2)).await;
     assert!(timed_out.unwrap_err().is_timeout());
     // (The waiting writer also watches the lock with a change stream: its commands are not
     // attempts.)

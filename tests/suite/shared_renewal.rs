@@ -6,6 +6,8 @@ use test_support as common;
 
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use distributed_lock_mongodb::Provider;
 use mongodb::bson::{Document, doc};
 
@@ -30,16 +32,16 @@ async fn a_thousand_held_locks_cost_two_renewal_commands_per_cadence() {
         // may renew several hundred leases while they go on. A 60 s lease leaves a round 38 s
         // (expiry − margin − skew − cadence) before its leases count as lost.
         .with_options(common::options(60_000, 20_000));
-    let mut guards = Vec::with_capacity(LOCKS);
-    for i in 0..LOCKS {
-        guards.push(
-            provider
-                .create_lock(format!("entity-{i}"))
-                .acquire()
-                .await
-                .unwrap(),
-        );
-    }
+    // Eight at a time, and so the releases: the server works one command at a time, but the
+    // rest of each round trip overlaps (the test took 38 s instead of 53 s on an idle machine).
+    let guards: Vec<_> = futures::stream::iter(0..LOCKS)
+        .map(|i| {
+            let lock = provider.create_lock(format!("entity-{i}"));
+            async move { lock.acquire().await.unwrap() }
+        })
+        .buffered(8)
+        .collect()
+        .await;
 
     let control = common::database_on(&server.uri)
         .await
@@ -68,21 +70,27 @@ async fn a_thousand_held_locks_cost_two_renewal_commands_per_cadence() {
     let (now, expires_at) = common::server_now_and_expiry(&control, "entity-0").await;
     assert!(expires_at.unwrap() > now, "the first lock's lease is live");
     assert!(expires_at > acquired_until, "and was renewed");
-    for guard in guards {
-        let name = guard.name().to_owned();
-        let lost_before = guard.is_lost();
-        if let Err(error) = guard.release().await {
-            // Seen once in CI beside a CPU hog (entity-0, right after the checks above): say
-            // what the server stored and whether the guard was lost before its release, for
-            // the next look (the "lock lost" warning above it names the reason).
-            let stored = control.find_one(doc! { "_id": &name }).await;
-            let (now, _) = common::server_now_and_expiry(&control, &name).await;
-            panic!(
-                "releasing {name}: {error} (lost before the release: {lost_before}); stored at \
-                 {now:?}: {stored:?}"
-            );
-        }
-    }
+    futures::stream::iter(guards)
+        .for_each_concurrent(8, |guard| {
+            let control = &control;
+            async move {
+                let name = guard.name().to_owned();
+                let lost_before = guard.is_lost();
+                if let Err(error) = guard.release().await {
+                    // Seen once in CI beside a CPU hog (entity-0, right after the checks above):
+                    // say what the server stored and whether the guard was lost before its
+                    // release, for the next look (the "lock lost" warning above it names the
+                    // reason).
+                    let stored = control.find_one(doc! { "_id": &name }).await;
+                    let (now, _) = common::server_now_and_expiry(control, &name).await;
+                    panic!(
+                        "releasing {name}: {error} (lost before the release: {lost_before}); \
+                         stored at {now:?}: {stored:?}"
+                    );
+                }
+            }
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
