@@ -57,7 +57,8 @@ struct Watcher {
     names: HashMap<String, Subscribed>,
     /// Names a release was seen of while nobody polled for them (between a poller leaving and
     /// the next one subscribing, or before the stream learns that its filter changed): the next
-    /// poller of such a name is woken to attempt as it subscribes.
+    /// poller of such a name is woken to attempt as it subscribes. Only names of the stream's
+    /// filter are kept (see `run`).
     unheard: HashSet<String>,
     /// Observed names (lock watches, see `watch`): notified of every event of their name.
     observers: HashMap<String, Vec<Arc<Notify>>>,
@@ -386,8 +387,8 @@ fn unhealthy(watcher: &WatcherKey, healthy: &AtomicBool) {
 /// - a semaphore's `holders` array written whole (a replacement, or a whole-field update) has
 ///   a free place when it is shorter than the semaphore's places (`maxCount` in a replacement,
 ///   `places` for the name in an update, which does not show it; unknown: it may be a release).
-///   A place handed over in a release command shifts the array by one, which MongoDB logs as
-///   the whole array rewritten: its echo, with every place taken, wakes nobody.
+///   A place handed over in a release command shifts the array by one, which a server may log
+///   as the whole array rewritten: its echo, with every place taken, wakes nobody.
 ///
 /// Renewals (new `expiresAt`s) and acquisitions (a new `lockId`, writer or element) free
 /// nothing, also a writer's acquisition that removes its own waiting-writer marker.
@@ -587,10 +588,15 @@ async fn run(
         }
         let new: Vec<String> = filter
             .iter()
-            .filter(|name| !watched.contains(name))
+            .filter(|name| !watched.contains(name) || unheard.contains(*name))
             .cloned()
-            .chain(unheard.drain())
             .collect();
+        unheard.clear();
+        // A name that left the filter starts afresh when it comes back (it is new to the stream
+        // then): nothing to keep for it, and what is kept stays bounded by the names watched.
+        if let Some(watcher) = watchers().get_mut(&key) {
+            watcher.unheard.retain(|name| filter.contains(name));
+        }
         wake(&key, Some(&new), Pushed::MaybeMissed);
         watched = filter;
         loop {
