@@ -5,8 +5,8 @@
 //! poller then polls only at the slowest busy-wait pace, as a safety net.
 //!
 //! - **One stream per family and collection**, opened when its first poller subscribes and
-//!   closed (its cursor killed by the driver) when the last one leaves; the next one resumes
-//!   where it stood. Subscriptions are counted per name, so memory is bounded by the names
+//!   closed (its cursor killed by the driver) when the last one leaves; the next one, within
+//!   10 s, resumes where it stood. Subscriptions are counted per name, so memory is bounded by the names
 //!   waited for.
 //! - **Which events wake**: those that may end a lease, for every kind of lock (see [`freed`]):
 //!   a lock document deleted, an exclusive lock's `lockId` or a writer's id removed, an array of
@@ -60,6 +60,10 @@ struct Watcher {
     /// poller of such a name is woken to attempt as it subscribes. Only names of the stream's
     /// filter are kept (see `run`).
     unheard: HashSet<String>,
+    /// The places of the semaphores among the names, as their pollers said (`None`: not a
+    /// semaphore, or pollers that disagree), kept while the name is in the filter: an echo
+    /// that comes after a poller left is judged as one that comes before (see [`freed`]).
+    places: HashMap<String, Option<u32>>,
     /// Observed names (lock watches, see `watch`): notified of every event of their name.
     observers: HashMap<String, Vec<Arc<Notify>>>,
     /// The names, for the stream's filter (changed when a name comes or goes).
@@ -74,8 +78,6 @@ struct Subscribed {
     pollers: usize,
     /// Wakes them.
     key: Key,
-    /// A semaphore's places (see [`freed`]).
-    places: Option<u32>,
 }
 
 static WATCHERS: LazyLock<Mutex<HashMap<WatcherKey, Watcher>>> = LazyLock::new(Mutex::default);
@@ -89,9 +91,10 @@ fn watchers() -> MutexGuard<'static, HashMap<WatcherKey, Watcher>> {
 /// Where a family's stream of a collection stood when it ended for lack of subscribers, the
 /// names it watched, and when. The next stream of that family and collection, if it opens within
 /// [`POSITION_KEPT`], resumes there: a poller that subscribes right after another left (the
-/// lock changed hands in this process) misses nothing, and is not woken to attempt for a
-/// release its predecessor's stream could have seen. Later, it starts afresh (replaying a long
-/// history would wake its pollers for every release in it). Forgotten with the family.
+/// lock changed hands in this process) misses nothing, and needs no attempt for names the last
+/// stream watched (releases after the position are replayed, those it saw while nobody polled
+/// are kept with it). Later, it starts afresh (replaying a long history would wake its pollers
+/// for every release in it). Forgotten with the family, or when older than that.
 static POSITIONS: LazyLock<Mutex<HashMap<WatcherKey, Position>>> = LazyLock::new(Mutex::default);
 
 /// See [`POSITIONS`].
@@ -149,11 +152,20 @@ impl Subscription {
             .or_insert_with(|| Subscribed {
                 pollers: 0,
                 key: key.clone(),
-                places,
             });
         entry.pollers += 1;
-        let unheard = entry.pollers == 1 && watcher.unheard.remove(name);
-        if entry.pollers == 1 {
+        let first = entry.pollers == 1;
+        let unheard = first && watcher.unheard.remove(name);
+        watcher
+            .places
+            .entry(name.to_owned())
+            .and_modify(|known| {
+                if *known != places {
+                    *known = None;
+                }
+            })
+            .or_insert(places);
+        if first {
             watcher.names_changed();
         }
         let subscription = Subscription {
@@ -162,8 +174,10 @@ impl Subscription {
             healthy: Arc::clone(&watcher.healthy),
         };
         drop(watchers);
+        // As a stream starting to watch: it also ends the "skip the echo" exception, since
+        // what was kept may be any number of releases.
         if unheard {
-            handoff::pushed(key, Pushed::Freed);
+            handoff::pushed(key, Pushed::MaybeMissed);
         }
         subscription
     }
@@ -230,6 +244,7 @@ fn watcher_for<'a>(
         Watcher {
             names: HashMap::new(),
             unheard: HashSet::new(),
+            places: HashMap::new(),
             observers: HashMap::new(),
             filter,
             healthy,
@@ -340,11 +355,7 @@ fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
 
 /// The places of the semaphore `name` whose pollers subscribed to `watcher`'s stream.
 fn places(watcher: &WatcherKey, name: &str) -> Option<u32> {
-    watchers()
-        .get(watcher)?
-        .names
-        .get(name)
-        .and_then(|subscribed| subscribed.places)
+    watchers().get(watcher)?.places.get(name).copied().flatten()
 }
 
 /// The stream stopped being healthy: its pollers go back to their busy-wait pace at once.
@@ -488,10 +499,16 @@ async fn run(
     let kept = positions()
         .remove(&key)
         .filter(|position| position.ended.elapsed() < POSITION_KEPT);
-    let (mut resume, mut watched, mut unheard) = match kept {
-        Some(position) => (Some(position.token), position.names, position.unheard),
+    let (mut resume, mut watched, mut unheard) = match &kept {
+        Some(position) => (
+            Some(position.token.clone()),
+            position.names.clone(),
+            position.unheard.clone(),
+        ),
         None => (None, Vec::new(), HashSet::new()),
     };
+    // Until this task opens a stream, the position it took is as old as it was.
+    let mut since = kept.map(|position| position.ended);
     loop {
         // The watcher is gone (its last subscriber left): so is its stream.
         if names.has_changed().is_err() {
@@ -502,18 +519,20 @@ async fn run(
             // The last subscriber left: so does the stream, unless one came back meanwhile.
             let mut all = watchers();
             if all.get(&key).is_some_and(Watcher::is_unused) {
-                let unheard = all.remove(&key).map(|watcher| watcher.unheard);
+                if let Some(watcher) = all.remove(&key) {
+                    unheard.extend(watcher.unheard);
+                }
                 // Before a new watcher can start (it needs `all`).
                 if let Some(token) = resume {
                     let mut positions = positions();
                     positions.retain(|_, position| position.ended.elapsed() < POSITION_KEPT);
-                    let ended = std::time::Instant::now();
+                    let ended = since.unwrap_or_else(std::time::Instant::now);
                     positions.insert(
                         key,
                         Position {
                             token,
                             names: watched,
-                            unheard: unheard.unwrap_or_default(),
+                            unheard,
                             ended,
                         },
                     );
@@ -592,10 +611,12 @@ async fn run(
             .cloned()
             .collect();
         unheard.clear();
+        since = None;
         // A name that left the filter starts afresh when it comes back (it is new to the stream
         // then): nothing to keep for it, and what is kept stays bounded by the names watched.
         if let Some(watcher) = watchers().get_mut(&key) {
             watcher.unheard.retain(|name| filter.contains(name));
+            watcher.places.retain(|name, _| filter.contains(name));
         }
         wake(&key, Some(&new), Pushed::MaybeMissed);
         watched = filter;
