@@ -1,7 +1,10 @@
 //! A job that runs at most once per window across every instance of a service, fired by each
-//! instance's own cron scheduler ([tokio-cron-scheduler](https://docs.rs/tokio-cron-scheduler)).
+//! instance's own scheduler. Here that is a timer on the wall clock (the `every` function below);
+//! in an application it is whatever already fires its periodic work (a cron crate such as
+//! [tokio-cron-scheduler](https://docs.rs/tokio-cron-scheduler), a Kubernetes CronJob starting
+//! every replica): the job needs only to be called, at any time, from every instance.
 //!
-//! Two instances run here side by side, each with its own client and scheduler; their timers
+//! Two instances run here side by side, each with its own client and timer; their timers
 //! disagree by a second (one fires at seconds 0, 5, 10…, the other at 1, 6, 11…), as the clocks
 //! of two machines may. Each firing calls `Job::run`: in every 5-second period the first to fire
 //! runs the report, and the other, a second later, finds the lock taken for the rest of the
@@ -9,56 +12,52 @@
 //!
 //! `scripts/run-example scheduled_job [seconds]` (16 by default).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distributed_lock_mongodb::{JobRun, LockDetails, Provider};
 use mongodb::Client;
-use tokio_cron_scheduler::{Job as CronJob, JobScheduler};
 
-/// Every 5 s from second 0; the other instance's clock is a second behind.
-const SCHEDULES: [&str; 2] = ["0/5 * * * * *", "1/5 * * * * *"];
+/// Every 5 s of the wall clock (as cron's `*/5 * * * * *`).
+const PERIOD: Duration = Duration::from_secs(5);
+/// Where in the period each instance fires: the second one's clock is a second behind.
+const OFFSETS: [Duration; 2] = [Duration::ZERO, Duration::from_secs(1)];
 /// Shorter than the period, so the next period's first firing finds it over.
 const WINDOW: Duration = Duration::from_secs(4);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: u64 = std::env::args().nth(1).map_or(Ok(16), |s| s.parse())?;
-    let mut schedulers = Vec::new();
+    let mut timers = Vec::new();
     let mut providers = Vec::new();
     let mut clients = Vec::new();
-    for (number, schedule) in SCHEDULES.into_iter().enumerate() {
+    for (number, offset) in OFFSETS.into_iter().enumerate() {
         let instance = format!("instance-{}", number + 1);
         let client = Client::with_uri_str(mongodb_uri()).await?;
         let provider = Provider::new(&client.database("job_example"))
             .with_details(LockDetails::new().with_owner(instance.as_str()));
         let report = provider.create_job("five-second-report", WINDOW);
-        let scheduler = JobScheduler::new().await?;
-        scheduler
-            .add(CronJob::new_async(schedule, move |_id, _scheduler| {
-                let (report, instance) = (report.clone(), instance.clone());
-                Box::pin(async move {
-                    let outcome = report
-                        .run(async |guard| {
-                            // The protected work; fence its writes with this token.
-                            guard.fencing_token()
-                        })
-                        .await;
-                    match outcome {
-                        Ok(JobRun::Ran(token)) => println!("{instance}: ran the report ({token})"),
-                        Ok(JobRun::Skipped(skipped)) => println!("{instance}: skipped, {skipped}"),
-                        Err(error) => eprintln!("{instance}: the report failed: {error}"),
-                    }
-                })
-            })?)
-            .await?;
-        scheduler.start().await?;
-        schedulers.push(scheduler);
+        timers.push(tokio::spawn(every(PERIOD, offset, move || {
+            let (report, instance) = (report.clone(), instance.clone());
+            async move {
+                let outcome = report
+                    .run(async |guard| {
+                        // The protected work; fence its writes with this token.
+                        guard.fencing_token()
+                    })
+                    .await;
+                match outcome {
+                    Ok(JobRun::Ran(token)) => println!("{instance}: ran the report ({token})"),
+                    Ok(JobRun::Skipped(skipped)) => println!("{instance}: skipped, {skipped}"),
+                    Err(error) => eprintln!("{instance}: the report failed: {error}"),
+                }
+            }
+        })));
         providers.push(provider);
         clients.push(client);
     }
     tokio::time::sleep(Duration::from_secs(seconds)).await;
-    for mut scheduler in schedulers {
-        scheduler.shutdown().await?;
+    for timer in timers {
+        timer.abort();
     }
     for provider in providers {
         provider.shutdown().await;
@@ -68,6 +67,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         client.shutdown().await;
     }
     Ok(())
+}
+
+/// Calls `fire` at `offset` into every `period` of the wall clock, as a cron scheduler does; a
+/// firing that outlasts its period delays the next one (`offset` is less than `period`).
+async fn every<F, Fut>(period: Duration, offset: Duration, mut fire: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let (period, offset) = (period.as_nanos(), offset.as_nanos());
+    loop {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let wait = (period + offset - now % period) % period;
+        tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+        fire().await;
+        // Step past the instant just fired at (the timer's and the wall clock's ticks differ), so
+        // that the next wait is not zero.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn mongodb_uri() -> String {
