@@ -1,82 +1,15 @@
 //! `scripts/check-architecture`, the layering rules CI enforces (DESIGN.md, "Architecture"): it
 //! passes on this tree, and on a copy of it with a rule broken it fails and names the problem.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-/// A copy of `src/` and the script, in a directory of its own, removed when dropped.
-struct Copy {
-    root: PathBuf,
-}
+use crate::script_copy::{Copy, run_script};
 
-impl Copy {
-    fn new(name: &str) -> Copy {
-        let root = std::env::temp_dir().join(format!(
-            "check-architecture-{name}-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let repository = Path::new(env!("CARGO_MANIFEST_DIR"));
-        copy_tree(&repository.join("src"), &root.join("src"));
-        std::fs::create_dir_all(root.join("scripts")).unwrap();
-        std::fs::copy(
-            repository.join("scripts/check-architecture"),
-            root.join("scripts/check-architecture"),
-        )
-        .unwrap();
-        Copy { root }
-    }
-
-    /// Adds `line` at the end of `file` (under `src/`), creating the file if needed.
-    fn append(&self, file: &str, line: &str) {
-        let path = self.root.join("src").join(file);
-        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
-        text.push_str(line);
-        text.push('\n');
-        std::fs::write(path, text).unwrap();
-    }
-
-    /// The script's exit code and what it printed on stderr.
-    ///
-    /// The copy is run by `python3`, not executed itself: executing a file this process has just
-    /// written can fail with "Text file busy" while a child forked by another test thread still
-    /// holds the inherited write descriptor (rust-lang/rust#114554; a CI run hit it).
-    fn check(&self) -> (Option<i32>, String) {
-        output(Command::new("python3").arg(self.root.join("scripts/check-architecture")))
-    }
-}
-
-impl Drop for Copy {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
+const SCRIPT: &str = "scripts/check-architecture";
 
 /// Runs the checked-in script, as CI does.
 fn check_architecture(root: &Path) -> (Option<i32>, String) {
-    output(&mut Command::new(root.join("scripts/check-architecture")))
-}
-
-fn output(command: &mut Command) -> (Option<i32>, String) {
-    let output = command
-        .output()
-        .expect("run scripts/check-architecture (needs python3)");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    run_script(root, SCRIPT)
 }
 
 #[test]
@@ -88,13 +21,13 @@ fn this_tree_keeps_every_rule() {
 #[test]
 fn a_copy_of_this_tree_keeps_every_rule() {
     // The broken copies below differ from this one by a single line.
-    let (code, stderr) = Copy::new("unchanged").check();
+    let (code, stderr) = Copy::new(SCRIPT, "unchanged").check();
     assert_eq!(code, Some(0), "{stderr}");
 }
 
 /// Plants `line` at the end of `file` in a copy of `src/`: the check must fail and name `problem`.
 fn refused(file: &str, line: &str, problem: &str) {
-    let copy = Copy::new(file.replace(['/', '.'], "-").as_str());
+    let copy = Copy::new(SCRIPT, file.replace(['/', '.'], "-").as_str());
     copy.append(file, line);
     let (code, stderr) = copy.check();
     assert_eq!(code, Some(1), "{stderr}");
@@ -164,7 +97,7 @@ fn a_primitive_that_reaches_into_the_engines_internals_is_refused() {
 #[test]
 fn what_the_engine_exposes_is_not_an_internal() {
     // An item of `lease` (here a function it re-exports) is its interface, not a module.
-    let copy = Copy::new("engine-items");
+    let copy = Copy::new(SCRIPT, "engine-items");
     copy.append(
         "watch.rs",
         "use crate::lease::{create_ttl_index, ATTEMPT_SERVER_TIME};",

@@ -481,3 +481,56 @@ async fn a_get_more_that_never_returns_is_given_up_and_the_stream_opened_again()
     }
     assert!(log.count("aggregate") > opened, "{:?}", log.started());
 }
+
+/// A process opens a change stream only for a caller that waits: one that acquires free locks,
+/// renews and releases them, finds a lock busy with `try_acquire`, or holds a lock another
+/// process waits for, never watches the collection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_never_waits_opens_no_change_stream() {
+    let (database, log) = common::counting_database().await;
+    let other_process = common::database().await;
+    let collection_name = common::unique("locks");
+    let options = common::options(3_000, 500);
+    let ours = |name: &str| {
+        MongoDistributedLock::new(name, &database)
+            .with_collection(collection_name.as_str())
+            .with_options(options.clone())
+    };
+    let theirs = |name: &str| {
+        MongoDistributedLock::new(name, &other_process)
+            .with_collection(collection_name.as_str())
+            .with_options(options.clone())
+    };
+    let (wanted, busy) = (common::unique("wanted"), common::unique("busy"));
+    let held_by_them = theirs(&busy).acquire().await.unwrap();
+    let held = ours(&wanted).acquire().await.unwrap();
+    // The other process waits for the lock we hold, watching the collection as it polls.
+    let waiter = tokio::spawn({
+        let lock = theirs(&wanted);
+        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
+    });
+    for _ in 0..3 {
+        assert!(ours(&busy).try_acquire().await.unwrap().is_none());
+        ours(&common::unique("free"))
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    held.release().await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter got the lock we released")
+        .unwrap()
+        .unwrap();
+    handed.release().await.unwrap();
+    held_by_them.release().await.unwrap();
+    let renewals = log.count("findAndModify") + log.count("update");
+    // 1 acquisition, 3 tries and 3 acquisitions and releases, 1 release: 11 commands; the rest
+    // renewed what we held for about 2 s at a 500 ms cadence.
+    assert!(renewals > 11, "no renewal seen: {:?}", log.started());
+    assert_eq!(log.count("aggregate"), 0, "{:?}", log.started());
+}
