@@ -155,7 +155,7 @@ fn repository_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Starts scripts/mongoeco_server.py with `args` and waits for the `ports` connection strings it
+/// Starts scripts/mongoeco_server.py with `args` (through scripts/mongoeco_start.py) and waits for the `ports` connection strings it
 /// prints, one a line.
 fn start_embedded(args: &[String], ports: usize) -> Result<Embedded, String> {
     let root = repository_root();
@@ -166,8 +166,11 @@ fn start_embedded(args: &[String], ports: usize) -> Result<Embedded, String> {
             python.display()
         ));
     }
+    // Through the starter: a fork of scripts/test's fork server when there is one (no second of
+    // Python's start-up per server), else the launcher itself, in this very process.
     let mut child = Command::new(&python)
-        .arg(root.join("scripts/mongoeco_server.py"))
+        .args(["-I", "-S"])
+        .arg(root.join("scripts/mongoeco_start.py"))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
