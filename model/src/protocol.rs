@@ -481,6 +481,10 @@ pub struct State {
     pub tokens_increase: bool,
     /// False once the resource accepted a write with a token older than one it stored.
     pub stale_writes_refused: bool,
+    /// False once a caller was handed a lease it was not asking for (it had all it wanted): the
+    /// model's bookkeeping of what callers want, checked as a property so that a mistake that
+    /// breaks it yields a path, not a crash of the checker.
+    pub granted_only_when_asked: bool,
     /// For coverage: the resource refused a write with a token older than the one it stored.
     pub stale_write_refused: bool,
     /// For coverage: a release handed the lock to a local waiter; a lease was taken over after
@@ -826,8 +830,10 @@ impl LeaseProtocol {
         }
         state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
         let now = state.now;
+        let rounds = state.clients[client].rounds.checked_sub(1);
+        state.granted_only_when_asked &= rounds.is_some();
         let caller = &mut state.clients[client];
-        caller.rounds -= 1;
+        caller.rounds = rounds.unwrap_or(0);
         caller.queued = false;
         caller.phase = Phase::Holding(Hold {
             lock_id,
@@ -1072,6 +1078,7 @@ impl LeaseProtocol {
             max_token_held: None,
             tokens_increase: true,
             stale_writes_refused: true,
+            granted_only_when_asked: true,
             stale_write_refused: false,
             transferred: false,
             taken_over: false,
@@ -1190,6 +1197,10 @@ impl Model for LeaseProtocol {
             Property::always("no stale fenced write is accepted", |_, state: &State| {
                 state.stale_writes_refused
             }),
+            Property::always(
+                "a caller is handed a lease only while it asks for one",
+                |_, state: &State| state.granted_only_when_asked,
+            ),
             Property::eventually("every caller is served", |_, state: &State| {
                 state
                     .clients

@@ -10,10 +10,13 @@ use std::time::Instant;
 use lease_model::protocol::{Config, LeaseProtocol, Mistake, narrate};
 use stateright::{Checker, HasDiscoveries, Model};
 
-const SAFETY: [&str; 3] = [
+/// The model's own bookkeeping, checked as a safety property.
+const BOOKKEEPING: &str = "a caller is handed a lease only while it asks for one";
+const SAFETY: [&str; 4] = [
     "mutual exclusion",
     "fencing tokens increase in acquisition order",
     "no stale fenced write is accepted",
+    BOOKKEEPING,
 ];
 const LIVENESS: &str = "every caller is served";
 
@@ -137,6 +140,35 @@ fn each_planted_mistake_yields_a_counterexample() {
             checker.unique_state_count(),
             started.elapsed()
         );
+        for line in narrate(&path.into_vec()) {
+            println!("  {line}");
+        }
+    }
+}
+
+/// A mistake that hands callers leases they no longer ask for (cleanups filtered by name end
+/// other callers' leases, and the lock goes round again) yields a path: the model's bookkeeping
+/// of what callers want is a property, where it was an arithmetic that underflowed and crashed
+/// the checker in these two configurations.
+#[test]
+fn a_mistake_that_breaks_the_bookkeeping_yields_a_path_not_a_crash() {
+    let configurations = [
+        ("handoff and faults", Config::handoff_and_faults()),
+        ("a caller leaves", Config::a_caller_leaves()),
+    ];
+    for (name, config) in configurations {
+        let checker = LeaseProtocol::new(Config {
+            mistake: Some(Mistake::CleanupByName),
+            ..config
+        })
+        .checker()
+        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([BOOKKEEPING])))
+        .spawn_bfs()
+        .join();
+        let path = checker
+            .discovery(BOOKKEEPING)
+            .unwrap_or_else(|| panic!("{name}: no counterexample to {BOOKKEEPING:?}"));
+        println!("\n{name}, cleanups by name: counterexample to {BOOKKEEPING:?}:");
         for line in narrate(&path.into_vec()) {
             println!("  {line}");
         }
