@@ -29,9 +29,7 @@ fn a_copy_of_this_tree_keeps_every_rule() {
 fn refused(file: &str, line: &str, problem: &str) {
     let copy = Copy::new(SCRIPT, file.replace(['/', '.'], "-").as_str());
     copy.append(file, line);
-    let (code, stderr) = copy.check();
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains(problem), "no {problem:?} in: {stderr}");
+    copy.assert_refused(problem);
 }
 
 #[test]

@@ -51,6 +51,13 @@ impl Copy {
     pub(crate) fn check(&self) -> (Option<i32>, String) {
         output(Command::new("python3").arg(self.root.join(self.script)))
     }
+
+    /// Checks the copy: the script must fail and name `problem`.
+    pub(crate) fn assert_refused(&self, problem: &str) {
+        let (code, stderr) = self.check();
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains(problem), "no {problem:?} in: {stderr}");
+    }
 }
 
 impl Drop for Copy {
