@@ -100,6 +100,13 @@ fn wait_at_most(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
+/// Closes the server's standard input: it must end, and its starter with status 0.
+fn ends_with_its_input(mut child: Child) {
+    drop(child.stdin.take());
+    let status = wait_at_most(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status:?}");
+}
+
 async fn answers(uri: &str) -> bool {
     let client = Client::with_uri_str(format!("{uri}&serverSelectionTimeoutMS=1000"))
         .await
@@ -136,23 +143,17 @@ async fn servers_forked_for_two_callers_serve_apart_and_end_with_their_input() {
     client.shutdown().await;
 
     // Closing a server's input ends it, and its starter with its status.
-    drop(first.stdin.take());
-    let status =
-        tokio::task::spawn_blocking(move || wait_at_most(&mut first, Duration::from_secs(30)))
-            .await
-            .unwrap();
-    assert!(status.success(), "{status:?}");
+    tokio::task::spawn_blocking(move || ends_with_its_input(first))
+        .await
+        .unwrap();
     assert!(!answers(&first_uri).await, "the first server still answers");
     assert!(
         answers(&second_uri).await,
         "the second server went with the first"
     );
-    drop(second.stdin.take());
-    let status =
-        tokio::task::spawn_blocking(move || wait_at_most(&mut second, Duration::from_secs(30)))
-            .await
-            .unwrap();
-    assert!(status.success(), "{status:?}");
+    tokio::task::spawn_blocking(move || ends_with_its_input(second))
+        .await
+        .unwrap();
 }
 
 #[test]
@@ -184,7 +185,5 @@ fn without_a_fork_server_the_starter_becomes_the_server() {
         "{}",
         command_line(&child)
     );
-    drop(child.stdin.take());
-    let status = wait_at_most(&mut child, Duration::from_secs(30));
-    assert!(status.success(), "{status:?}");
+    ends_with_its_input(child);
 }
