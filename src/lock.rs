@@ -13,7 +13,7 @@ use crate::lease::acquire::{self, Acquisition, Attempt, ReadHolders, Takeover, W
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{self, AttemptReply, Layout};
-use crate::lease::{Problem, Target, admin};
+use crate::lease::{Problem, Sent, Target, admin};
 use crate::{
     Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
 };
@@ -301,10 +301,10 @@ async fn attempt(
     runtime: Handle,
     lock_id: String,
 ) -> Result<Option<LockGuard>> {
-    let sent_at = clock::now();
+    let request = Sent::now(clock::now());
     let update = schema::acquire_update(&lock_id, &target.options, target.details.as_ref(), None);
     let document = target.upsert(update).await?;
-    won(&target, &runtime, &document, lock_id, sent_at)
+    won(&target, &runtime, &document, lock_id, request)
 }
 
 /// Taking the lock over in a local holder's release command (see `lease::handoff`): the same
@@ -322,19 +322,19 @@ fn takeover(target: Arc<Target>, runtime: Handle, lock_id: String) -> Takeover<L
             schema::acquire_update(&id, &options, details.as_ref(), Some(replacing))
         }),
         cleanup: target.cleanup(&Layout::LockDocument, &lock_id),
-        finish: Box::new(move |document, sent_at| {
-            won(&target, &runtime, &document, lock_id, sent_at)
+        finish: Box::new(move |document, request| {
+            won(&target, &runtime, &document, lock_id, request)
         }),
     }
 }
 
-/// The guard, if `document` (returned by a command sent at `sent_at`) shows the lease `lock_id`.
+/// The guard, if `document` (returned by the command `request`) shows the lease `lock_id`.
 fn won(
     target: &Target,
     runtime: &Handle,
     document: &Document,
     lock_id: String,
-    sent_at: Instant,
+    request: Sent<Instant>,
 ) -> Result<Option<LockGuard>> {
     let AttemptReply::Acquired(token) = schema::read_attempt_reply(document, &lock_id) else {
         return Ok(None);
@@ -344,7 +344,7 @@ fn won(
         LockKind::Exclusive,
         &Layout::LockDocument,
         lock_id,
-        sent_at,
+        request,
     ) else {
         return Ok(None);
     };

@@ -1,30 +1,23 @@
-//! The decision functions of the exclusive lock's lease protocol, for the repository's model
-//! checker (`model/`): the local deadline arithmetic, the reply limit of an attempt, and the
-//! filters and update pipelines every command sends. The model runs these very functions (their
-//! pipelines through a small evaluator of MongoDB's expressions), so that it checks the code's
-//! protocol rather than a copy that could drift from it.
+//! The exclusive lock's lease protocol, for the repository's model checker (`model/`): the
+//! client's decisions (`protocol`: deadlines, the extension rule, renewal rounds, an attempt's
+//! outcome) and the filters and update pipelines every command sends. The model runs this very
+//! code (the pipelines through a small evaluator of MongoDB's expressions), so that it checks the
+//! crate's protocol rather than a copy that could drift from it.
 //!
 //! Not part of the API: hidden from the docs, and free to change in any release.
 
-use std::time::Duration;
-
 use mongodb::bson::{Bson, Document};
 
-use crate::lease::{hooks, schema};
+use crate::lease::schema;
 use crate::{Fence, FencingToken, LockOptions};
 
-/// How long after sending a confirmed acquire or renew request the holder may rely on its lease:
-/// the local deadline is the send instant plus this (`expiry − margin − max_clock_skew`).
-pub fn lease_lifetime(options: &LockOptions) -> Duration {
-    options.lease_lifetime()
-}
-
-/// How long a caller without a deadline of its own waits for an attempt's reply before cleaning
-/// up after it.
-pub fn attempt_reply_limit(options: &LockOptions) -> Duration {
-    let started = tokio::time::Instant::now();
-    hooks::attempt_wait_limit(started, None, options.expiry()) - started
-}
+/// The protocol's decisions without I/O, which the engine runs on its clocks and the model on
+/// its ticks: a holder's [`Lease`] (its deadline and the extension rule), the renewal loop's
+/// [`Renewals`], [`give_up_at`] and [`suspect_at`], and an acquisition [`Attempt`].
+pub use crate::lease::hooks::{
+    Attempt, Lease, Moment, Phase, Renewals, Reply, Sent, Step, Tell, give_up_at, retry_delay,
+    suspect_at,
+};
 
 /// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document
 /// after the update).

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use crate::clock::Instant;
 use mongodb::options::{Acknowledgment, WriteConcern};
 
 use crate::{Error, Result};
@@ -166,14 +165,9 @@ impl LockOptions {
         self.automatic_ttl_index
     }
 
-    /// When a lease whose last acquire or renew request was sent at `confirmed_at` (client
-    /// monotonic clock) is presumed lost: `confirmed_at + expiry − safety margin − max clock
-    /// skew`. The only place this formula exists; every primitive's lost deadline comes from it.
-    pub(crate) fn lost_deadline(&self, confirmed_at: Instant) -> Instant {
-        confirmed_at + self.lease_lifetime()
-    }
-
-    /// How long after a confirmed request the holder may rely on its lease.
+    /// How long after sending a confirmed request the holder may rely on its lease:
+    /// `expiry − safety margin − max clock skew`. The only place this formula exists; every
+    /// deadline comes from it (`lease::protocol::Lease`).
     pub(crate) fn lease_lifetime(&self) -> Duration {
         self.expiry - self.safety_margin() - self.max_clock_skew
     }
@@ -654,9 +648,8 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(ok.max_clock_skew(), ms(5_000));
-        let start = Instant::now();
         assert_eq!(
-            ok.lost_deadline(start) - start,
+            ok.lease_lifetime(),
             ms(30_000 - 300 - 5_000),
             "expiry - margin - skew"
         );

@@ -16,7 +16,7 @@ use crate::lease::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
     MAX_COUNT,
 };
-use crate::lease::{self, Problem, Target, admin};
+use crate::lease::{self, Problem, Sent, Target, admin};
 use crate::token::read_i64;
 use crate::{
     Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
@@ -327,10 +327,10 @@ async fn attempt(
     runtime: Handle,
     lock_id: String,
 ) -> Result<Option<Joined>> {
-    let sent_at = clock::now();
+    let request = Sent::now(clock::now());
     let update = join_update(&target, max_count, &lock_id);
     let document = target.upsert(update).await?;
-    joined(&target, max_count, &runtime, &document, lock_id, sent_at)
+    joined(&target, max_count, &runtime, &document, lock_id, request)
 }
 
 /// Taking a place over in the release command of a local holder (see `lease::handoff`): that
@@ -350,13 +350,13 @@ fn takeover(
             update
         }),
         cleanup: target.cleanup(&places(), &lock_id),
-        finish: Box::new(move |document, sent_at| {
-            joined(&target, max_count, &runtime, &document, lock_id, sent_at)
+        finish: Box::new(move |document, request| {
+            joined(&target, max_count, &runtime, &document, lock_id, request)
         }),
     }
 }
 
-/// The place, if `document` (returned by a command sent at `sent_at`) shows the lease
+/// The place, if `document` (returned by the command `request`) shows the lease
 /// `lock_id` among its holders.
 fn joined(
     target: &Target,
@@ -364,7 +364,7 @@ fn joined(
     runtime: &Handle,
     document: &Document,
     lock_id: String,
-    sent_at: clock::Instant,
+    request: Sent<clock::Instant>,
 ) -> Result<Option<Joined>> {
     let stored_count = document.get(MAX_COUNT).and_then(read_i64);
     if stored_count != Some(i64::from(max_count)) {
@@ -384,7 +384,7 @@ fn joined(
         return Ok(None);
     };
     let token = ours.get(FENCING_TOKEN).and_then(read_i64);
-    let Some(lease) = target.hold(runtime, LockKind::Semaphore, &places(), lock_id, sent_at) else {
+    let Some(lease) = target.hold(runtime, LockKind::Semaphore, &places(), lock_id, request) else {
         return Ok(None);
     };
     let Some(token) = token else {

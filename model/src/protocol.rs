@@ -10,17 +10,23 @@
 //! [`WRITE_MAX_DELAY`], long enough to arrive after a later holder's.
 //!
 //! The servers apply the crate's own commands ([`distributed_lock_mongodb::__model`]) through
-//! [`crate::eval`]; the clients compute their local deadlines and reply limits with the crate's
-//! own functions. What the model adds is the network and the callers: a message stays in flight
+//! [`crate::eval`]; the clients decide with the crate's own protocol core, the state machines the
+//! engine runs: each holder's [`code::Lease`] (its deadline, counted from the send of the
+//! request that confirmed it, and the rule that nothing extends a lease whose deadline passed)
+//! and [`code::Renewals`] (when it renews, and how soon after a failure), and each attempt's
+//! [`code::Attempt`] (its reply limit, when its undo goes out, and that a win nobody waits for is
+//! released). A mistake in those decisions, made in the crate, changes what the checker explores. What the model adds is the network and the callers: a message stays in flight
 //! up to [`Config::max_delay`] ticks (so messages overtake each other), and within a budget of
 //! faults a message is lost (its sender sees an error: the outcome of its command is unknown) or
 //! a request is delivered twice; one caller may stop waiting during an attempt; the first process
 //! may be shut down.
 //!
 //! Modelling choices, each the crate's behaviour or a conservative stand-in for it:
-//! - A holder has at most one renewal in flight (the renewal loop awaits each command) and sends
-//!   the next one when the last failed or a cadence after the last confirmed one; a renewal whose
-//!   outcome is unknown is not counted as confirming anything.
+//! - A holder has at most one renewal in flight: the engine's loop sends another round when an
+//!   unanswered one is three quarters of the way to being given up ([`code::suspect_at`]), the
+//!   model waits for it (fewer confirmations, earlier deadlines: never a safer world). A renewal
+//!   whose outcome is unknown is not counted as confirming anything, and the next one goes out
+//!   as [`code::Renewals::retry_soon`] says.
 //! - Replies are not duplicated: the driver matches each reply to its request by id, so a reply
 //!   arrives once or not at all. Requests are duplicated (a retried write applied twice).
 //! - The runs with a cancelled caller or a shutdown ([`Config::a_caller_leaves`],
@@ -33,6 +39,7 @@
 //! makes progress, and liveness is checked up to [`Config::horizon`].
 
 use std::collections::HashMap;
+use std::ops::Add;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -71,14 +78,36 @@ pub fn options() -> LockOptions {
         .expect("valid options")
 }
 
-/// A mistake planted in the protocol, to show that the checker finds what it must find.
+/// An instant of the clients' clock (which runs at the real rate) in ms: what the crate's
+/// protocol core runs on in the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct At(pub i64);
+
+impl At {
+    /// The start of `tick`.
+    pub fn tick(tick: u8) -> At {
+        At(i64::from(tick) * TICK_MS)
+    }
+}
+
+impl Add<Duration> for At {
+    type Output = At;
+    fn add(self, duration: Duration) -> At {
+        At(self.0 + i64::try_from(duration.as_millis()).expect("a small duration"))
+    }
+}
+
+impl code::Moment for At {
+    fn since(self, earlier: At) -> Duration {
+        Duration::from_millis(u64::try_from(self.0 - earlier.0).unwrap_or(0))
+    }
+}
+
+/// A mistake planted in the model's commands, to show that the checker finds what it must find.
+/// (Mistakes in the clients' decisions are planted in the crate itself, whose protocol core the
+/// model runs: `scripts/plant-mistakes`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mistake {
-    /// The local deadline leaves no margin for router clocks that disagree:
-    /// `expiry − margin` instead of `expiry − margin − max_clock_skew`.
-    NoSkewMargin,
-    /// The local deadline is counted from the reply's arrival instead of the request's send.
-    DeadlineFromReply,
     /// The server applies a transfer without checking that the releasing lease is still the
     /// stored one (the transfer's filter and its "free" test look at the name only): a transfer
     /// that arrives after the releasing lease ended, and after another caller acquired the lock,
@@ -93,9 +122,7 @@ pub enum Mistake {
 
 impl Mistake {
     /// Every planted mistake.
-    pub const ALL: [Mistake; 5] = [
-        Mistake::NoSkewMargin,
-        Mistake::DeadlineFromReply,
+    pub const ALL: [Mistake; 3] = [
         Mistake::TransferOfALostLease,
         Mistake::CleanupByName,
         Mistake::TokenNotIncremented,
@@ -216,9 +243,6 @@ impl Config {
 pub struct LeaseProtocol {
     pub config: Config,
     options: LockOptions,
-    lifetime_ms: i64,
-    cadence_ms: i64,
-    reply_limit_ticks: u8,
     /// The commands the server has applied so far, each built once: the crate builds them from
     /// the lock ids, the token and the options alone, and building them again for every delivery
     /// (the crate's code, unoptimized in test builds) took half of the checker's time.
@@ -248,19 +272,8 @@ enum CommandKey {
 
 impl LeaseProtocol {
     pub fn new(config: Config) -> LeaseProtocol {
-        let options = options();
-        let mut lifetime = code::lease_lifetime(&options);
-        if config.mistake == Some(Mistake::NoSkewMargin) {
-            lifetime += options.max_clock_skew();
-        }
-        let millis = |duration: Duration| i64::try_from(duration.as_millis()).expect("small");
-        let reply_limit_ms = millis(code::attempt_reply_limit(&options));
         LeaseProtocol {
-            lifetime_ms: millis(lifetime),
-            cadence_ms: millis(options.extension_cadence()),
-            reply_limit_ticks: u8::try_from((reply_limit_ms + TICK_MS - 1) / TICK_MS)
-                .expect("small"),
-            options,
+            options: options(),
             config,
             commands: Arc::default(),
         }
@@ -339,8 +352,9 @@ pub struct Client {
     /// Whether it waits in line (an attempt of it found the lock busy): a local release may hand
     /// the lock to it.
     pub queued: bool,
-    /// The lock id of an attempt its caller stopped waiting for: if it wins, it is released.
-    pub abandoned: Option<u8>,
+    /// An attempt its caller stopped waiting for (its lock id, and what the crate decides of
+    /// it): if it wins, it is released.
+    pub abandoned: Option<(u8, code::Attempt<At>)>,
     /// The lock id a release in flight is handing the lock over to it with (it keeps polling
     /// meanwhile, as the crate's waiters do).
     pub offer: Option<u8>,
@@ -353,10 +367,10 @@ pub enum Phase {
     Idle {
         at: u8,
     },
-    /// Sent an attempt with `lock_id` at tick `sent`; waits for its reply.
+    /// Sent an attempt with `lock_id`; waits for its reply.
     Attempting {
         lock_id: u8,
-        sent: u8,
+        attempt: code::Attempt<At>,
     },
     Holding(Hold),
     /// Wants nothing more (or its process was shut down).
@@ -368,12 +382,12 @@ pub enum Phase {
 pub struct Hold {
     pub lock_id: u8,
     pub token: i64,
-    /// The local deadline, in ms of real time.
-    pub deadline_ms: i64,
-    /// The send tick of the last confirmed request (acquire or renew).
-    pub confirmed: u8,
-    /// The send tick of a renewal in flight.
-    pub renewing: Option<u8>,
+    /// The lease as the crate's protocol core keeps it: its local deadline.
+    pub lease: code::Lease<At>,
+    /// When it renews next.
+    pub renewals: code::Renewals<At>,
+    /// A renewal in flight.
+    pub renewing: Option<code::Sent<At>>,
     pub since: u8,
 }
 
@@ -393,12 +407,12 @@ pub enum Message {
     Renew {
         client: u8,
         lock_id: u8,
-        sent: u8,
+        sent: code::Sent<At>,
     },
     RenewReply {
         client: u8,
         lock_id: u8,
-        sent: u8,
+        sent: code::Sent<At>,
         live: bool,
     },
     /// A release, or the cleanup after an attempt whose outcome is unknown (the same update).
@@ -410,12 +424,12 @@ pub enum Message {
         releasing: u8,
         waiter: u8,
         lock_id: u8,
-        sent: u8,
+        sent: code::Sent<At>,
     },
     TransferReply {
         waiter: u8,
         lock_id: u8,
-        sent: u8,
+        sent: code::Sent<At>,
         token: Option<i64>,
     },
     /// A fenced write to the protected resource.
@@ -499,10 +513,15 @@ impl State {
         i64::from(self.now) * TICK_MS
     }
 
-    /// Whether `client` holds the lock by its own account: a lease whose local deadline has not
-    /// passed.
+    /// Now, on the clients' clock.
+    fn at(&self) -> At {
+        At::tick(self.now)
+    }
+
+    /// Whether `client` holds the lock by its own account: a lease its protocol core does not
+    /// count as lost.
     pub fn believes_it_holds(&self, client: usize) -> bool {
-        matches!(&self.clients[client].phase, Phase::Holding(hold) if self.now_ms() < hold.deadline_ms)
+        matches!(&self.clients[client].phase, Phase::Holding(hold) if !is_lost(hold.lease, self.at()))
     }
 
     fn send(&mut self, message: Message) {
@@ -529,6 +548,19 @@ impl State {
             Phase::Done
         };
     }
+}
+
+/// Why a caller stops waiting for its attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leave {
+    /// Its reply limit passed.
+    NoReply,
+    /// It was cancelled.
+    Cancelled,
+    /// A transfer handed it the lock meanwhile.
+    Transferred,
+    /// Its provider shuts down.
+    ShutDown,
 }
 
 /// What can happen next. What a client must do at a given time (attempt, renew, presume its
@@ -663,7 +695,13 @@ impl LeaseProtocol {
                 client,
                 lock_id,
                 won,
-            } => self.attempt_answered(state, usize::from(client), lock_id, won),
+            } => {
+                let reply = match won {
+                    Some(_) => code::Reply::Won,
+                    None => code::Reply::Busy,
+                };
+                self.attempt_answered(state, usize::from(client), lock_id, reply, won);
+            }
             Message::Renew {
                 client,
                 lock_id,
@@ -688,8 +726,7 @@ impl LeaseProtocol {
                 live,
             } => {
                 let client = usize::from(client);
-                let now_ms = state.now_ms();
-                let lifetime = self.lifetime_ms;
+                let now = state.at();
                 let Phase::Holding(hold) = &mut state.clients[client].phase else {
                     return;
                 };
@@ -697,16 +734,9 @@ impl LeaseProtocol {
                     return;
                 }
                 hold.renewing = None;
-                let base = if self.mistake(Mistake::DeadlineFromReply) {
-                    now_ms
-                } else {
-                    i64::from(sent) * TICK_MS
-                };
-                // `LeaseState::extend`: only a lease whose deadline has not passed is extended.
-                if live && now_ms < hold.deadline_ms {
-                    hold.deadline_ms = hold.deadline_ms.max(base + lifetime);
-                    hold.confirmed = sent;
-                } else {
+                // The crate's extension rule: only a lease whose deadline has not passed is
+                // extended, from the renewal's send.
+                if !(live && hold.lease.confirmed(&self.options, sent, now)) {
                     self.lost(state, client);
                 }
             }
@@ -752,9 +782,7 @@ impl LeaseProtocol {
                     state.transferred = true;
                     // An attempt of its own still in flight is abandoned: if it wins after all,
                     // it is released.
-                    if let Phase::Attempting { lock_id, .. } = state.clients[waiter].phase {
-                        state.clients[waiter].abandoned = Some(lock_id);
-                    }
+                    self.leave_attempt(state, waiter, Leave::Transferred);
                     self.hold(state, waiter, lock_id, token, sent);
                 }
             }
@@ -778,68 +806,97 @@ impl LeaseProtocol {
         }
     }
 
-    fn attempt_answered(&self, state: &mut State, client: usize, lock_id: u8, won: Option<i64>) {
-        let caller = &state.clients[client];
-        if caller.abandoned == Some(lock_id) {
-            // Won after its caller left: the guard is dropped undelivered, which releases it.
-            if won.is_some() {
-                state.abandoned_win_released = true;
-                state.send(Message::Release {
-                    client: u8::try_from(client).expect("small"),
-                    lock_id,
-                });
+    /// What becomes of the reply to `client`'s attempt `lock_id` (`token`: the one it won, if
+    /// it won), as the crate's [`code::Attempt`] decides: the undo goes out, a win nobody waits
+    /// for is released, and a caller that still waits holds the lock, waits in line, or tries
+    /// again.
+    fn attempt_answered(
+        &self,
+        state: &mut State,
+        client: usize,
+        lock_id: u8,
+        reply: code::Reply,
+        token: Option<i64>,
+    ) {
+        let caller = &mut state.clients[client];
+        let (step, request) = match (&mut caller.phase, &mut caller.abandoned) {
+            (
+                Phase::Attempting {
+                    lock_id: awaited,
+                    attempt,
+                },
+                _,
+            ) if *awaited == lock_id => (attempt.answered(reply, true), attempt.request()),
+            (_, Some((abandoned, attempt))) if *abandoned == lock_id => {
+                let answered = (attempt.answered(reply, true), attempt.request());
+                caller.abandoned = None;
+                answered
             }
-            state.clients[client].abandoned = None;
-            return;
-        }
-        let Phase::Attempting {
-            lock_id: awaited,
-            sent,
-        } = caller.phase
-        else {
-            return;
+            _ => return,
         };
-        if awaited != lock_id {
-            return;
+        let id = u8::try_from(client).expect("small");
+        if step.undo {
+            state.send(Message::Release {
+                client: id,
+                lock_id,
+            });
         }
-        match won {
-            Some(token) => {
-                let base = if self.mistake(Mistake::DeadlineFromReply) {
-                    state.now
-                } else {
-                    sent
-                };
-                self.hold(state, client, lock_id, token, base);
+        if step.release {
+            // Won after its caller left: the guard is dropped undelivered, which releases it.
+            state.abandoned_win_released = true;
+            state.send(Message::Release {
+                client: id,
+                lock_id,
+            });
+        }
+        let now = state.now;
+        match step.tell {
+            code::Tell::Lease => {
+                let token = token.expect("a win has a token");
+                self.hold(state, client, lock_id, token, request);
             }
-            None => {
-                let now = state.now;
+            code::Tell::Busy => {
                 let caller = &mut state.clients[client];
                 caller.queued = true;
                 caller.phase = Phase::Idle {
                     at: now + POLL_TICKS,
                 };
             }
+            code::Tell::Error | code::Tell::NoReply => {
+                state.clients[client].phase = Phase::Idle { at: now + 1 };
+            }
+            code::Tell::Nothing => {}
         }
     }
 
-    /// `client` holds the lease `lock_id` with `token`, confirmed by a request sent at tick
-    /// `sent`.
-    fn hold(&self, state: &mut State, client: usize, lock_id: u8, token: i64, sent: u8) {
+    /// `client` holds the lease `lock_id` with `token`, won by `request`: its deadline and its
+    /// renewals as the crate's protocol core keeps them.
+    fn hold(
+        &self,
+        state: &mut State,
+        client: usize,
+        lock_id: u8,
+        token: i64,
+        request: code::Sent<At>,
+    ) {
         if state.max_token_held.is_some_and(|max| token <= max) {
             state.tokens_increase = false;
         }
         state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
-        let now = state.now;
+        let (now, at) = (state.now, state.at());
         let rounds = state.clients[client].rounds.checked_sub(1);
         state.granted_only_when_asked &= rounds.is_some();
+        let lease = code::Lease::won(&self.options, request, at);
+        let mut renewals = code::Renewals::new(at);
+        renewals.lease_added(lease.renew_by(&self.options).unwrap_or(at), false);
         let caller = &mut state.clients[client];
         caller.rounds = rounds.unwrap_or(0);
         caller.queued = false;
         caller.phase = Phase::Holding(Hold {
             lock_id,
             token,
-            deadline_ms: i64::from(sent) * TICK_MS + self.lifetime_ms,
-            confirmed: sent,
+            lease,
+            renewals,
             renewing: None,
             since: now,
         });
@@ -873,19 +930,8 @@ impl LeaseProtocol {
             | Message::AttemptReply {
                 client, lock_id, ..
             } => {
-                let caller = &state.clients[usize::from(client)];
-                let awaited = matches!(caller.phase, Phase::Attempting { lock_id: awaited, .. } if awaited == lock_id);
-                let abandoned = caller.abandoned == Some(lock_id);
-                if awaited || abandoned {
-                    state.send(Message::Release { client, lock_id });
-                }
-                if awaited {
-                    let now = state.now;
-                    state.clients[usize::from(client)].phase = Phase::Idle { at: now + 1 };
-                }
-                if abandoned {
-                    state.clients[usize::from(client)].abandoned = None;
-                }
+                let unknown = code::Reply::Unknown;
+                self.attempt_answered(state, usize::from(client), lock_id, unknown, None);
             }
             // The renewal failed: the holder renews again (its deadline still stands).
             Message::Renew {
@@ -894,10 +940,12 @@ impl LeaseProtocol {
             | Message::RenewReply {
                 client, lock_id, ..
             } => {
+                let now = state.at();
                 if let Phase::Holding(hold) = &mut state.clients[usize::from(client)].phase
                     && hold.lock_id == lock_id
                 {
                     hold.renewing = None;
+                    hold.renewals.retry_soon(&self.options, now);
                 }
             }
             // The waiter's lease, if the transfer took effect, is ended; it waits on.
@@ -924,40 +972,42 @@ impl LeaseProtocol {
     /// renew, release after its `hold_ticks`.
     fn run_due(&self, state: &mut State) {
         for client in 0..state.clients.len() {
-            let now = state.now;
-            let now_ms = state.now_ms();
+            let (now, at) = (state.now, state.at());
             let id = u8::try_from(client).expect("small");
             match state.clients[client].phase.clone() {
-                Phase::Idle { at } if at <= now => {
+                Phase::Idle { at: due } if due <= now => {
                     let lock_id = state.next_lock_id;
                     state.next_lock_id += 1;
-                    state.clients[client].phase = Phase::Attempting { lock_id, sent: now };
+                    let attempt = code::Attempt::sent(&self.options, at, None);
+                    state.clients[client].phase = Phase::Attempting { lock_id, attempt };
                     state.send(Message::Attempt {
                         client: id,
                         lock_id,
                         sent: now,
                     });
                 }
-                Phase::Attempting { sent, .. } if now >= sent + self.reply_limit_ticks => {
-                    self.leave_attempt(state, client);
+                Phase::Attempting { attempt, .. } if at >= attempt.reply_limit() => {
+                    self.leave_attempt(state, client, Leave::NoReply);
                 }
-                Phase::Holding(hold) if now_ms >= hold.deadline_ms => self.lost(state, client),
+                Phase::Holding(hold) if is_lost(hold.lease, at) => self.lost(state, client),
                 Phase::Holding(hold)
                     if now >= hold.since + self.config.callers[client].hold_ticks =>
                 {
                     self.release(state, client);
                 }
                 Phase::Holding(hold)
-                    if hold.renewing.is_none()
-                        && now_ms >= i64::from(hold.confirmed) * TICK_MS + self.cadence_ms =>
+                    if hold.renewing.is_none() && at >= hold.renewals.due_at([]) =>
                 {
-                    if let Phase::Holding(hold) = &mut state.clients[client].phase {
-                        hold.renewing = Some(now);
-                    }
+                    let Phase::Holding(hold) = &mut state.clients[client].phase else {
+                        unreachable!("matched above");
+                    };
+                    let sent = hold.renewals.round_sent(&self.options, at);
+                    hold.renewing = Some(sent);
+                    let lock_id = hold.lock_id;
                     state.send(Message::Renew {
                         client: id,
-                        lock_id: hold.lock_id,
-                        sent: now,
+                        lock_id,
+                        sent,
                     });
                 }
                 _ => {}
@@ -965,17 +1015,31 @@ impl LeaseProtocol {
         }
     }
 
-    /// The caller stops waiting for its attempt (its reply limit passed, or it was cancelled):
-    /// the cleanup goes out at once, and a late win is released.
-    fn leave_attempt(&self, state: &mut State, client: usize) {
-        if let Phase::Attempting { lock_id, .. } = state.clients[client].phase {
+    /// The caller stops waiting for its attempt (for `why`): what the crate's [`code::Attempt`]
+    /// decides goes out (the undo), and the attempt is kept so that a late win is released.
+    fn leave_attempt(&self, state: &mut State, client: usize, why: Leave) {
+        let (now, at) = (state.now, state.at());
+        let Phase::Attempting {
+            lock_id,
+            mut attempt,
+        } = state.clients[client].phase.clone()
+        else {
+            return;
+        };
+        let step = match why {
+            Leave::NoReply => attempt.waited(at),
+            Leave::Cancelled | Leave::Transferred | Leave::ShutDown => attempt.caller_left(),
+        };
+        let caller = &mut state.clients[client];
+        caller.abandoned = Some((lock_id, attempt));
+        if why != Leave::Transferred {
+            caller.phase = Phase::Idle { at: now + 1 };
+        }
+        if step.undo {
             state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id,
             });
-            state.clients[client].abandoned = Some(lock_id);
-            let now = state.now;
-            state.clients[client].phase = Phase::Idle { at: now + 1 };
         }
     }
 
@@ -1005,12 +1069,12 @@ impl LeaseProtocol {
                 let lock_id = state.next_lock_id;
                 state.next_lock_id += 1;
                 state.clients[waiter].offer = Some(lock_id);
-                let now = state.now;
+                let sent = code::Sent::now(state.at());
                 state.send(Message::Transfer {
                     releasing: hold.lock_id,
                     waiter: u8::try_from(waiter).expect("small"),
                     lock_id,
-                    sent: now,
+                    sent,
                 });
             }
             None => state.send(Message::Release {
@@ -1033,13 +1097,7 @@ impl LeaseProtocol {
                     client: id,
                     lock_id: hold.lock_id,
                 }),
-                Phase::Attempting { lock_id, .. } => {
-                    state.send(Message::Release {
-                        client: id,
-                        lock_id,
-                    });
-                    state.clients[client].abandoned = Some(lock_id);
-                }
+                Phase::Attempting { .. } => self.leave_attempt(state, client, Leave::ShutDown),
                 Phase::Idle { .. } | Phase::Done => {}
             }
             if let Some(lock_id) = state.clients[client].offer.take() {
@@ -1175,7 +1233,7 @@ impl Model for LeaseProtocol {
             }
             Action::Cancel(client) => {
                 state.may_cancel = false;
-                self.leave_attempt(&mut state, client);
+                self.leave_attempt(&mut state, client, Leave::Cancelled);
             }
             Action::ShutDown => self.shut_down(&mut state),
         }
@@ -1224,6 +1282,11 @@ impl Model for LeaseProtocol {
             ),
         ]
     }
+}
+
+/// Whether `lease` is lost `at` (asked of a copy: the state is only read).
+fn is_lost(mut lease: code::Lease<At>, at: At) -> bool {
+    lease.is_lost(at)
 }
 
 /// The model's lock ids, as stored: `L<n>`.
@@ -1320,9 +1383,10 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
         let believing: Vec<String> = (0..after.clients.len())
             .filter(|&client| after.believes_it_holds(client))
             .map(|client| match &after.clients[client].phase {
-                Phase::Holding(hold) => {
-                    format!("client {client} (until {} ms)", hold.deadline_ms)
-                }
+                Phase::Holding(hold) => match { hold.lease }.lost_at(after.at()) {
+                    Some(At(until)) => format!("client {client} (until {until} ms)"),
+                    None => format!("client {client}"),
+                },
                 _ => unreachable!("a holder"),
             })
             .collect();

@@ -92,16 +92,6 @@ fn a_provider_that_shuts_down() {
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (
-            Mistake::NoSkewMargin,
-            Config::clocks_and_delays(),
-            "mutual exclusion",
-        ),
-        (
-            Mistake::DeadlineFromReply,
-            Config::clocks_and_delays(),
-            "mutual exclusion",
-        ),
-        (
             Mistake::TransferOfALostLease,
             Config::handoff_and_faults(),
             "mutual exclusion",

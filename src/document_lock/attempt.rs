@@ -9,6 +9,7 @@ use tokio::runtime::Handle;
 use crate::clock;
 use crate::error::is_duplicate_id;
 use crate::fencing::exists_on_primary;
+use crate::lease::Sent;
 use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, lease_end, next_fencing_token};
 use crate::token::read_i64;
 use crate::{Error, FencingToken, Result};
@@ -81,7 +82,7 @@ where
         EXPIRES_AT: lease_end(target.lock.options.expiry_millis()),
         FENCING_TOKEN: next_fencing_token(&format!("{field}.{FENCING_TOKEN}")),
     } } }];
-    let sent_at = clock::now();
+    let request = Sent::now(clock::now());
     let filter = doc! { "$and": [filter.clone(), unlocked] };
     let locked = target.lock.lock_one(filter, update).await?;
     let Some(document) = locked else {
@@ -95,7 +96,7 @@ where
         .and_then(read_i64);
     let lease = target
         .lock
-        .hold_embedded(runtime, &target.layout, id.clone(), lock_id, sent_at);
+        .hold_embedded(runtime, &target.layout, id.clone(), lock_id, request);
     // Cannot happen on a conforming server (the update wrote the token); dropping the lease
     // unlocks at once, as for the other kinds.
     let Some(token) = token else {

@@ -22,6 +22,7 @@ use super::handoff::{self, Offer, TakeoverUpdate, Ticket, Transfer, Wake};
 use super::hub::RenewalHub;
 use super::in_flight::InFlight;
 use super::metrics;
+use super::protocol::{self, Reply, Sent, Tell};
 use super::push;
 use super::schema::{Layout, new_lock_id};
 use super::undo::Undo;
@@ -157,6 +158,9 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) places: Option<u32>,
 }
 
+/// The stamp of a request that won a lease: when it was sent.
+pub(crate) type Request = Sent<clock::Instant>;
+
 /// How a waiter takes a lease over in a local holder's release command (see `handoff`), built by
 /// the primitive for a fresh lock id.
 pub(crate) struct Takeover<G> {
@@ -166,7 +170,7 @@ pub(crate) struct Takeover<G> {
     pub(crate) update: TakeoverUpdate,
     /// The guard, from the document the command returned and the instant it was first sent;
     /// `None` if the command did not admit the waiter.
-    pub(crate) finish: Box<dyn FnOnce(Document, clock::Instant) -> Result<Option<G>> + Send>,
+    pub(crate) finish: Box<dyn FnOnce(Document, Request) -> Result<Option<G>> + Send>,
     /// Ends the waiter's lease, should the transfer's outcome be unknown.
     pub(crate) cleanup: Undo,
 }
@@ -555,7 +559,7 @@ where
         write_concern: options.write_concern().clone(),
         deliver: Box::new(move |transfer| {
             let result = match transfer {
-                Transfer::Done { document, sent_at } => finish(document, sent_at),
+                Transfer::Done { document, request } => finish(document, request),
                 Transfer::NotDone => Ok(None),
                 // The releasing task ended (its runtime shut down) before it knew whether the
                 // lease is the waiter's now: end both leases from the waiter's runtime.
@@ -594,7 +598,7 @@ async fn last_transfer<G>(
     }
     // A release is handing the lock over to this waiter right now.
     let now = Instant::now();
-    let limit = backoff::attempt_wait_limit(now, Some(now), options.expiry());
+    let limit = protocol::attempt_reply_limit(options, now, Some(now));
     match tokio::time::timeout_at(limit, offered).await {
         Ok(Ok(Ok(guard))) => guard,
         // No answer in time: a late guard is dropped, which releases it.
@@ -630,7 +634,9 @@ where
 {
     let Attempt { work, cleanup } = attempt;
     let started = Instant::now();
-    let limit = backoff::attempt_wait_limit(started, deadline, options.expiry());
+    // What to make of each event is decided by `protocol::Attempt`; this task does it.
+    let mut decide = protocol::Attempt::sent(options, started, deadline);
+    let limit = decide.reply_limit();
     // The server gives up on an attempt after `ATTEMPT_SERVER_TIME`: a shutdown waits that long
     // for it before cleaning up after it, so that the attempt cannot be applied afterwards.
     let settle_by = clock::now() + backoff::ATTEMPT_SERVER_TIME;
@@ -648,7 +654,9 @@ where
             () = reply.closed() => {
                 // The caller is gone: nobody will use what the attempt wins. End whatever it
                 // took now, and still wait for its reply (a late win is dropped and released).
-                in_flight.spawn_undo(&task_runtime, cleanup.clone());
+                if decide.caller_left().undo {
+                    in_flight.spawn_undo(&task_runtime, cleanup.clone());
+                }
                 tokio::select! {
                     biased;
                     result = &mut work => Some(result),
@@ -658,35 +666,50 @@ where
         };
         match answered {
             Some(result) => {
-                if let Err(Error::Mongo(error)) = &result
-                    && !is_duplicate_key(error)
-                {
+                let outcome = match &result {
+                    Ok(Some(_)) => Reply::Won,
+                    Ok(None) => Reply::Busy,
+                    // A duplicate key wrote nothing; other driver errors may come after the
+                    // write was applied.
+                    Err(Error::Mongo(error)) if !is_duplicate_key(error) => Reply::Unknown,
+                    Err(_) => Reply::Refused,
+                };
+                // A shutdown that took this attempt's cleanup is ending what it won.
+                let settled = outcome != Reply::Won || tracked.settle();
+                let step = decide.answered(outcome, settled);
+                if step.undo {
                     in_flight.spawn_undo(&task_runtime, cleanup);
                 }
-                // A shutdown that took this attempt's cleanup is ending what it won: nobody is
-                // handed that lease.
                 let result = match result {
-                    Ok(Some(guard)) if !tracked.settle() => {
+                    Ok(Some(guard)) if step.release => {
                         guard.undelivered();
                         Ok(None)
                     }
                     other => other,
                 };
-                if let Err(Ok(Some(guard))) = reply.send(result) {
-                    guard.undelivered();
+                if step.tell != Tell::Nothing
+                    && let Err(Ok(Some(guard))) = reply.send(result)
+                {
+                    guard.undelivered(); // the caller left just now
                 }
             }
             None => {
-                let name = cleanup.name.clone();
-                in_flight.spawn_undo(&task_runtime, cleanup);
-                let _ = reply.send(Err(Error::NoReply {
-                    operation: Operation::AttemptReply,
-                    name,
-                    waited: started.elapsed(),
-                }));
-                // If it wins after all, its guard is dropped here and released. A reply later
-                // than `expiry` could not have held the lock anyway: stop waiting then.
-                if let Ok(Ok(Some(guard))) = tokio::time::timeout(options_expiry, work).await {
+                let step = decide.waited(Instant::now());
+                if step.undo {
+                    in_flight.spawn_undo(&task_runtime, cleanup.clone());
+                }
+                if step.tell == Tell::NoReply {
+                    let _ = reply.send(Err(Error::NoReply {
+                        operation: Operation::AttemptReply,
+                        name: cleanup.name.clone(),
+                        waited: started.elapsed(),
+                    }));
+                }
+                // If it wins after all, its guard is released. A reply later than `expiry`
+                // could not have held the lock anyway: stop waiting then.
+                if let Ok(Ok(Some(guard))) = tokio::time::timeout(options_expiry, work).await
+                    && decide.answered(Reply::Won, true).release
+                {
                     guard.undelivered();
                 }
             }

@@ -46,33 +46,11 @@ pub(crate) fn sleep_time(options: &LockOptions, failed_attempts: u32, random: f6
     Duration::try_from_secs_f64(millis / 1e3).unwrap_or(max)
 }
 
-/// An acquisition attempt always gets at least this long to answer (unless `expiry` is shorter),
-/// even when the caller's deadline is nearer: a free lock must not be reported busy just because
-/// the round trip outlasted a tiny timeout, and a primary that is busy for a few seconds must not
-/// turn every `try_acquire` into an error. (Five seconds, not the driver's 30 s server selection:
-/// a caller with a short timeout still hears of an unreachable server soon.)
-const MIN_ATTEMPT_WAIT: Duration = Duration::from_secs(5);
-
 /// The server-side time limit (`maxTimeMS`) of an acquisition attempt: an attempt held back on
 /// the server longer (behind a transaction, say) is given up there, so it cannot be applied
-/// after the cleanup that a caller gone (or a shutdown) sends.
-pub(crate) const ATTEMPT_SERVER_TIME: Duration = MIN_ATTEMPT_WAIT;
-
-/// Until when the caller waits for the reply of an attempt sent at `started`.
-///
-/// Never longer than `expiry` (a reply that late could not hold the lock for long anyway); with
-/// a deadline, no longer than the deadline or [`MIN_ATTEMPT_WAIT`], whichever is later.
-pub(crate) fn attempt_wait_limit(
-    started: Instant,
-    deadline: Option<Instant>,
-    expiry: Duration,
-) -> Instant {
-    let longest = started + expiry;
-    match deadline {
-        Some(deadline) => longest.min(deadline.max(started + MIN_ATTEMPT_WAIT)),
-        None => longest,
-    }
-}
+/// after the cleanup that a caller gone (or a shutdown) sends. As long as an attempt is waited
+/// for at least.
+pub(crate) const ATTEMPT_SERVER_TIME: Duration = super::protocol::MIN_ATTEMPT_WAIT;
 
 /// `sleep`, shortened so it ends no later than `deadline`.
 pub(crate) fn sleep_until_deadline(
@@ -154,23 +132,6 @@ mod tests {
     }
 
     #[test]
-    fn attempts_wait_at_least_five_seconds_and_at_most_expiry() {
-        let now = Instant::now();
-        let expiry = Duration::from_secs(30);
-        assert_eq!(attempt_wait_limit(now, None, expiry), now + expiry);
-        assert_eq!(attempt_wait_limit(now, Some(now), expiry), now + ms(5_000));
-        assert_eq!(
-            attempt_wait_limit(now, Some(now + ms(7_000)), expiry),
-            now + ms(7_000)
-        );
-        assert_eq!(
-            attempt_wait_limit(now, Some(now + ms(60_000)), expiry),
-            now + expiry
-        );
-        assert_eq!(attempt_wait_limit(now, Some(now), ms(200)), now + ms(200));
-    }
-
-    #[test]
     fn sleeps_never_pass_the_deadline() {
         let now = Instant::now();
         assert_eq!(
@@ -187,6 +148,7 @@ mod tests {
 
     mod properties {
         use super::*;
+        use crate::lease::protocol::{MIN_ATTEMPT_WAIT, attempt_reply_limit};
         use proptest::prelude::*;
 
         const YEAR_MS: u64 = 365 * 24 * 60 * 60 * 1000;
@@ -252,8 +214,9 @@ mod tests {
                 timeout in any_duration(),
             ) {
                 let expiry = Duration::from_millis(expiry_ms);
+                let options = LockOptions::builder().expiry(expiry).build().unwrap();
                 let started = Instant::now();
-                let limit = attempt_wait_limit(started, deadline_after(started, timeout), expiry);
+                let limit = attempt_reply_limit(&options, started, deadline_after(started, timeout));
                 prop_assert!(limit <= started + expiry);
                 prop_assert!(limit >= started + expiry.min(MIN_ATTEMPT_WAIT));
             }

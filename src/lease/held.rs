@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::hub::RenewalHub;
 use super::lost::{LeaseState, LostSignal};
 use super::metrics;
+use super::protocol::Sent;
 use super::record::{Lease, Place};
 use super::renewal::{self, Command};
 use super::schema;
@@ -173,7 +174,7 @@ impl HeldLease {
                 .write_concern(options.write_concern().clone())
                 .selection_criteria(schema::primary())
                 .await?;
-            let renewal_sent_at = clock::now();
+            let renewal = Sent::now(clock::now());
             // Ours and live, and written in this transaction: a takeover, which must write the
             // same document, now waits for (or conflicts with) the transaction until it ends.
             let checked = lost
@@ -219,7 +220,7 @@ impl HeldLease {
             return match self.commit(&mut session, started).await {
                 Commit::Committed => {
                     // The transaction's renewal is in: the lease lasts from its send.
-                    self.state.extend(options.lost_deadline(renewal_sent_at));
+                    self.state.confirmed(options, renewal);
                     Ok(output)
                 }
                 Commit::RunAgain => continue 'transaction,

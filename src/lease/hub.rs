@@ -338,7 +338,10 @@ mod tests {
             name: "n".into(),
             kind: crate::LockKind::Exclusive,
             lock_id: "won".into(),
-            state: super::super::lost::LeaseState::starting(&options, clock::now()),
+            state: super::super::lost::LeaseState::starting(
+                &options,
+                super::super::Sent::now(clock::now()),
+            ),
             waiters: None,
             holding: None,
         };

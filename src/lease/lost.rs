@@ -1,16 +1,15 @@
 //! Whether a held lease is still safe to rely on.
 //!
 //! A lease is lost when its renewal loop finds it gone, when the loop itself ends (its runtime
-//! shut down, it panicked), or when its *lost deadline* ([`LockOptions::lost_deadline`] of the
-//! last confirmed request) has passed. The last condition is checked by whoever asks, on the
-//! client's monotonic clock: `is_lost()` and [`LostSignal::wait`] turn true by themselves at the
-//! deadline, even if no background task runs any more.
+//! shut down, it panicked), or when its *lost deadline* (the send instant of the last confirmed
+//! request plus the lease's lifetime, decided by `protocol::Lease`) has passed. The last
+//! condition is checked by whoever asks, on the client's suspend-aware clock: `is_lost()` and
+//! [`LostSignal::wait`] turn true by themselves at the deadline, even if no background task runs
+//! any more.
 //!
 //! Loss is sticky: once any observer has seen the deadline pass, a renewal confirmed later does
 //! not revive the lease (the state is behind one mutex, so "deadline passed" and "extended" are
 //! ordered).
-//!
-//! [`LockOptions::lost_deadline`]: crate::LockOptions
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,18 +18,15 @@ use futures::future::select_all;
 use tokio::sync::watch;
 use tokio::time::sleep_until;
 
+use super::protocol::{Lease, Phase, Sent};
 use crate::LockOptions;
 use crate::clock::{self, Instant};
 
-/// The state of one lease, shared by its guard, its renewal loop and every [`LostSignal`].
+/// The state of one lease, shared by its guard, its renewal loop and every [`LostSignal`]: the
+/// protocol's [`Lease`] (its deadline and phase, decided in `protocol`) on the suspend-aware clock.
 #[derive(Debug)]
 pub(crate) struct LeaseState {
-    inner: Mutex<Phase>,
-    /// The end of the hold allowed by [`LockOptions::max_hold`]: no renewal extends the lost
-    /// deadline past it.
-    ///
-    /// [`LockOptions::max_hold`]: crate::LockOptions::max_hold
-    hold_until: Option<Instant>,
+    inner: Mutex<Lease<Instant>>,
     /// Bumped on every change that can end a wait (lost, released).
     changes: watch::Sender<()>,
     /// How many lease-checked transactions of its holder are open: while one is, the renewal
@@ -40,41 +36,21 @@ pub(crate) struct LeaseState {
     undelivered: AtomicBool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Held; presumed lost at `lost_at` unless a renewal extends it first. A lease without a
-    /// deadline (`None`) is held until it is marked lost or released.
-    Held { lost_at: Option<Instant> },
-    /// Lost; `announced` once [`LeaseState::mark_lost`] reported it (a deadline passing is
-    /// noticed by whoever asks first, and reported by the renewal loop).
-    Lost { announced: bool },
-    /// Released by its holder without having been lost.
-    Released,
-}
-
 impl LeaseState {
-    /// The state of a lease won by a request sent at `sent_at`.
-    pub(crate) fn starting(options: &LockOptions, sent_at: Instant) -> Arc<LeaseState> {
-        LeaseState::new(
-            Some(options.lost_deadline(sent_at)),
-            options.max_hold().map(|max_hold| sent_at + max_hold),
-        )
+    /// The state of a lease won by `request`, whose reply arrived just now.
+    pub(crate) fn starting(options: &LockOptions, request: Sent<Instant>) -> Arc<LeaseState> {
+        LeaseState::new(Lease::won(options, request, clock::now()))
     }
 
     /// The state of a lease with no deadline of its own, lost only when marked so (the
     /// in-memory locks of [`crate::memory`]).
     pub(crate) fn without_deadline() -> Arc<LeaseState> {
-        LeaseState::new(None, None)
+        LeaseState::new(Lease::unbounded())
     }
 
-    fn new(lost_at: Option<Instant>, hold_until: Option<Instant>) -> Arc<LeaseState> {
-        let lost_at = match (lost_at, hold_until) {
-            (Some(lost_at), Some(hold_until)) => Some(lost_at.min(hold_until)),
-            (lost_at, hold_until) => lost_at.or(hold_until),
-        };
+    fn new(lease: Lease<Instant>) -> Arc<LeaseState> {
         Arc::new(LeaseState {
-            inner: Mutex::new(Phase::Held { lost_at }),
-            hold_until,
+            inner: Mutex::new(lease),
             changes: watch::Sender::new(()),
             transactions: AtomicUsize::new(0),
             undelivered: AtomicBool::new(false),
@@ -104,73 +80,44 @@ impl LeaseState {
 
     /// Whether the hold allowed by `max_hold` is over.
     pub(crate) fn hold_ended(&self) -> bool {
-        self.hold_until
-            .is_some_and(|hold_until| clock::now() >= hold_until)
+        self.lease().hold_ended(clock::now())
     }
 
-    fn phase(&self) -> MutexGuard<'_, Phase> {
+    fn lease(&self) -> MutexGuard<'_, Lease<Instant>> {
         self.inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The current phase, turning `Held` into `Lost` once its deadline has passed.
-    fn current(&self) -> Phase {
-        settle(&mut self.phase())
+    fn current(&self) -> Phase<Instant> {
+        self.lease().settle(clock::now())
     }
 
     pub(crate) fn is_lost(&self) -> bool {
         matches!(self.current(), Phase::Lost { .. })
     }
 
-    /// Moves the deadline to `lost_at` if that is later and the lease is still held (its
-    /// deadline not passed), never past the end of the hold; a lease without a deadline keeps
-    /// none. Returns whether the lease is still held.
-    pub(crate) fn extend(&self, lost_at: Instant) -> bool {
-        let lost_at = self
-            .hold_until
-            .map_or(lost_at, |hold_until| lost_at.min(hold_until));
-        let mut phase = self.phase();
-        match *phase {
-            Phase::Held { lost_at: None } => true,
-            Phase::Held {
-                lost_at: Some(current),
-            } if clock::now() < current => {
-                *phase = Phase::Held {
-                    lost_at: Some(current.max(lost_at)),
-                };
-                true
-            }
-            Phase::Held { .. } => {
-                *phase = Phase::Lost { announced: false };
-                false
-            }
-            Phase::Lost { .. } | Phase::Released => false,
-        }
+    /// The server confirmed the lease in reply to `request`, and the reply arrived just now:
+    /// see [`Lease::confirmed`]. Returns whether the lease is still held.
+    pub(crate) fn confirmed(&self, options: &LockOptions, request: Sent<Instant>) -> bool {
+        self.lease().confirmed(options, request, clock::now())
     }
 
     /// The deadline, while held (`None` once lost or released, or for a lease without one).
     pub(crate) fn lost_at(&self) -> Option<Instant> {
-        match self.current() {
-            Phase::Held { lost_at } => lost_at,
-            Phase::Lost { .. } | Phase::Released => None,
-        }
+        self.lease().lost_at(clock::now())
+    }
+
+    /// When the lease wants its next renewal (see [`Lease::renew_by`]).
+    pub(crate) fn renew_by(&self, options: &LockOptions) -> Option<Instant> {
+        self.lease().renew_by(options)
     }
 
     /// Marks the lease lost (unless released); returns whether this is the first report of the
     /// loss (also when its deadline had already passed unreported).
     pub(crate) fn mark_lost(&self) -> bool {
-        let changed = {
-            let mut phase = self.phase();
-            let changed = matches!(
-                *phase,
-                Phase::Held { .. } | Phase::Lost { announced: false }
-            );
-            if changed {
-                *phase = Phase::Lost { announced: true };
-            }
-            changed
-        };
+        let changed = self.lease().mark_lost();
         if changed {
             self.changes.send_replace(());
         }
@@ -179,14 +126,7 @@ impl LeaseState {
 
     /// Marks the lease released, unless it was lost already.
     pub(crate) fn mark_released(&self) {
-        let changed = {
-            let mut phase = self.phase();
-            let held = matches!(settle(&mut phase), Phase::Held { .. });
-            if held {
-                *phase = Phase::Released;
-            }
-            held
-        };
+        let changed = self.lease().mark_released(clock::now());
         if changed {
             self.changes.send_replace(());
         }
@@ -217,18 +157,6 @@ impl LeaseState {
             }
         }
     }
-}
-
-/// `phase`, turned from `Held` into `Lost` if its deadline has passed.
-fn settle(phase: &mut Phase) -> Phase {
-    if let Phase::Held {
-        lost_at: Some(lost_at),
-    } = *phase
-        && clock::now() >= lost_at
-    {
-        *phase = Phase::Lost { announced: false };
-    }
-    *phase
 }
 
 /// An open lease-checked transaction of a lease's holder; see
@@ -317,9 +245,18 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A renewal sent and confirmed just now, of a lease relied on for about a minute.
+    fn confirm(state: &LeaseState) -> bool {
+        let options = LockOptions::builder()
+            .expiry(Duration::from_secs(61))
+            .build()
+            .unwrap();
+        state.confirmed(&options, Sent::now(clock::now()))
+    }
+
     #[tokio::test]
     async fn a_passed_deadline_is_lost_by_itself_and_stays_lost() {
-        let state = LeaseState::new(Some(clock::now() + Duration::from_millis(30)), None);
+        let state = LeaseState::new(Lease::until(clock::now() + Duration::from_millis(30), None));
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         assert!(!signal.is_lost());
         tokio::time::timeout(Duration::from_secs(5), signal.wait())
@@ -327,14 +264,14 @@ mod tests {
             .expect("wait resolves at the deadline without anyone marking it");
         assert!(signal.is_lost());
         // A renewal confirmed after the deadline does not revive it.
-        assert!(!state.extend(clock::now() + Duration::from_secs(60)));
+        assert!(!confirm(&state));
         assert!(signal.is_lost());
     }
 
     #[tokio::test]
     async fn extending_moves_the_deadline_and_marking_wakes_waiters() {
-        let state = LeaseState::new(Some(clock::now() + Duration::from_millis(50)), None);
-        assert!(state.extend(clock::now() + Duration::from_secs(60)));
+        let state = LeaseState::new(Lease::until(clock::now() + Duration::from_millis(50), None));
+        assert!(confirm(&state));
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         tokio::time::sleep(Duration::from_millis(80)).await;
         assert!(!signal.is_lost(), "extended");
@@ -353,7 +290,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_lease_is_never_lost() {
-        let state = LeaseState::new(Some(clock::now() + Duration::from_millis(20)), None);
+        let state = LeaseState::new(Lease::until(clock::now() + Duration::from_millis(20), None));
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         state.mark_released();
         tokio::time::sleep(Duration::from_millis(40)).await;
@@ -370,8 +307,8 @@ mod tests {
     async fn a_composite_is_lost_when_any_member_is() {
         let far = clock::now() + Duration::from_secs(60);
         let (a, b) = (
-            LeaseState::new(Some(far), None),
-            LeaseState::new(Some(far), None),
+            LeaseState::new(Lease::until(far, None)),
+            LeaseState::new(Lease::until(far, None)),
         );
         let signal = LostSignal::new(vec![Arc::clone(&a), Arc::clone(&b)]);
         assert!(!signal.is_lost());
@@ -385,11 +322,11 @@ mod tests {
     #[tokio::test]
     async fn no_renewal_extends_a_lease_past_the_end_of_its_hold() {
         let hold_until = clock::now() + Duration::from_millis(40);
-        let state = LeaseState::new(
-            Some(clock::now() + Duration::from_secs(60)),
+        let state = LeaseState::new(Lease::until(
+            clock::now() + Duration::from_secs(60),
             Some(hold_until),
-        );
-        assert!(state.extend(clock::now() + Duration::from_secs(120)));
+        ));
+        assert!(confirm(&state));
         assert_eq!(state.lost_at(), Some(hold_until));
         assert!(!state.hold_ended());
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
@@ -397,7 +334,7 @@ mod tests {
             .await
             .expect("lost at the end of the hold");
         assert!(state.hold_ended());
-        assert!(!state.extend(clock::now() + Duration::from_secs(60)));
+        assert!(!confirm(&state));
         assert!(signal.is_lost());
     }
 
@@ -412,7 +349,7 @@ mod tests {
         // No instant ends it: not a suspension, not a renewal that comes late.
         clock::simulate_suspension(Duration::from_secs(20 * 365 * 24 * 60 * 60));
         assert!(!signal.is_lost());
-        assert!(state.extend(clock::now()));
+        assert!(confirm(&state));
         assert_eq!(state.lost_at(), None, "it still has no deadline");
         assert!(!waiting.is_finished());
         assert!(state.mark_lost());
@@ -429,7 +366,7 @@ mod tests {
 
     #[tokio::test]
     async fn time_the_host_spent_suspended_counts_toward_the_deadline() {
-        let state = LeaseState::new(Some(clock::now() + Duration::from_secs(20)), None);
+        let state = LeaseState::new(Lease::until(clock::now() + Duration::from_secs(20), None));
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         let waiting = tokio::spawn({
             let signal = signal.clone();
@@ -444,16 +381,16 @@ mod tests {
             .await
             .expect("a waiter notices within the recheck interval")
             .unwrap();
-        assert!(!state.extend(clock::now() + Duration::from_secs(60)));
+        assert!(!confirm(&state));
     }
 
     #[tokio::test]
     async fn work_runs_to_its_output_unless_the_lease_is_lost_first() {
         let far = clock::now() + Duration::from_secs(60);
-        let held = LostSignal::new(vec![LeaseState::new(Some(far), None)]);
+        let held = LostSignal::new(vec![LeaseState::new(Lease::until(far, None))]);
         assert_eq!(held.unless_lost(async { 7 }).await, Some(7));
 
-        let state = LeaseState::new(Some(far), None);
+        let state = LeaseState::new(Lease::until(far, None));
         let signal = LostSignal::new(vec![Arc::clone(&state)]);
         let (dropped, mut work_dropped) = tokio::sync::oneshot::channel::<()>();
         let work = async move {
@@ -480,7 +417,7 @@ mod tests {
         );
 
         // Lost before the work starts: it never runs.
-        let lost = LostSignal::new(vec![LeaseState::new(Some(far), None)]);
+        let lost = LostSignal::new(vec![LeaseState::new(Lease::until(far, None))]);
         lost.leases[0].mark_lost();
         let ran = std::sync::atomic::AtomicBool::new(false);
         let outcome = lost

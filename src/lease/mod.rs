@@ -13,7 +13,10 @@
 //! - [`hub`]: a family's renewal loops, work under way (`in_flight`) and shutdown;
 //!   `record`: a held lease and where it lives; `renewal`: the renewal loops; `release`:
 //!   releases and transfers; `undo`: what ends a lease whose fate is unknown.
-//! - [`lost`]: when a lease counts as lost, on the suspend-aware [`clock`](crate::clock).
+//! - [`lost`]: when a lease counts as lost, on the suspend-aware [`clock`](crate::clock);
+//!   `protocol`: the decisions without I/O that `lost`, `renewal` and `acquire` run (deadlines,
+//!   the extension rule, renewal rounds, an attempt's outcome), and that the model checker
+//!   drives.
 //! - [`schema`]: field names and update pipelines of every kind; `ttl_index`; [`admin`]:
 //!   reading holders, forced release, purging.
 //! - `backoff`, `handoff`: the pacing of waiting callers.
@@ -35,6 +38,7 @@ mod backoff;
 mod handoff;
 mod in_flight;
 mod metrics;
+mod protocol;
 mod push;
 mod record;
 mod release;
@@ -44,13 +48,18 @@ mod ttl_index;
 mod undo;
 
 pub(crate) use backoff::ATTEMPT_SERVER_TIME;
+pub(crate) use protocol::Sent;
 pub(crate) use push::{Observation, PushFrom};
 pub(crate) use ttl_index::create_now as create_ttl_index;
 
-/// The pacing and handoff facts the model checker and the test controls read (hooks, not API).
+/// The pacing and handoff facts the model checker and the test controls read, and the protocol
+/// decisions the model checker drives (hooks, not API).
 pub(crate) mod hooks {
-    pub(crate) use super::backoff::attempt_wait_limit;
     pub(crate) use super::handoff::{offers_standing, waiters_idle};
+    pub use super::protocol::{
+        Attempt, Lease, Moment, Phase, Renewals, Reply, Sent, Step, Tell, give_up_at, retry_delay,
+        suspect_at,
+    };
 }
 
 use std::sync::Arc;
@@ -285,7 +294,7 @@ impl Target {
         }
     }
 
-    /// Holds the lease `lock_id` of a lock of `kind` won by an attempt sent at `sent_at` in
+    /// Holds the lease `lock_id` of a lock of `kind` won by the attempt `request` in
     /// this lock's document (stored as `layout` says): see [`HeldLease::hold`]. The first won
     /// lease in the collection starts creating its TTL index, unless the options turn that off.
     pub(crate) fn hold(
@@ -294,13 +303,13 @@ impl Target {
         kind: LockKind,
         layout: &Layout,
         lock_id: String,
-        sent_at: crate::clock::Instant,
+        request: Sent<crate::clock::Instant>,
     ) -> Option<HeldLease> {
         let lease = Lease {
             id: self.name.as_str().into(),
             name: self.name.clone(),
             kind,
-            state: lost::LeaseState::starting(&self.options, sent_at),
+            state: lost::LeaseState::starting(&self.options, request),
             waiters: Some(self.waiters.clone()),
             // The whole lock, or its writer: nobody else can take it while this lease lasts.
             holding: (!matches!(layout, Layout::Members(_)))
@@ -349,7 +358,7 @@ impl Target {
     }
 
     /// Holds the lease `lock_id` embedded in the document `id` (stored as `layout` says), won
-    /// by an attempt sent at `sent_at`: see [`HeldLease::hold`]. Its name, in logs and
+    /// by the attempt `request`: see [`HeldLease::hold`]. Its name, in logs and
     /// statuses, is `collection/_id`.
     pub(crate) fn hold_embedded(
         &self,
@@ -357,13 +366,13 @@ impl Target {
         layout: &Layout,
         id: Bson,
         lock_id: String,
-        sent_at: crate::clock::Instant,
+        request: Sent<crate::clock::Instant>,
     ) -> Option<HeldLease> {
         let lease = Lease {
             name: format!("{}/{id}", self.collection.name()),
             id,
             kind: LockKind::Document,
-            state: lost::LeaseState::starting(&self.options, sent_at),
+            state: lost::LeaseState::starting(&self.options, request),
             waiters: None,
             holding: None,
             lock_id,

@@ -21,6 +21,7 @@ use super::backoff::ATTEMPT_SERVER_TIME;
 use super::handoff::{self, Handoff, Offer, Transfer};
 use super::in_flight::{InFlight, Tracked};
 use super::metrics::Loss;
+use super::protocol::{Sent, retry_delay};
 use super::record::{Lease, Place};
 use super::schema;
 use super::undo::Undo;
@@ -30,11 +31,6 @@ use crate::{Error, LockOptions, Result};
 
 /// Where the answer to a release request goes.
 pub(crate) type ReleaseReply = oneshot::Sender<Result<()>>;
-
-/// How long to wait before retrying a failed renewal or release.
-pub(crate) fn retry_delay(options: &LockOptions) -> Duration {
-    (options.extension_cadence() / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
-}
 
 /// How long one release command is waited for before it is sent again: a quarter of the
 /// expiry, at least a second.
@@ -432,7 +428,7 @@ async fn transfer(
                 // Every try was sent at or after `started`: the leases last at least from then.
                 delivery.deliver(|| Transfer::Done {
                     document: document.clone(),
-                    sent_at: started,
+                    request: Sent::now(started),
                 });
             } else {
                 // A shutdown took this transfer's undo: the waiters' leases are being ended.

@@ -33,12 +33,15 @@
 //! renewed by that transaction only, never by the loop (its document is the transaction's).
 //!
 //! # Loss detection
+//! The decisions below (the deadlines, the extension rule, when rounds go out and when an
+//! unanswered one is given up) are made by the state machines of `protocol`, which the model
+//! checker drives too; this loop does the I/O.
+//!
 //! Each confirmed acquire or renew request was *sent* at some instant `t` on the client's
 //! suspend-aware clock (see `clock`). The server computed `expiresAt` after receiving it, so the
 //! lease lasts until at least `t + expiry` by a clock running at that server's rate; another
 //! client's router may see it end up to `max_clock_skew` earlier. A lease counts as lost at
-//! `t + expiry - margin - skew` ([`LockOptions::lost_deadline`], checked by whoever asks, see
-//! `lost`) unless a later renewal was confirmed first, and also as soon as a renewal finds it
+//! `t + expiry - margin - skew` (`protocol::Lease`, checked by whoever asks, see `lost`) unless a later renewal was confirmed first, and also as soon as a renewal finds it
 //! gone (deleted, taken over, or already expired), when the loop ends, and when the server's
 //! clock is seen to jump: if between two `findAndModify` replies the server's clock advanced by
 //! more than the local time between the first one's send and the second one's reply plus
@@ -60,7 +63,6 @@
 //! so a renewal still in flight can no longer match the lease: releases and renewals need no
 //! ordering.
 //!
-//! [`LockOptions::lost_deadline`]: crate::LockOptions
 //! [`LockOptions::max_hold`]: crate::LockOptions::max_hold
 
 use std::collections::HashMap;
@@ -75,8 +77,9 @@ use tokio::time::sleep_until;
 
 use super::in_flight::InFlight;
 use super::metrics::{self, Loss};
+use super::protocol::{Renewals, Sent, give_up_at, suspect_at};
 use super::record::{Lease, LeaseTable, Place};
-use super::release::{ReleaseContext, ReleaseReply, first_finished, retry_delay};
+use super::release::{ReleaseContext, ReleaseReply, first_finished};
 use super::renewal_commands::{Failure, Renewed, Reply, renew_many, renew_one};
 use crate::LockKind;
 use crate::clock;
@@ -148,14 +151,14 @@ pub(crate) fn start(
     let (commands, receiver) = mpsc::unbounded_channel();
     // A cadence away: its first lease's `Held` brings it forward if need be, and an earlier
     // round would renew a lease just acquired.
-    let next_renewal = clock::now() + place.options.extension_cadence();
+    let schedule = Renewals::new(clock::now() + place.options.extension_cadence());
     let renewals = RenewalLoop {
         runtime: runtime.clone(),
         place,
         kind,
         leases,
         in_flight,
-        next_renewal,
+        schedule,
         releases: JoinSet::new(),
         limits: HashMap::new(),
         clock: None,
@@ -177,7 +180,7 @@ const MAX_TIME_LIMIT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// One renewal command in flight: the lock ids it covers, when it was sent, and its task.
 struct Renewal {
-    sent_at: clock::Instant,
+    sent: Sent<clock::Instant>,
     lock_ids: Vec<String>,
     call: JoinHandle<std::result::Result<Reply, Failure>>,
 }
@@ -196,7 +199,8 @@ struct RenewalLoop {
     kind: LockKind,
     leases: Arc<LeaseTable>,
     in_flight: Arc<InFlight>,
-    next_renewal: clock::Instant,
+    /// When the next round goes out (decided in `protocol`).
+    schedule: Renewals<clock::Instant>,
     /// Releases under way.
     releases: JoinSet<()>,
     /// Leases renewed in small commands (of at most this many leases): their last command ran
@@ -246,11 +250,11 @@ impl RenewalLoop {
                 // Nothing to renew: the next reading of the server's clock starts afresh.
                 self.clock = None;
             }
-            let renew_at = in_flight
-                .iter()
-                .map(|renewal| self.suspect_at(renewal))
-                .max()
-                .map_or(self.next_renewal, |suspect| suspect.max(self.next_renewal));
+            let renew_at = self.schedule.due_at(
+                in_flight
+                    .iter()
+                    .map(|renewal| suspect_at(renewal.sent, self.give_up_at(renewal))),
+            );
             let give_up_at = in_flight
                 .iter()
                 .map(|renewal| self.give_up_at(renewal))
@@ -293,27 +297,16 @@ impl RenewalLoop {
         self.releases.detach_all();
     }
 
-    /// When an unanswered renewal stops being waited for: at the earliest current deadline of
-    /// the leases it serves (other rounds may have moved them), and at the latest when even a
-    /// reply could no longer extend them (`sent_at` + the lease's lifetime).
+    /// When an unanswered renewal stops being waited for ([`give_up_at`]), given the current
+    /// deadlines of the leases it serves (other rounds may have moved them).
     fn give_up_at(&self, renewal: &Renewal) -> clock::Instant {
-        let latest = renewal.sent_at + self.place.options.lease_lifetime();
         let leases = self.leases.lock();
-        renewal
+        let earliest = renewal
             .lock_ids
             .iter()
             .filter_map(|lock_id| leases.get(lock_id)?.state.lost_at())
-            .min()
-            .map_or(renewal.sent_at, |deadline| deadline.min(latest))
-    }
-
-    /// Three quarters of the way from sending `renewal` to giving it up: if it is still
-    /// unanswered then, the next round need not wait for it.
-    fn suspect_at(&self, renewal: &Renewal) -> clock::Instant {
-        let patience = self
-            .give_up_at(renewal)
-            .saturating_duration_since(renewal.sent_at);
-        renewal.sent_at + patience * 3 / 4
+            .min();
+        give_up_at(&self.place.options, renewal.sent, earliest)
     }
 
     fn handle(&mut self, command: Command) {
@@ -327,17 +320,11 @@ impl RenewalLoop {
                 };
                 // A cadence after the acquisition was sent (a slow reply may have eaten into
                 // the lease), and no later than the round already planned for the others.
-                let renew_by = lease.state.lost_at().map_or_else(clock::now, |lost_at| {
-                    lost_at - options.lease_lifetime() + options.extension_cadence()
-                });
+                let renew_by = lease.state.renew_by(options).unwrap_or_else(clock::now);
                 let others_live = leases
                     .values()
                     .any(|other| other.lock_id != lock_id && renewable(other));
-                self.next_renewal = if others_live {
-                    self.next_renewal.min(renew_by)
-                } else {
-                    renew_by
-                };
+                self.schedule.lease_added(renew_by, others_live);
             }
             Command::Forget { lock_id } => {
                 self.limits.remove(&lock_id);
@@ -383,8 +370,7 @@ impl RenewalLoop {
     /// server's clock) and for each lease renewed alone, `update` commands for the others (the
     /// leases with a limit in commands of that many at most).
     fn start_round(&mut self) -> Vec<Renewal> {
-        let sent_at = clock::now();
-        self.next_renewal = sent_at + self.place.options.extension_cadence();
+        let sent = self.schedule.round_sent(&self.place.options, clock::now());
         let mut chunks: Vec<Vec<(Bson, String, clock::Instant)>> = Vec::new();
         {
             let leases = self.leases.lock();
@@ -424,7 +410,7 @@ impl RenewalLoop {
         }
         chunks
             .into_iter()
-            .map(|chunk| self.send_renewal(sent_at, chunk))
+            .map(|chunk| self.send_renewal(sent, chunk))
             .collect()
     }
 
@@ -437,9 +423,10 @@ impl RenewalLoop {
     /// a renewal that waits on the server is given up soon.
     fn send_renewal(
         &self,
-        sent_at: clock::Instant,
+        sent: Sent<clock::Instant>,
         chunk: Vec<(Bson, String, clock::Instant)>,
     ) -> Renewal {
+        let sent_at = sent.at();
         let options = &self.place.options;
         let earliest = chunk.iter().map(|(_, _, deadline)| *deadline).min();
         let budget = options
@@ -467,7 +454,7 @@ impl RenewalLoop {
             }
         });
         Renewal {
-            sent_at,
+            sent,
             lock_ids,
             call,
         }
@@ -481,7 +468,7 @@ impl RenewalLoop {
         let succeeded = matches!(result, Ok(Ok(_)));
         metrics::renewal(
             self.kind,
-            clock::now().saturating_duration_since(renewal.sent_at),
+            clock::now().saturating_duration_since(renewal.sent.at()),
             succeeded,
         );
         let failure = match result {
@@ -490,11 +477,11 @@ impl RenewalLoop {
                     self.limits.remove(lock_id);
                 }
                 if let Some(millis) = reply.server_millis
-                    && self.server_clock_jumped(renewal.sent_at, millis, reply.received_at)
+                    && self.server_clock_jumped(renewal.sent.at(), millis, reply.received_at)
                 {
                     return;
                 }
-                let lost_at = self.place.options.lost_deadline(renewal.sent_at);
+                let options = &self.place.options;
                 let warn_below = self.place.options.renewal_warning();
                 let leases = self.leases.lock();
                 for lock_id in &renewal.lock_ids {
@@ -521,7 +508,7 @@ impl RenewalLoop {
                     }
                     if !live {
                         lease.mark_lost(Loss::Gone);
-                    } else if !lease.state.extend(lost_at) {
+                    } else if !lease.state.confirmed(options, renewal.sent) {
                         lease.mark_lost(lease.overdue(Loss::LateConfirmation));
                     }
                 }
@@ -551,7 +538,7 @@ impl RenewalLoop {
                         at_most = limit,
                         "a renewal ran out of its time limit; renewing its leases in smaller commands"
                     );
-                    self.next_renewal = clock::now();
+                    self.schedule.renew_now(clock::now());
                     return;
                 }
                 "it ran out of its time limit on the server (is its document held back by a \
@@ -566,7 +553,7 @@ impl RenewalLoop {
                         "the collection is sharded on a key other than _id: leases are renewed \
                          with update commands only, without reading the server's clock"
                     );
-                    self.next_renewal = clock::now();
+                    self.schedule.renew_now(clock::now());
                     return;
                 }
                 "the server asks for the shard key".to_owned()
@@ -637,7 +624,7 @@ impl RenewalLoop {
             renewal.call.abort();
             metrics::renewal(
                 self.kind,
-                now.saturating_duration_since(renewal.sent_at),
+                now.saturating_duration_since(renewal.sent.at()),
                 false,
             );
             let still_held = {
@@ -648,22 +635,21 @@ impl RenewalLoop {
                     .any(|lock_id| leases.get(lock_id).is_some_and(|lease| !lease.is_lost()))
             };
             if still_held {
-                let waited = now.saturating_duration_since(renewal.sent_at);
+                let waited = now.saturating_duration_since(renewal.sent.at());
                 self.retry_soon(&renewal, &format!("no reply within {waited:?}"));
-                self.next_renewal = now;
+                self.schedule.renew_now(now);
             }
         }
     }
 
     fn retry_soon(&mut self, renewal: &Renewal, failure: &str) {
-        let retry_delay = retry_delay(&self.place.options);
         tracing::warn!(
             collection = %self.place.collection.name(),
             leases = renewal.lock_ids.len(),
             error = %failure,
             "lease renewal failed; retrying until each lease's deadline"
         );
-        self.next_renewal = self.next_renewal.min(clock::now() + retry_delay);
+        self.schedule.retry_soon(&self.place.options, clock::now());
     }
 
     fn expire_overdue(&mut self) {
@@ -707,7 +693,7 @@ mod tests {
             kind: LockKind::Exclusive,
             leases: Arc::default(),
             in_flight: Arc::default(),
-            next_renewal: clock::now(),
+            schedule: Renewals::new(clock::now()),
             releases: JoinSet::new(),
             limits: HashMap::new(),
             clock: None,

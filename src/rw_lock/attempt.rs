@@ -7,7 +7,6 @@ use crate::clock;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 
-use crate::lease::Target;
 use crate::lease::acquire::Takeover;
 use crate::lease::held::HeldLease;
 use crate::lease::schema::{
@@ -15,6 +14,7 @@ use crate::lease::schema::{
     WAITING_WRITER, WRITER, lease_end, literal, live_members, member_ids, next_fencing_token,
     retain,
 };
+use crate::lease::{Sent, Target};
 use crate::token::read_i64;
 use crate::{Error, FencingToken, LockOptions, Result};
 
@@ -33,12 +33,12 @@ pub(super) async fn attempt(
     lock_id: String,
     update: Vec<Document>,
 ) -> Result<Option<(HeldLease, FencingToken)>> {
-    let sent_at = clock::now();
+    let request = Sent::now(clock::now());
     let document = target.upsert(update).await?;
     let Some(token) = won(&document, mode, &lock_id) else {
         return Ok(None);
     };
-    let Some(lease) = target.hold(&runtime, mode.kind(), &layout(mode), lock_id, sent_at) else {
+    let Some(lease) = target.hold(&runtime, mode.kind(), &layout(mode), lock_id, request) else {
         return Ok(None);
     };
     match (mode, token) {
@@ -68,7 +68,7 @@ pub(super) fn read_takeover(
             update
         }),
         cleanup: target.cleanup(&layout(Mode::Read), &lock_id),
-        finish: Box::new(move |document, sent_at| {
+        finish: Box::new(move |document, request| {
             if !holds_read(&document, &lock_id) {
                 return Ok(None);
             }
@@ -77,7 +77,7 @@ pub(super) fn read_takeover(
                 Mode::Read.kind(),
                 &layout(Mode::Read),
                 lock_id,
-                sent_at,
+                request,
             );
             Ok(lease.map(|lease| ReadGuard { lease }))
         }),

@@ -28,6 +28,7 @@ mod infra_architecture;
 mod infra_change_streams;
 mod infra_fault_proxy;
 mod infra_fork_server;
+mod infra_plant_mistakes;
 mod infra_real_cluster;
 mod infra_test_server;
 mod infra_write_paths;

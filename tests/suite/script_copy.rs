@@ -1,4 +1,5 @@
-//! What the tests of the repository's check scripts (`scripts/check-*`) share: a copy of `src/`,
+//! What the tests of the repository's check scripts (`scripts/check-*`, `scripts/plant-mistakes`)
+//! share: a copy of `src/`,
 //! `model/README.md` and one script, in a directory of its own, to break and check.
 
 use std::path::{Path, PathBuf};
@@ -49,7 +50,17 @@ impl Copy {
     /// written can fail with "Text file busy" while a child forked by another test thread still
     /// holds the inherited write descriptor (rust-lang/rust#114554; a CI run hit it).
     pub(crate) fn check(&self) -> (Option<i32>, String) {
-        output(Command::new("python3").arg(self.root.join(self.script)))
+        self.run(&[])
+    }
+
+    /// Runs the copy's script with `arguments` (by `python3`, as [`check`](Self::check) does):
+    /// its exit code and what it printed on stderr.
+    pub(crate) fn run(&self, arguments: &[&str]) -> (Option<i32>, String) {
+        output(
+            Command::new("python3")
+                .arg(self.root.join(self.script))
+                .args(arguments),
+        )
     }
 
     /// Checks the copy: the script must fail and name `problem`.

@@ -7,6 +7,7 @@ use mongodb::options::WriteConcern;
 use std::sync::Arc;
 
 use crate::clock;
+use crate::lease::Sent;
 use crate::lease::in_flight::InFlight;
 use crate::lease::schema::{HOLDERS, Layout, READERS};
 use crate::lease::undo::Undo;
@@ -55,10 +56,10 @@ impl std::fmt::Debug for Offer {
 /// The outcome of a transfer.
 #[derive(Debug)]
 pub(crate) enum Transfer {
-    /// The lease is the waiter's: the document after the command, sent first at `sent_at`.
+    /// The lease is the waiter's: the document after the command, sent first as `request`.
     Done {
         document: Document,
-        sent_at: clock::Instant,
+        request: Sent<clock::Instant>,
     },
     /// No transfer (the releasing lease was gone, or the outcome is unknown and was undone):
     /// the waiter goes on waiting.

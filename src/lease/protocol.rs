@@ -1,0 +1,684 @@
+//! The lease protocol's decisions, without I/O.
+//!
+//! What a holder may rely on and until when, when a renewal round goes out, when an unanswered
+//! renewal is given up, and what becomes of an acquisition attempt's outcome are decided here, by
+//! small state machines that are told the current instant and what happened, and answer with what
+//! to do. They never read a clock, sleep, spawn or send (the shape of `quinn-proto` and `rustls`:
+//! state and events in, decisions out).
+//!
+//! The engine runs them on its clocks: [`Lease`] inside every guard's lost signal
+//! (`lost::LeaseState`), [`Renewals`], [`give_up_at`] and [`suspect_at`] in the renewal loop
+//! (`renewal`), [`Attempt`] in every acquisition attempt (`acquire`). The model checker
+//! (`model/`, through the hidden `crate::__model`) runs the very same code on its ticks: a
+//! decision exists once, so a mistake planted in it changes what the checker explores.
+//!
+//! The rules, and why they are safe, are in DESIGN.md ("The lease protocol"):
+//! - a lease is relied on until the *send* instant of the last request that confirmed it, plus
+//!   [`LockOptions::lease_lifetime`] (`expiry − safety margin − max_clock_skew`): the server may
+//!   have applied the request at any instant after it was sent, and its `$$NOW` may run ahead of
+//!   the client's clock by `max_clock_skew`;
+//! - once that deadline has passed, nothing extends the lease (a confirmation that comes late
+//!   may have been applied after the lease ended and another caller took the name);
+//! - a caller that stops waiting for an attempt, or whose attempt's outcome is unknown, undoes
+//!   it; a win nobody waits for any more is released, never handed out.
+
+use std::fmt::Debug;
+use std::ops::Add;
+use std::time::Duration;
+
+use crate::LockOptions;
+
+/// An instant on a clock that never steps back: the engine's suspend-aware clock and Tokio's
+/// clock, or the model checker's ticks.
+pub trait Moment: Copy + Ord + Debug + Add<Duration, Output = Self> {
+    /// How long after `earlier` this is (zero if it is not after).
+    fn since(self, earlier: Self) -> Duration;
+}
+
+impl Moment for boot_time::Instant {
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
+impl Moment for tokio::time::Instant {
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
+/// A request that can confirm a lease (an acquisition attempt, a transfer, a renewal), stamped
+/// with the instant it was sent. Made only by [`Sent::now`] just before sending, and by
+/// [`Renewals::round_sent`], so that a deadline can only count from a send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Sent<I>(I);
+
+impl<I: Moment> Sent<I> {
+    /// A request about to be sent `now`.
+    pub fn now(now: I) -> Sent<I> {
+        Sent(now)
+    }
+
+    /// When it was sent.
+    pub fn at(self) -> I {
+        self.0
+    }
+}
+
+/// Where a lease stands for its holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase<I> {
+    /// Held.
+    Held {
+        /// Presumed lost then, unless a confirmation extends it first; `None` for a lease
+        /// without a deadline, held until it is marked lost or released.
+        lost_at: Option<I>,
+    },
+    /// Lost.
+    Lost {
+        /// Whether [`Lease::mark_lost`] reported it (a deadline passing is noticed by whoever
+        /// asks first, and reported by the renewal loop).
+        announced: bool,
+    },
+    /// Released by its holder without having been lost.
+    Released,
+}
+
+/// A lease as its holder sees it: until when it may rely on it.
+///
+/// Loss is sticky: once the deadline has been seen to pass, or the lease was marked lost, no
+/// confirmation revives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease<I> {
+    phase: Phase<I>,
+    /// The end of the hold allowed by [`LockOptions::max_hold`]: no confirmation extends the
+    /// deadline past it.
+    hold_until: Option<I>,
+    /// The request that confirmed the lease last (`None` for a lease without a deadline).
+    confirmed: Option<Sent<I>>,
+}
+
+impl<I: Moment> Lease<I> {
+    /// The lease won by `request`, whose reply arrived `now`: relied on until the request's send
+    /// plus the lease's lifetime, never past `max_hold` after the send. A reply that came after
+    /// that deadline yields a lease lost from the start.
+    pub fn won(options: &LockOptions, request: Sent<I>, now: I) -> Lease<I> {
+        let hold_until = options.max_hold().map(|max_hold| request.0 + max_hold);
+        let mut lease = Lease {
+            phase: Phase::Held {
+                lost_at: Some(capped(request.0 + options.lease_lifetime(), hold_until)),
+            },
+            hold_until,
+            confirmed: Some(request),
+        };
+        lease.settle(now);
+        lease
+    }
+
+    /// A lease with no deadline of its own, lost only when marked so (the in-memory locks).
+    pub fn unbounded() -> Lease<I> {
+        Lease {
+            phase: Phase::Held { lost_at: None },
+            hold_until: None,
+            confirmed: None,
+        }
+    }
+
+    /// A lease held until `lost_at`, never past `hold_until` (for tests of what runs it).
+    #[cfg(test)]
+    pub(crate) fn until(lost_at: I, hold_until: Option<I>) -> Lease<I> {
+        Lease {
+            phase: Phase::Held {
+                lost_at: Some(capped(lost_at, hold_until)),
+            },
+            hold_until,
+            confirmed: None,
+        }
+    }
+
+    /// Where the lease stands `now`: `Held` turns into `Lost` once its deadline has passed.
+    pub fn settle(&mut self, now: I) -> Phase<I> {
+        if let Phase::Held {
+            lost_at: Some(lost_at),
+        } = self.phase
+            && now >= lost_at
+        {
+            self.phase = Phase::Lost { announced: false };
+        }
+        self.phase
+    }
+
+    /// Whether the lease is lost `now`.
+    pub fn is_lost(&mut self, now: I) -> bool {
+        matches!(self.settle(now), Phase::Lost { .. })
+    }
+
+    /// The deadline while held `now` (`None` once lost or released, or without one).
+    pub fn lost_at(&mut self, now: I) -> Option<I> {
+        match self.settle(now) {
+            Phase::Held { lost_at } => lost_at,
+            Phase::Lost { .. } | Phase::Released => None,
+        }
+    }
+
+    /// The server confirmed the lease in reply to `request`, and the reply arrived `now`: the
+    /// deadline moves to the request's send plus the lease's lifetime (never back, never past
+    /// the end of the hold), but only if it has not passed: a lease whose deadline passed is lost
+    /// for good, however its confirmation turned out. Returns whether the lease is still held.
+    pub fn confirmed(&mut self, options: &LockOptions, request: Sent<I>, now: I) -> bool {
+        match self.settle(now) {
+            Phase::Held { lost_at: None } => true,
+            Phase::Held {
+                lost_at: Some(current),
+            } => {
+                let extended = capped(request.0 + options.lease_lifetime(), self.hold_until);
+                self.phase = Phase::Held {
+                    lost_at: Some(current.max(extended)),
+                };
+                self.confirmed = self.confirmed.max(Some(request));
+                true
+            }
+            Phase::Lost { .. } | Phase::Released => false,
+        }
+    }
+
+    /// Marks the lease lost (unless released); returns whether this is the first report of the
+    /// loss (also when its deadline had already passed unreported).
+    pub fn mark_lost(&mut self) -> bool {
+        let first = matches!(
+            self.phase,
+            Phase::Held { .. } | Phase::Lost { announced: false }
+        );
+        if first {
+            self.phase = Phase::Lost { announced: true };
+        }
+        first
+    }
+
+    /// Marks the lease released `now`, unless it is lost by then; returns whether it was.
+    pub fn mark_released(&mut self, now: I) -> bool {
+        let held = matches!(self.settle(now), Phase::Held { .. });
+        if held {
+            self.phase = Phase::Released;
+        }
+        held
+    }
+
+    /// Whether the hold allowed by `max_hold` is over `now`.
+    pub fn hold_ended(&self, now: I) -> bool {
+        self.hold_until.is_some_and(|hold_until| now >= hold_until)
+    }
+
+    /// When the lease wants its next renewal: a cadence after the request that confirmed it last
+    /// was sent (not after its reply: a slow reply has eaten into the lease). `None` for a lease
+    /// without a deadline.
+    pub fn renew_by(&self, options: &LockOptions) -> Option<I> {
+        self.confirmed
+            .map(|request| request.0 + options.extension_cadence())
+    }
+}
+
+/// `deadline`, no later than `hold_until`.
+fn capped<I: Moment>(deadline: I, hold_until: Option<I>) -> I {
+    hold_until.map_or(deadline, |hold_until| deadline.min(hold_until))
+}
+
+/// How long to wait before retrying a failed renewal or release: a quarter of the cadence,
+/// between 10 ms and a second.
+pub fn retry_delay(options: &LockOptions) -> Duration {
+    (options.extension_cadence() / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// When the leases of a renewal loop are renewed next.
+///
+/// A round goes out every cadence; while a round is unanswered the next one waits, but only
+/// until the unanswered commands are three quarters of the way to giving up ([`suspect_at`]): a
+/// command hung on a half-open connection then stays in flight while the next round reaches the
+/// server on other connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Renewals<I> {
+    next: I,
+}
+
+impl<I: Moment> Renewals<I> {
+    /// A schedule with a round due `now`.
+    pub fn new(now: I) -> Renewals<I> {
+        Renewals { next: now }
+    }
+
+    /// When the next round is planned, ignoring what is in flight.
+    pub fn planned(&self) -> I {
+        self.next
+    }
+
+    /// A lease that wants its first renewal at `renew_by` joined: no later than the round
+    /// planned for the others when some are live (`others_live`), else at `renew_by`.
+    pub fn lease_added(&mut self, renew_by: I, others_live: bool) {
+        self.next = if others_live {
+            self.next.min(renew_by)
+        } else {
+            renew_by
+        };
+    }
+
+    /// When the next round goes out, given when each renewal in flight stops being waited for
+    /// by the next round ([`suspect_at`]).
+    pub fn due_at(&self, suspects: impl IntoIterator<Item = I>) -> I {
+        suspects
+            .into_iter()
+            .max()
+            .map_or(self.next, |suspect| suspect.max(self.next))
+    }
+
+    /// A round is sent `now`: the next one a cadence later. Returns the stamp of its requests.
+    pub fn round_sent(&mut self, options: &LockOptions, now: I) -> Sent<I> {
+        self.next = now + options.extension_cadence();
+        Sent(now)
+    }
+
+    /// A renewal failed `now`: the next round no later than [`retry_delay`] from now.
+    pub fn retry_soon(&mut self, options: &LockOptions, now: I) {
+        self.next = self.next.min(now + retry_delay(options));
+    }
+
+    /// The next round goes out at once (its leases must be renewed in other commands).
+    pub fn renew_now(&mut self, now: I) {
+        self.next = now;
+    }
+}
+
+/// When an unanswered renewal `request` stops being waited for: at the earliest deadline of the
+/// leases it serves (`earliest_lost_at`, `None` once none is held), and at the latest when even a
+/// reply could no longer extend them (its send plus the lease's lifetime).
+pub fn give_up_at<I: Moment>(
+    options: &LockOptions,
+    request: Sent<I>,
+    earliest_lost_at: Option<I>,
+) -> I {
+    let latest = request.0 + options.lease_lifetime();
+    earliest_lost_at.map_or(request.0, |deadline| deadline.min(latest))
+}
+
+/// Three quarters of the way from sending `request` to giving it up at `give_up_at`: if it is
+/// still unanswered then, the next round need not wait for it.
+pub fn suspect_at<I: Moment>(request: Sent<I>, give_up_at: I) -> I {
+    request.0 + give_up_at.since(request.0) * 3 / 4
+}
+
+/// An acquisition attempt always gets at least this long to answer (unless `expiry` is shorter),
+/// even when the caller's deadline is nearer: a free lock must not be reported busy just because
+/// the round trip outlasted a tiny timeout, and a primary that is busy for a few seconds must not
+/// turn every `try_acquire` into an error. (Five seconds, not the driver's 30 s server selection:
+/// a caller with a short timeout still hears of an unreachable server soon.)
+pub(crate) const MIN_ATTEMPT_WAIT: Duration = Duration::from_secs(5);
+
+/// Until when an attempt sent at `sent` is waited for: never longer than `expiry` after it (a
+/// reply that late could not hold the lock for long anyway); with the caller's `deadline`, no
+/// longer than the deadline or [`MIN_ATTEMPT_WAIT`] after the send, whichever is later.
+pub(crate) fn attempt_reply_limit<I: Moment>(
+    options: &LockOptions,
+    sent: I,
+    deadline: Option<I>,
+) -> I {
+    let longest = sent + options.expiry();
+    match deadline {
+        Some(deadline) => longest.min(deadline.max(sent + MIN_ATTEMPT_WAIT)),
+        None => longest,
+    }
+}
+
+/// How an attempt's command turned out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reply {
+    /// It won the lease.
+    Won,
+    /// The lock is busy: nothing was written that the attempt holds.
+    Busy,
+    /// It failed with an error after which its write may have been applied (a lost reply, a
+    /// cut connection, a write-concern error): its outcome is unknown.
+    Unknown,
+    /// It failed with an error that applied nothing (a duplicate key, a refused command).
+    Refused,
+}
+
+/// What its caller is told of an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tell {
+    /// Nothing (yet, or any more: the caller was told already or left).
+    Nothing,
+    /// The lease it won: the caller holds the lock.
+    Lease,
+    /// Not acquired: the lock is busy, or what the attempt won is being ended by a shutdown.
+    Busy,
+    /// The attempt's error.
+    Error,
+    /// No reply came within the attempt's reply limit.
+    NoReply,
+}
+
+/// What to do after an event of an [`Attempt`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Step {
+    /// Send the attempt's undo (the cleanup that ends whatever lease its lock id may hold).
+    pub undo: bool,
+    /// Release the lease it won: nobody will be handed it.
+    pub release: bool,
+    /// What the caller is told.
+    pub tell: Tell,
+}
+
+impl Step {
+    const NOTHING: Step = Step {
+        undo: false,
+        release: false,
+        tell: Tell::Nothing,
+    };
+}
+
+/// One acquisition attempt from its send to its outcome: whether its caller still waits for it,
+/// whether its undo went out, whether the caller was told.
+///
+/// The attempt always runs to its reply (or is given up at its reply limit): a caller that stops
+/// waiting, a reply limit that passes, or an outcome that is unknown sends the undo at once
+/// (once), and a win that nobody waits for any more is released, never handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Attempt<I> {
+    sent: Sent<I>,
+    limit: I,
+    caller_waits: bool,
+    undo_sent: bool,
+    told: bool,
+}
+
+impl<I: Moment> Attempt<I> {
+    /// An attempt sent `now` by a caller who waits until `deadline` (`None`: no deadline).
+    pub fn sent(options: &LockOptions, now: I, deadline: Option<I>) -> Attempt<I> {
+        Attempt {
+            sent: Sent(now),
+            limit: attempt_reply_limit(options, now, deadline),
+            caller_waits: true,
+            undo_sent: false,
+            told: false,
+        }
+    }
+
+    /// The stamp of its request.
+    pub fn request(&self) -> Sent<I> {
+        self.sent
+    }
+
+    /// Until when its reply is waited for.
+    pub fn reply_limit(&self) -> I {
+        self.limit
+    }
+
+    /// Whether its caller still waits for it.
+    pub fn caller_waits(&self) -> bool {
+        self.caller_waits && !self.told
+    }
+
+    /// Its caller stopped waiting (a timeout of its own, a cancellation, a shutdown): the undo
+    /// goes out at once.
+    pub fn caller_left(&mut self) -> Step {
+        self.caller_waits = false;
+        Step {
+            undo: self.undo(),
+            ..Step::NOTHING
+        }
+    }
+
+    /// No reply came by `now`: when the reply limit has passed, the undo goes out and the caller
+    /// hears there was no reply; a late win is released.
+    pub fn waited(&mut self, now: I) -> Step {
+        if now < self.limit || self.told {
+            return Step::NOTHING;
+        }
+        let tell = self.tell(Tell::NoReply);
+        Step {
+            undo: self.undo(),
+            release: false,
+            tell,
+        }
+    }
+
+    /// The reply came: what it means for the caller. `settled` is false when a shutdown took
+    /// the attempt's undo meanwhile (it is ending what the attempt won: nobody is handed it).
+    pub fn answered(&mut self, reply: Reply, settled: bool) -> Step {
+        match reply {
+            Reply::Won if self.caller_waits() && settled => Step {
+                tell: self.tell(Tell::Lease),
+                ..Step::NOTHING
+            },
+            Reply::Won => Step {
+                release: true,
+                undo: false,
+                tell: self.tell(Tell::Busy),
+            },
+            Reply::Busy => Step {
+                tell: self.tell(Tell::Busy),
+                ..Step::NOTHING
+            },
+            Reply::Unknown => Step {
+                undo: self.undo(),
+                release: false,
+                tell: self.tell(Tell::Error),
+            },
+            Reply::Refused => Step {
+                tell: self.tell(Tell::Error),
+                ..Step::NOTHING
+            },
+        }
+    }
+
+    /// Whether the undo goes out now (the first time only).
+    fn undo(&mut self) -> bool {
+        !std::mem::replace(&mut self.undo_sent, true)
+    }
+
+    /// `tell`, if the caller still waits and was not told yet.
+    fn tell(&mut self, tell: Tell) -> Tell {
+        if self.caller_waits() {
+            self.told = true;
+            tell
+        } else {
+            Tell::Nothing
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Milliseconds on a test clock.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    struct Ms(u64);
+
+    impl Add<Duration> for Ms {
+        type Output = Ms;
+        fn add(self, duration: Duration) -> Ms {
+            Ms(self.0 + u64::try_from(duration.as_millis()).unwrap())
+        }
+    }
+
+    impl Moment for Ms {
+        fn since(self, earlier: Ms) -> Duration {
+            Duration::from_millis(self.0.saturating_sub(earlier.0))
+        }
+    }
+
+    /// A lease of 1 s renewed every 200 ms, with a 10 ms margin and 190 ms of skew: relied on
+    /// for 800 ms after a send.
+    fn options() -> LockOptions {
+        LockOptions::builder()
+            .expiry(Duration::from_secs(1))
+            .extension_cadence(Duration::from_millis(200))
+            .max_clock_skew(Duration::from_millis(190))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_deadline_counts_from_the_send_not_the_reply() {
+        let options = options();
+        assert_eq!(options.lease_lifetime(), Duration::from_millis(800));
+        let mut lease = Lease::won(&options, Sent::now(Ms(1_000)), Ms(1_250));
+        assert_eq!(lease.lost_at(Ms(1_250)), Some(Ms(1_800)));
+        assert_eq!(lease.renew_by(&options), Some(Ms(1_200)));
+        // A renewal sent at 1 200 and answered at 1 290 relies on the lease until 2 000.
+        assert!(lease.confirmed(&options, Sent::now(Ms(1_200)), Ms(1_290)));
+        assert_eq!(lease.lost_at(Ms(1_290)), Some(Ms(2_000)));
+        assert_eq!(lease.renew_by(&options), Some(Ms(1_400)));
+        // An older request answered later never moves the deadline back.
+        assert!(lease.confirmed(&options, Sent::now(Ms(1_100)), Ms(1_300)));
+        assert_eq!(lease.lost_at(Ms(1_300)), Some(Ms(2_000)));
+        assert_eq!(lease.renew_by(&options), Some(Ms(1_400)));
+    }
+
+    #[test]
+    fn a_reply_after_the_deadline_neither_wins_nor_extends() {
+        let options = options();
+        let mut late = Lease::won(&options, Sent::now(Ms(0)), Ms(800));
+        assert!(
+            late.is_lost(Ms(800)),
+            "a win answered at its deadline is lost"
+        );
+        let mut lease = Lease::won(&options, Sent::now(Ms(0)), Ms(10));
+        assert!(!lease.confirmed(&options, Sent::now(Ms(750)), Ms(800)));
+        assert!(lease.is_lost(Ms(800)));
+        assert!(!lease.confirmed(&options, Sent::now(Ms(790)), Ms(810)));
+        assert!(lease.mark_lost(), "the first report of the loss");
+        assert!(!lease.mark_lost());
+    }
+
+    #[test]
+    fn max_hold_caps_every_deadline_and_unbounded_leases_have_none() {
+        let options = LockOptions::builder()
+            .expiry(Duration::from_secs(1))
+            .extension_cadence(Duration::from_millis(200))
+            .max_clock_skew(Duration::from_millis(190))
+            .max_hold(Duration::from_millis(1_200))
+            .build()
+            .unwrap();
+        let mut lease = Lease::won(&options, Sent::now(Ms(0)), Ms(10));
+        assert_eq!(lease.lost_at(Ms(10)), Some(Ms(800)));
+        assert!(lease.confirmed(&options, Sent::now(Ms(600)), Ms(610)));
+        assert_eq!(
+            lease.lost_at(Ms(610)),
+            Some(Ms(1_200)),
+            "not 1 400: the hold ends"
+        );
+        assert!(!lease.hold_ended(Ms(1_199)));
+        assert!(lease.hold_ended(Ms(1_200)));
+        assert!(lease.is_lost(Ms(1_200)));
+        let mut unbounded = Lease::<Ms>::unbounded();
+        assert!(unbounded.confirmed(&options, Sent::now(Ms(0)), Ms(u64::MAX / 2)));
+        assert_eq!(unbounded.lost_at(Ms(u64::MAX / 2)), None);
+        assert_eq!(unbounded.renew_by(&options), None);
+        assert!(unbounded.mark_released(Ms(u64::MAX / 2)));
+        assert!(!unbounded.mark_lost(), "a released lease is never lost");
+    }
+
+    #[test]
+    fn rounds_go_a_cadence_apart_and_wait_for_a_suspect_round_only_so_long() {
+        let options = options();
+        let mut renewals = Renewals::new(Ms(0));
+        renewals.lease_added(Ms(200), false);
+        assert_eq!(renewals.due_at([]), Ms(200));
+        let round = renewals.round_sent(&options, Ms(200));
+        assert_eq!(renewals.planned(), Ms(400));
+        // Unanswered, the round is given up at its leases' deadline at the latest, and
+        // the next round waits for it until three quarters of the way there.
+        let give_up = give_up_at(&options, round, Some(Ms(1_300)));
+        assert_eq!(give_up, Ms(1_000));
+        assert_eq!(give_up_at(&options, round, Some(Ms(350))), Ms(350));
+        assert_eq!(give_up_at(&options, round, None), Ms(200));
+        assert_eq!(suspect_at(round, give_up), Ms(800));
+        assert_eq!(renewals.due_at([suspect_at(round, give_up)]), Ms(800));
+        assert_eq!(
+            renewals.due_at([Ms(300)]),
+            Ms(400),
+            "never before the planned round"
+        );
+        renewals.retry_soon(&options, Ms(300));
+        assert_eq!(renewals.planned(), Ms(350));
+        renewals.lease_added(Ms(600), true);
+        assert_eq!(
+            renewals.planned(),
+            Ms(350),
+            "no later than planned for the others"
+        );
+        renewals.renew_now(Ms(310));
+        assert_eq!(renewals.planned(), Ms(310));
+    }
+
+    #[test]
+    fn an_attempt_whose_caller_left_is_undone_once_and_its_win_released() {
+        let options = options();
+        let mut attempt = Attempt::sent(&options, Ms(0), None);
+        assert_eq!(attempt.reply_limit(), Ms(1_000));
+        let left = attempt.caller_left();
+        assert!(left.undo && !left.release && left.tell == Tell::Nothing);
+        let won = attempt.answered(Reply::Won, true);
+        assert!(!won.undo && won.release && won.tell == Tell::Nothing);
+        assert!(!attempt.caller_left().undo, "one undo");
+    }
+
+    #[test]
+    fn an_unanswered_or_unknown_attempt_is_undone_and_a_late_win_released() {
+        let options = options();
+        let mut attempt = Attempt::sent(&options, Ms(0), Some(Ms(10)));
+        assert_eq!(
+            attempt.reply_limit(),
+            Ms(1_000),
+            "at least 5 s, at most the expiry"
+        );
+        assert_eq!(attempt.waited(Ms(999)), Step::NOTHING);
+        let given_up = attempt.waited(Ms(1_000));
+        assert!(given_up.undo && given_up.tell == Tell::NoReply);
+        let late = attempt.answered(Reply::Won, true);
+        assert!(late.release && !late.undo && late.tell == Tell::Nothing);
+
+        let mut unknown = Attempt::sent(&options, Ms(0), None);
+        let step = unknown.answered(Reply::Unknown, true);
+        assert!(step.undo && step.tell == Tell::Error);
+        let mut refused = Attempt::sent(&options, Ms(0), None);
+        let step = refused.answered(Reply::Refused, true);
+        assert!(!step.undo && step.tell == Tell::Error);
+    }
+
+    #[test]
+    fn a_win_is_handed_out_only_to_a_waiting_caller_whose_attempt_a_shutdown_left_alone() {
+        let options = options();
+        let mut attempt = Attempt::sent(&options, Ms(0), None);
+        assert_eq!(attempt.answered(Reply::Won, true).tell, Tell::Lease);
+        let mut taken = Attempt::sent(&options, Ms(0), None);
+        let step = taken.answered(Reply::Won, false);
+        assert!(
+            step.release && step.tell == Tell::Busy,
+            "released, and not acquired"
+        );
+        let mut busy = Attempt::sent(&options, Ms(0), None);
+        assert_eq!(busy.answered(Reply::Busy, true).tell, Tell::Busy);
+        assert_eq!(busy.waited(Ms(10_000)), Step::NOTHING, "told already");
+    }
+
+    #[test]
+    fn the_reply_limit_is_at_least_five_seconds_and_at_most_the_expiry() {
+        let options = LockOptions::builder()
+            .expiry(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let ms = |ms: u64| Ms(ms);
+        assert_eq!(attempt_reply_limit(&options, ms(0), None), ms(30_000));
+        assert_eq!(attempt_reply_limit(&options, ms(0), Some(ms(0))), ms(5_000));
+        assert_eq!(
+            attempt_reply_limit(&options, ms(0), Some(ms(7_000))),
+            ms(7_000)
+        );
+        assert_eq!(
+            attempt_reply_limit(&options, ms(0), Some(ms(60_000))),
+            ms(30_000)
+        );
+    }
+}
