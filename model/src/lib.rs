@@ -3,10 +3,14 @@
 //! cleanup after an unknown outcome, a caller that stops waiting, a provider's shutdown; lost,
 //! delayed and duplicated messages; two routers whose clocks differ by `max_clock_skew`.
 //!
-//! The model runs the crate's own decision functions (`distributed_lock_mongodb::__model`): the
-//! local deadline arithmetic, the attempt's reply limit, and every command's filter and update
+//! The model runs the crate's own code (`distributed_lock_mongodb::__model`): its protocol core
+//! (every client's deadlines, renewals and attempts) and every command's filter and update
 //! pipeline, which [`eval`] applies to the model's lock document as MongoDB would. See
 //! `DESIGN.md`, "The model checker", and `tests/check.rs`.
 
 pub mod eval;
 pub mod protocol;
+
+/// The checker, for `tests/check.rs` wherever it is compiled (also as the crate's `model` test,
+/// which mutation testing runs: `scripts/mutants`).
+pub use stateright;

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use lease_model::protocol::{Config, LeaseProtocol, Mistake, narrate};
-use stateright::{Checker, HasDiscoveries, Model};
+use lease_model::stateright::{Checker, HasDiscoveries, Model};
 
 /// The model's own bookkeeping, checked as a safety property.
 const BOOKKEEPING: &str = "a caller is handed a lease only while it asks for one";

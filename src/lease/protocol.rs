@@ -523,6 +523,7 @@ mod tests {
         let options = options();
         assert_eq!(options.lease_lifetime(), Duration::from_millis(800));
         let mut lease = Lease::won(&options, Sent::now(Ms(1_000)), Ms(1_250));
+        assert!(!lease.is_lost(Ms(1_799)));
         assert_eq!(lease.lost_at(Ms(1_250)), Some(Ms(1_800)));
         assert_eq!(lease.renew_by(&options), Some(Ms(1_200)));
         // A renewal sent at 1 200 and answered at 1 290 relies on the lease until 2 000.
@@ -661,6 +662,23 @@ mod tests {
         let mut busy = Attempt::sent(&options, Ms(0), None);
         assert_eq!(busy.answered(Reply::Busy, true).tell, Tell::Busy);
         assert_eq!(busy.waited(Ms(10_000)), Step::NOTHING, "told already");
+    }
+
+    #[test]
+    fn the_engines_clocks_measure_time_since_an_earlier_instant_and_never_below_zero() {
+        let now = boot_time::Instant::now();
+        let later = now + Duration::from_millis(250);
+        assert_eq!(later.since(now), Duration::from_millis(250));
+        assert_eq!(now.since(later), Duration::ZERO);
+        let now = tokio::time::Instant::now();
+        let later = now + Duration::from_millis(250);
+        assert_eq!(later.since(now), Duration::from_millis(250));
+        assert_eq!(now.since(later), Duration::ZERO);
+        // What the renewal loop makes of them: a round unanswered three quarters of the way.
+        assert_eq!(
+            suspect_at(Sent::now(now), later),
+            now + Duration::from_micros(187_500)
+        );
     }
 
     #[test]
