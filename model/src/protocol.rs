@@ -157,6 +157,19 @@ pub struct Config {
     pub cancel: bool,
     /// Whether the first process may shut its provider down.
     pub shut_down: bool,
+    /// A step one router's clock may take, once, at any moment (an NTP step, a resumed VM).
+    pub clock_step: Option<ClockStep>,
+    /// How many ticks process 0 may stand still, once, at any moment (a stop-the-world pause, a
+    /// starved runtime): its callers act on nothing, and the replies that reach it wait, to be
+    /// handled as it resumes, before its timers.
+    pub pause: Option<u8>,
+}
+
+/// A step of one router's clock: `by_ms` forward (positive) or back (negative).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClockStep {
+    pub router: u8,
+    pub by_ms: i64,
 }
 
 impl Default for Config {
@@ -186,6 +199,8 @@ impl Default for Config {
             horizon: 30,
             cancel: false,
             shut_down: false,
+            clock_step: None,
+            pause: None,
         }
     }
 }
@@ -233,6 +248,49 @@ impl Config {
         Config {
             faults: 0,
             shut_down: true,
+            ..Config::default()
+        }
+    }
+
+    /// Three callers, and at any moment router R1's clock steps back by twice `max_clock_skew`:
+    /// from 200 ms ahead of R0's to 200 ms behind it, the largest step back that keeps the
+    /// routers within `max_clock_skew` of each other (the assumption the lock is built on). A
+    /// clock that steps back is what a fencing token must outlast: `$$NOW` after the step may be
+    /// earlier than the previous holder's.
+    pub fn a_router_clock_steps_back() -> Config {
+        Config {
+            faults: 0,
+            clock_step: Some(ClockStep {
+                router: 1,
+                by_ms: -2 * R1_AHEAD_MS,
+            }),
+            ..Config::default()
+        }
+    }
+
+    /// Three callers, requests that may stay in flight two ticks (longer than the margin a
+    /// lease's deadline leaves), and process 0 stands still for two ticks at any moment: a reply
+    /// that reaches it meanwhile is handled after its holder's deadline passed, before the
+    /// holder notices the deadline (the order a starved renewal loop may take).
+    pub fn a_process_pauses() -> Config {
+        Config {
+            faults: 0,
+            max_delay: 2,
+            pause: Some(2),
+            ..Config::default()
+        }
+    }
+
+    /// Three callers, and at any moment router R0's clock steps forward by the whole
+    /// `max_clock_skew`, to read what R1's does: the largest forward step the assumptions allow.
+    /// A lease R0 wrote before the step ends earlier in real time by as much.
+    pub fn a_router_clock_steps_forward() -> Config {
+        Config {
+            faults: 0,
+            clock_step: Some(ClockStep {
+                router: 0,
+                by_ms: R1_AHEAD_MS,
+            }),
             ..Config::default()
         }
     }
@@ -489,6 +547,12 @@ pub struct State {
     pub next_lock_id: u8,
     pub may_cancel: bool,
     pub may_shut_down: bool,
+    /// How far ahead of real time each router's clock reads (R0, R1), in ms.
+    pub router_clocks_ms: [i64; 2],
+    pub may_step_clock: bool,
+    pub may_pause: bool,
+    /// Process 0 stands still until this tick.
+    pub paused_until: Option<u8>,
     /// The largest token any holder has held so far.
     pub max_token_held: Option<i64>,
     /// False once a holder got a token not larger than every earlier holder's.
@@ -585,11 +649,15 @@ pub enum Action {
     Cancel(usize),
     /// The first process shuts its provider down.
     ShutDown,
+    /// A router's clock steps ([`Config::clock_step`]).
+    StepClock,
+    /// Process 0 stands still ([`Config::pause`]).
+    Pause,
 }
 
 impl LeaseProtocol {
     fn server_now(&self, state: &State, router: u8) -> DateTime {
-        let ahead = if router == 1 { R1_AHEAD_MS } else { 0 };
+        let ahead = state.router_clocks_ms[usize::from(router)];
         DateTime::from_millis(EPOCH_MS + state.now_ms() + ahead)
     }
 
@@ -973,6 +1041,11 @@ impl LeaseProtocol {
     fn run_due(&self, state: &mut State) {
         for client in 0..state.clients.len() {
             let (now, at) = (state.now, state.at());
+            if state.clients[client].process == 0
+                && state.paused_until.is_some_and(|until| now < until)
+            {
+                continue; // standing still
+            }
             let id = u8::try_from(client).expect("small");
             match state.clients[client].phase.clone() {
                 Phase::Idle { at: due } if due <= now => {
@@ -1041,6 +1114,16 @@ impl LeaseProtocol {
                 lock_id,
             });
         }
+    }
+
+    /// Whether `message` is a reply to a caller of process 0.
+    fn to_process_0(&self, state: &State, message: &Message) -> bool {
+        let receiver = match *message {
+            Message::AttemptReply { client, .. } | Message::RenewReply { client, .. } => client,
+            Message::TransferReply { waiter, .. } => waiter,
+            _ => return false,
+        };
+        state.clients[usize::from(receiver)].process == 0
     }
 
     /// The local waiter of `client`'s process a release would hand the lock to.
@@ -1133,6 +1216,10 @@ impl LeaseProtocol {
             next_lock_id: 0,
             may_cancel: self.config.cancel,
             may_shut_down: self.config.shut_down,
+            router_clocks_ms: [0, R1_AHEAD_MS],
+            may_step_clock: self.config.clock_step.is_some(),
+            may_pause: self.config.pause.is_some(),
+            paused_until: None,
             max_token_held: None,
             tokens_increase: true,
             stale_writes_refused: true,
@@ -1185,6 +1272,12 @@ impl Model for LeaseProtocol {
         if state.may_shut_down {
             actions.push(Action::ShutDown);
         }
+        if state.may_step_clock {
+            actions.push(Action::StepClock);
+        }
+        if state.may_pause {
+            actions.push(Action::Pause);
+        }
         if !overdue && state.now < self.config.horizon {
             actions.push(Action::Tick);
         }
@@ -1200,10 +1293,13 @@ impl Model for LeaseProtocol {
                 for in_flight in &mut state.network {
                     in_flight.age += 1;
                 }
+                let paused = state.paused_until.is_some_and(|until| state.now < until);
                 let (arrived, in_flight): (Vec<_>, Vec<_>) = std::mem::take(&mut state.network)
                     .into_iter()
                     .partition(|in_flight| {
-                        !in_flight.message.is_request() && in_flight.age >= in_flight.latency
+                        !in_flight.message.is_request()
+                            && in_flight.age >= in_flight.latency
+                            && !(paused && self.to_process_0(&state, &in_flight.message))
                     });
                 state.network = in_flight;
                 for reply in arrived {
@@ -1236,6 +1332,16 @@ impl Model for LeaseProtocol {
                 self.leave_attempt(&mut state, client, Leave::Cancelled);
             }
             Action::ShutDown => self.shut_down(&mut state),
+            Action::Pause => {
+                state.may_pause = false;
+                state.paused_until = self.config.pause.map(|ticks| state.now + ticks);
+            }
+            Action::StepClock => {
+                state.may_step_clock = false;
+                if let Some(step) = self.config.clock_step {
+                    state.router_clocks_ms[usize::from(step.router)] += step.by_ms;
+                }
+            }
         }
         Some(state)
     }
@@ -1368,6 +1474,14 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
             }
             Action::Cancel(client) => format!("client {client}'s caller stops waiting"),
             Action::ShutDown => "process 0 shuts its provider down".to_owned(),
+            Action::Pause => format!(
+                "process 0 stands still until {} ms",
+                i64::from(after.paused_until.unwrap_or(0)) * TICK_MS
+            ),
+            Action::StepClock => format!(
+                "a router's clock steps: R0 reads {} ms, R1 {} ms ahead of real time",
+                after.router_clocks_ms[0], after.router_clocks_ms[1]
+            ),
         };
         let stored = match &after.lock {
             Some(LockDocument {

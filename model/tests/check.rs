@@ -89,6 +89,33 @@ fn a_provider_that_shuts_down() {
 }
 
 #[test]
+fn a_process_that_stands_still() {
+    verify(
+        "a process stands still",
+        Config::a_process_pauses(),
+        &["a lease is taken over after it ended"],
+    );
+}
+
+#[test]
+fn a_router_clock_that_steps_back() {
+    verify(
+        "a router's clock steps back",
+        Config::a_router_clock_steps_back(),
+        &["a release hands the lock to a local waiter"],
+    );
+}
+
+#[test]
+fn a_router_clock_that_steps_forward() {
+    verify(
+        "a router's clock steps forward",
+        Config::a_router_clock_steps_forward(),
+        &["a release hands the lock to a local waiter"],
+    );
+}
+
+#[test]
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (
