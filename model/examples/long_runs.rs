@@ -7,18 +7,7 @@
 //!
 //! Exits 1 and prints the counterexample when a property fails.
 
-use std::time::Instant;
-
-use lease_model::protocol::{Config, LeaseProtocol, narrate};
-use lease_model::stateright::{Checker, Model};
-
-const PROPERTIES: [&str; 5] = [
-    "mutual exclusion",
-    "fencing tokens increase in acquisition order",
-    "no stale fenced write is accepted",
-    "a caller is handed a lease only while it asks for one",
-    "every caller is served",
-];
+use lease_model::protocol::{Config, broken, explore};
 
 fn main() {
     let runs = [(
@@ -27,22 +16,11 @@ fn main() {
     )];
     let mut failed = false;
     for (name, config) in runs {
-        let started = Instant::now();
-        let checker = LeaseProtocol::new(config).checker().spawn_bfs().join();
-        println!(
-            "{name}: {} states ({} unique), depth {}, in {:.1?}",
-            checker.state_count(),
-            checker.unique_state_count(),
-            checker.max_depth(),
-            started.elapsed()
-        );
-        for property in PROPERTIES {
-            if let Some(path) = checker.discovery(property) {
-                failed = true;
-                println!("{name}: counterexample to {property:?}:");
-                for line in narrate(&path.into_vec()) {
-                    println!("  {line}");
-                }
+        if let Some((property, path)) = broken(&explore(name, config)) {
+            failed = true;
+            println!("{name}: counterexample to {property:?}:");
+            for line in path {
+                println!("  {line}");
             }
         }
     }

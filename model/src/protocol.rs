@@ -41,12 +41,12 @@
 use std::collections::HashMap;
 use std::ops::Add;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distributed_lock_mongodb::__model as code;
 use distributed_lock_mongodb::{DEFAULT_FENCE_FIELD, LockOptions};
 use mongodb::bson::{Bson, DateTime, Document, doc};
-use stateright::{Model, Property};
+use stateright::{Checker, Model, Property};
 
 use crate::eval;
 
@@ -1457,6 +1457,42 @@ fn keep_the_stored_token(pipeline: Vec<Document>) -> Vec<Document> {
             stage
         })
         .collect()
+}
+
+/// The model's own bookkeeping, checked as a safety property.
+pub const BOOKKEEPING: &str = "a caller is handed a lease only while it asks for one";
+
+/// What every configuration must keep: the safety properties, then liveness.
+pub const MUST_HOLD: [&str; 5] = [
+    "mutual exclusion",
+    "fencing tokens increase in acquisition order",
+    "no stale fenced write is accepted",
+    BOOKKEEPING,
+    "every caller is served",
+];
+
+/// Explores every state of `config` and prints, as `name`, how many there were and how long it
+/// took.
+pub fn explore(name: &str, config: Config) -> impl Checker<LeaseProtocol> {
+    let started = Instant::now();
+    let checker = LeaseProtocol::new(config).checker().spawn_bfs().join();
+    println!(
+        "{name}: {} states ({} unique), depth {}, in {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    );
+    checker
+}
+
+/// The first property of [`MUST_HOLD`] the checker found a counterexample to, with that
+/// counterexample narrated ([`narrate`]).
+pub fn broken(checker: &impl Checker<LeaseProtocol>) -> Option<(&'static str, Vec<String>)> {
+    MUST_HOLD.into_iter().find_map(|property| {
+        let path = checker.discovery(property)?;
+        Some((property, narrate(&path.into_vec())))
+    })
 }
 
 /// A counterexample (or example) as lines a person can follow: for each step, the time, what

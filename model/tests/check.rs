@@ -7,38 +7,20 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use lease_model::protocol::{Config, LeaseProtocol, Mistake, narrate};
+use lease_model::protocol::{
+    BOOKKEEPING, Config, LeaseProtocol, Mistake, broken, explore, narrate,
+};
 use lease_model::stateright::{Checker, HasDiscoveries, Model};
-
-/// The model's own bookkeeping, checked as a safety property.
-const BOOKKEEPING: &str = "a caller is handed a lease only while it asks for one";
-const SAFETY: [&str; 4] = [
-    "mutual exclusion",
-    "fencing tokens increase in acquisition order",
-    "no stale fenced write is accepted",
-    BOOKKEEPING,
-];
-const LIVENESS: &str = "every caller is served";
 
 /// Explores every state of `config` and asserts that no property has a counterexample, and that
 /// the run reached each of `examples` (so the model explores what it claims to).
 fn verify(name: &str, config: Config, examples: &[&'static str]) {
-    let started = Instant::now();
-    let checker = LeaseProtocol::new(config).checker().spawn_bfs().join();
-    println!(
-        "{name}: {} states ({} unique), depth {}, in {:.1?}",
-        checker.state_count(),
-        checker.unique_state_count(),
-        checker.max_depth(),
-        started.elapsed()
-    );
-    for property in SAFETY.into_iter().chain([LIVENESS]) {
-        if let Some(path) = checker.discovery(property) {
-            panic!(
-                "{name}: counterexample to {property:?}:\n{}",
-                narrate(&path.into_vec()).join("\n")
-            );
-        }
+    let checker = explore(name, config);
+    if let Some((property, path)) = broken(&checker) {
+        panic!(
+            "{name}: counterexample to {property:?}:\n{}",
+            path.join("\n")
+        );
     }
     for example in examples {
         assert!(
