@@ -122,26 +122,32 @@ fn each_planted_mistake_yields_a_counterexample() {
         "every planted mistake is checked"
     );
     for (mistake, config, property) in expected {
-        let started = Instant::now();
-        let checker = LeaseProtocol::new(Config {
-            mistake: Some(mistake),
-            ..config
-        })
-        .checker()
-        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
-        .spawn_bfs()
-        .join();
-        let path = checker
-            .discovery(property)
-            .unwrap_or_else(|| panic!("{mistake:?}: no counterexample to {property:?}"));
-        println!(
-            "\n{mistake:?}: counterexample to {property:?} after {} states, in {:.1?}:",
-            checker.unique_state_count(),
-            started.elapsed()
-        );
-        for line in narrate(&path.into_vec()) {
-            println!("  {line}");
-        }
+        counterexample(&format!("{mistake:?}"), mistake, config, property);
+    }
+}
+
+/// Explores `config` with `mistake` planted until it finds a counterexample to `property`,
+/// and prints it; panics, naming `name`, if there is none.
+fn counterexample(name: &str, mistake: Mistake, config: Config, property: &'static str) {
+    let started = Instant::now();
+    let checker = LeaseProtocol::new(Config {
+        mistake: Some(mistake),
+        ..config
+    })
+    .checker()
+    .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
+    .spawn_bfs()
+    .join();
+    let path = checker
+        .discovery(property)
+        .unwrap_or_else(|| panic!("{name}: no counterexample to {property:?}"));
+    println!(
+        "\n{name}: counterexample to {property:?} after {} states, in {:.1?}:",
+        checker.unique_state_count(),
+        started.elapsed()
+    );
+    for line in narrate(&path.into_vec()) {
+        println!("  {line}");
     }
 }
 
@@ -156,20 +162,7 @@ fn a_mistake_that_breaks_the_bookkeeping_yields_a_path_not_a_crash() {
         ("a caller leaves", Config::a_caller_leaves()),
     ];
     for (name, config) in configurations {
-        let checker = LeaseProtocol::new(Config {
-            mistake: Some(Mistake::CleanupByName),
-            ..config
-        })
-        .checker()
-        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([BOOKKEEPING])))
-        .spawn_bfs()
-        .join();
-        let path = checker
-            .discovery(BOOKKEEPING)
-            .unwrap_or_else(|| panic!("{name}: no counterexample to {BOOKKEEPING:?}"));
-        println!("\n{name}, cleanups by name: counterexample to {BOOKKEEPING:?}:");
-        for line in narrate(&path.into_vec()) {
-            println!("  {line}");
-        }
+        let name = format!("{name}, cleanups by name");
+        counterexample(&name, Mistake::CleanupByName, config, BOOKKEEPING);
     }
 }
