@@ -183,6 +183,10 @@ pub enum Operation {
     Release,
     /// Committing, replacing or checkpointing a locked document: no reply within `expiry`.
     Commit,
+    /// An administration call or a read of a lock's holders (`status`, `holders`,
+    /// `held_locks`, a forced release, a purge, a watch's first read): no reply within the
+    /// lock's `expiry` (at least five seconds). A write's outcome is unknown.
+    Administration,
 }
 
 impl fmt::Display for Operation {
@@ -192,6 +196,7 @@ impl fmt::Display for Operation {
             Operation::AttemptReply => "an acquisition attempt",
             Operation::Release => "release",
             Operation::Commit => "commit",
+            Operation::Administration => "an administration call",
         })
     }
 }
@@ -262,6 +267,10 @@ fn no_reply_message(operation: Operation, name: &str, waited: Duration) -> Strin
         Operation::Commit => format!(
             "the commit of {name:?} got no reply from MongoDB within {waited:?}; whether it \
              was applied is unknown"
+        ),
+        Operation::Administration => format!(
+            "an administration call on {name:?} got no reply from MongoDB within {waited:?}; \
+             whether a write it made was applied is unknown"
         ),
     }
 }

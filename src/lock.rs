@@ -119,7 +119,13 @@ impl MongoDistributedLock {
     /// Cancel safe: a read only.
     pub async fn status(&self) -> Result<Option<LockStatus>> {
         self.target.check()?;
-        admin::status(&self.target.collection, &self.target.name).await
+        let read = admin::status(&self.target.collection, &self.target.name);
+        admin::within(
+            admin::patience(&self.target.options),
+            &self.target.name,
+            read,
+        )
+        .await
     }
 
     /// Who holds the lock now: its holder, read at one server instant, or nobody (free, or only

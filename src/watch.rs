@@ -68,7 +68,7 @@ impl LockWatch {
         let observation = push.map(|(collection, family, name)| {
             Observation::new(&runtime, &collection, family, &name)
         });
-        let (sender, holders) = watch::channel(lock.read_holders().await?);
+        let (sender, holders) = watch::channel(read_holders(&lock).await?);
         let task = runtime.spawn(async move {
             loop {
                 let pushed = async {
@@ -138,15 +138,21 @@ impl Drop for LockWatch {
     }
 }
 
-/// Reads `lock` and stores its holders, notifying the receivers if who holds it changed.
-async fn refresh<L: ReadHolders>(lock: &L, sender: &watch::Sender<Vec<LockStatus>>) -> Result<()> {
-    let read = tokio::time::timeout(ATTEMPT_SERVER_TIME, lock.read_holders())
+/// `lock`'s holders, waited for at most [`ATTEMPT_SERVER_TIME`] (a reply not come by then is
+/// behind a half-open connection, on which the driver would wait for ever).
+async fn read_holders<L: ReadHolders>(lock: &L) -> Result<Vec<LockStatus>> {
+    tokio::time::timeout(ATTEMPT_SERVER_TIME, lock.read_holders())
         .await
         .map_err(|_| Error::NoReply {
-            operation: crate::Operation::AttemptReply,
+            operation: crate::Operation::Administration,
             name: String::new(),
             waited: ATTEMPT_SERVER_TIME,
-        })??;
+        })?
+}
+
+/// Reads `lock` and stores its holders, notifying the receivers if who holds it changed.
+async fn refresh<L: ReadHolders>(lock: &L, sender: &watch::Sender<Vec<LockStatus>>) -> Result<()> {
+    let read = read_holders(lock).await?;
     sender.send_if_modified(|holders| {
         let who = |holders: &[LockStatus]| -> Vec<(Option<String>, Option<crate::FencingToken>)> {
             holders

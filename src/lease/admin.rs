@@ -18,9 +18,35 @@ use super::schema::{
     Layout, MIN_HOLD_UNTIL, READERS, RENEWED_AT, RETENTION, Stored, WAITING_WRITER, WRITER,
     end_lease, live_members, primary,
 };
-use crate::error::shown_name;
+use crate::error::{Operation, shown_name};
 use crate::token::read_i64;
-use crate::{Error, FencingToken, LockDetails, LockKind, LockStatus, Result};
+use crate::{Error, FencingToken, LockDetails, LockKind, LockOptions, LockStatus, Result};
+
+/// How long an administration call (or a read of a lock's holders) waits for MongoDB: the
+/// lock's `expiry`, at least [`MIN_ATTEMPT_WAIT`](super::protocol::MIN_ATTEMPT_WAIT). A reply
+/// that has not come by then is behind a half-open connection, on which the driver would wait
+/// for ever.
+pub(crate) fn patience(options: &LockOptions) -> Duration {
+    options.expiry().max(super::protocol::MIN_ATTEMPT_WAIT)
+}
+
+/// `call`, waited for at most `patience`; after that [`Error::NoReply`] (an
+/// [`Operation::Administration`] on `subject`, a lock's or a collection's name).
+pub(crate) async fn within<T>(
+    patience: Duration,
+    subject: &str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(patience, call)
+        .await
+        .unwrap_or_else(|_elapsed| {
+            Err(Error::NoReply {
+                operation: Operation::Administration,
+                name: subject.to_owned(),
+                waited: patience,
+            })
+        })
+}
 
 /// The server time added to each row read.
 const NOW: &str = "now";

@@ -16,12 +16,16 @@ impl Provider {
     ///
     /// # Errors
     /// [`Error::Mongo`](crate::Error::Mongo) if the read fails;
-    /// [`Error::InvalidCollectionName`](crate::Error::InvalidCollectionName).
+    /// [`Error::NoReply`](crate::Error::NoReply) if MongoDB does not answer within the
+    /// provider's `expiry` (at least five seconds: a half-open connection, on which the driver
+    /// would wait for ever; the same bound holds for every call of this section, and a write's
+    /// outcome is then unknown); [`Error::InvalidCollectionName`](crate::Error::InvalidCollectionName).
     ///
     /// # Cancel safety
     /// Cancel safe: a read only.
     pub async fn status(&self, name: &str) -> Result<Option<LockStatus>> {
-        admin::status(&self.open(&self.collection)?, name).await
+        let collection = self.open(&self.collection)?;
+        self.within(name, admin::status(&collection, name)).await
     }
 
     /// Every lock of this provider that is held right now, ordered by name and kind, one entry
@@ -50,6 +54,11 @@ impl Provider {
     /// # Cancel safety
     /// Cancel safe: reads only.
     pub async fn held_locks_matching(&self, filter: &LockFilter) -> Result<Vec<LockStatus>> {
+        let subject = filter.name().unwrap_or(self.collection.name.as_str());
+        self.within(subject, self.read_held(filter)).await
+    }
+
+    async fn read_held(&self, filter: &LockFilter) -> Result<Vec<LockStatus>> {
         let by_name = || {
             filter
                 .name()
@@ -132,7 +141,8 @@ impl Provider {
             }
         };
         let collection = self.open(collection)?;
-        admin::force_release_lease(&collection, &layout, &holder.name, lock_id).await
+        let release = admin::force_release_lease(&collection, &layout, &holder.name, lock_id);
+        self.within(&holder.name, release).await
     }
 
     /// **Dangerous**: ends the lease of lock `name` now, whoever holds it, so a stuck lock (for
@@ -151,7 +161,9 @@ impl Provider {
     /// # Cancel safety
     /// Dropping the future may or may not leave the lease ended.
     pub async fn force_release(&self, name: &str) -> Result<bool> {
-        admin::force_release(&self.open(&self.collection)?, name).await
+        let collection = self.open(&self.collection)?;
+        self.within(name, admin::force_release(&collection, name))
+            .await
     }
 
     /// Deletes the lock documents whose last lease ended more than a day ago (server time) in
@@ -176,6 +188,11 @@ impl Provider {
     /// Dropping the future may or may not leave documents deleted.
     pub async fn purge_expired(&self) -> Result<u64> {
         let collections = self.lock_collections()?;
+        self.within(&self.collection.name, Self::purge(collections))
+            .await
+    }
+
+    async fn purge(collections: Vec<(Collection<Document>, Vec<Stored>)>) -> Result<u64> {
         for (collection, kinds) in &collections {
             admin::check_lock_collection(collection, kinds).await?;
         }
@@ -197,6 +214,17 @@ impl Provider {
     /// Cancel safe: reads only.
     pub async fn purgeable(&self, names: usize) -> Result<Purgeable> {
         let collections = self.lock_collections()?;
+        self.within(
+            &self.collection.name,
+            Self::read_purgeable(collections, names),
+        )
+        .await
+    }
+
+    async fn read_purgeable(
+        collections: Vec<(Collection<Document>, Vec<Stored>)>,
+        names: usize,
+    ) -> Result<Purgeable> {
         for (collection, kinds) in &collections {
             admin::check_lock_collection(collection, kinds).await?;
         }
@@ -254,6 +282,12 @@ impl Provider {
     /// two kinds of lock kept in one collection.
     pub fn validate(&self) -> Result<()> {
         self.lock_collections().map(drop)
+    }
+
+    /// `call` (on lock or collection `subject`), waited for at most the provider's
+    /// [`admin::patience`]: [`Error::NoReply`] after that.
+    async fn within<T>(&self, subject: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+        admin::within(admin::patience(&self.options), subject, call).await
     }
 
     /// The provider's lock collections (exclusive, reader-writer, semaphore), each once, with

@@ -647,3 +647,62 @@ async fn administration_never_touches_documents_that_are_not_locks() {
             .unwrap();
     assert_eq!(left, application);
 }
+
+/// An administration call whose reply never comes (a half-open connection, on which the driver
+/// waits for ever) returns `NoReply` once the provider's patience (its `expiry`, at least five
+/// seconds) has passed: found by the randomized history test, whose forced release hung a
+/// worker past its end. Each call sends its command once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn administration_calls_without_a_reply_end_with_no_reply() {
+    use common::proxy::{self, Action, Rule};
+    let (proxy, client) = proxy::proxied_client().await;
+    let database = client.database(common::DATABASE);
+    let (provider, [locks, _, _]) = common::provider_with_own_collections(&database);
+    let provider = provider.with_options(common::options(1_000, 300));
+    let name = common::unique("hung-admin");
+    let guard = provider.create_lock(name.as_str()).acquire().await.unwrap();
+    let patience = Duration::from_secs(5);
+
+    // The forced release's update is applied, and its reply never comes.
+    let hung_update = proxy.add_rule(Rule::new("update", Action::ApplyThenHang).on(locks.name()));
+    let started = tokio::time::Instant::now();
+    let error = tokio::time::timeout(patience * 4, provider.force_release(&name))
+        .await
+        .expect("the forced release returns")
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert!(error.is_no_reply(), "{error}");
+    assert!(
+        error.to_string().contains(&name) && error.to_string().contains("administration"),
+        "{error}"
+    );
+    assert!(waited >= patience, "gave up after {waited:?}");
+    assert_eq!(
+        proxy.hits(hung_update),
+        1,
+        "one forced release, one command"
+    );
+    // It was applied: the holder learns at its next renewal.
+    tokio::time::timeout(Duration::from_secs(10), guard.lost().wait())
+        .await
+        .expect("the holder learns its lease ended");
+
+    // A read that never gets a reply: the status of a provider and of a lock.
+    let hung_read = proxy.add_rule(
+        Rule::new("aggregate", Action::Hang)
+            .on(locks.name())
+            .times(2),
+    );
+    let error = tokio::time::timeout(patience * 4, provider.status(&name))
+        .await
+        .expect("the provider's status returns")
+        .unwrap_err();
+    assert!(error.is_no_reply(), "{error}");
+    let lock = provider.create_lock(name.as_str());
+    let error = tokio::time::timeout(patience * 4, lock.status())
+        .await
+        .expect("the lock's status returns")
+        .unwrap_err();
+    assert!(error.is_no_reply(), "{error}");
+    assert_eq!(proxy.hits(hung_read), 2, "one read each");
+}

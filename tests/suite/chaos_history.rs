@@ -43,8 +43,8 @@ const WORKERS: usize = 4;
 const TASKS: usize = 8;
 /// R1's clock is this far ahead of R0's; with the clock steps below (at most 250 ms forward in
 /// all) that stays within the workers' `max_clock_skew` of 600 ms.
-const R1_AHEAD_MS: i64 = 300;
-const MAX_CLOCK_STEP_MS: i64 = 250;
+pub(crate) const R1_AHEAD_MS: i64 = 300;
+pub(crate) const MAX_CLOCK_STEP_MS: i64 = 250;
 
 fn run_for() -> Duration {
     let seconds = std::env::var("CHAOS_SECONDS")
@@ -55,7 +55,7 @@ fn run_for() -> Duration {
 }
 
 /// A wire fault on one worker's commands to the lock's collection.
-fn wire_fault(kind: usize, collection: &str) -> (&'static str, Rule) {
+pub(crate) fn wire_fault(kind: usize, collection: &str) -> (&'static str, Rule) {
     let on = |command: &str, action: Action| Rule::new(command, action).on(collection);
     match kind {
         0 => (
@@ -125,7 +125,7 @@ fn wire_fault(kind: usize, collection: &str) -> (&'static str, Rule) {
         ),
     }
 }
-const WIRE_FAULTS: usize = 11;
+pub(crate) const WIRE_FAULTS: usize = 11;
 
 /// A worker process and what the checker needs to know of it.
 struct Worker {
@@ -182,7 +182,7 @@ impl Run {
     }
 }
 
-fn monotonic_nanos() -> i128 {
+pub(crate) fn monotonic_nanos() -> i128 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -204,7 +204,7 @@ struct Hold {
     write: Option<String>,
 }
 
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
+pub(crate) fn field<'a>(line: &'a str, key: &str) -> &'a str {
     line.split_whitespace()
         .find_map(|part| {
             part.strip_prefix(key)
@@ -213,7 +213,7 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key} in history line {line:?}"))
 }
 
-fn instant(value: &str) -> Option<i128> {
+pub(crate) fn instant(value: &str) -> Option<i128> {
     (value != "-").then(|| value.parse().expect("an instant"))
 }
 
@@ -600,7 +600,7 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
 }
 
 /// Steps the embedded server's clock by `millis` (launcher shim 7).
-async fn step_clock(database: &mongodb::Database, millis: i64) {
+pub(crate) async fn step_clock(database: &mongodb::Database, millis: i64) {
     if millis != 0 {
         database
             .run_command(doc! { "mongoecoStepClock": millis })

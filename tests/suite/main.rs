@@ -14,6 +14,7 @@ mod bad_input;
 #[cfg(feature = "blocking")]
 mod blocking;
 mod chaos_history;
+mod chaos_random_history;
 mod composite;
 mod document_lock;
 mod exclusive_lock;
