@@ -576,6 +576,9 @@ pub struct State {
     /// model's bookkeeping of what callers want, checked as a property so that a mistake that
     /// breaks it yields a path, not a crash of the checker.
     pub granted_only_when_asked: bool,
+    /// False once a renewal or a release matched a lease that was not its sender's (someone
+    /// else's lease renewed or ended: the filters by lock id are what prevents it).
+    pub touched_only_own: bool,
     /// For coverage: the resource refused a write with a token older than the one it stored.
     pub stale_write_refused: bool,
     /// For coverage: a release handed the lock to a local waiter; a lease was taken over after
@@ -583,6 +586,8 @@ pub struct State {
     pub transferred: bool,
     pub taken_over: bool,
     pub abandoned_win_released: bool,
+    /// For coverage: a renewal reached the server after another client had taken the lock.
+    pub renewal_met_another: bool,
 }
 
 impl State {
@@ -790,9 +795,16 @@ impl LeaseProtocol {
             } => {
                 let renew = self.command(CommandKey::Renew(lock_id));
                 let router = Self::router_of(state, client);
+                let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
                 let live = self
                     .update(state, router, &renew.filter, &renew.update, false)
                     .is_some();
+                if stored.is_some_and(|holder| holder != lock_id) {
+                    state.renewal_met_another = true;
+                }
+                if live && stored != Some(lock_id) {
+                    state.touched_only_own = false;
+                }
                 state.send(Message::RenewReply {
                     client,
                     lock_id,
@@ -824,7 +836,13 @@ impl LeaseProtocol {
             Message::Release { client, lock_id } => {
                 let release = self.command(CommandKey::Release(lock_id));
                 let router = Self::router_of(state, client);
-                self.update(state, router, &release.filter, &release.update, false);
+                let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
+                let ended = self
+                    .update(state, router, &release.filter, &release.update, false)
+                    .is_some();
+                if ended && stored != Some(lock_id) {
+                    state.touched_only_own = false;
+                }
             }
             Message::Transfer {
                 releasing,
@@ -1237,10 +1255,12 @@ impl LeaseProtocol {
             tokens_increase: true,
             stale_writes_refused: true,
             granted_only_when_asked: true,
+            touched_only_own: true,
             stale_write_refused: false,
             transferred: false,
             taken_over: false,
             abandoned_win_released: false,
+            renewal_met_another: false,
         }
     }
 }
@@ -1378,6 +1398,10 @@ impl Model for LeaseProtocol {
                 "a caller is handed a lease only while it asks for one",
                 |_, state: &State| state.granted_only_when_asked,
             ),
+            Property::always(
+                "a renewal or release touches only its sender's lease",
+                |_, state: &State| state.touched_only_own,
+            ),
             Property::eventually("every caller is served", |_, state: &State| {
                 state
                     .clients
@@ -1391,6 +1415,10 @@ impl Model for LeaseProtocol {
             Property::sometimes(
                 "a lease is taken over after it ended",
                 |_, state: &State| state.taken_over,
+            ),
+            Property::sometimes(
+                "a renewal reaches the server after another took the lock",
+                |_, state: &State| state.renewal_met_another,
             ),
             Property::sometimes("a stale fenced write is refused", |_, state: &State| {
                 state.stale_write_refused
@@ -1463,10 +1491,11 @@ fn keep_the_stored_token(pipeline: Vec<Document>) -> Vec<Document> {
 pub const BOOKKEEPING: &str = "a caller is handed a lease only while it asks for one";
 
 /// What every configuration must keep: the safety properties, then liveness.
-pub const MUST_HOLD: [&str; 5] = [
+pub const MUST_HOLD: [&str; 6] = [
     "mutual exclusion",
     "fencing tokens increase in acquisition order",
     "no stale fenced write is accepted",
+    "a renewal or release touches only its sender's lease",
     BOOKKEEPING,
     "every caller is served",
 ];
