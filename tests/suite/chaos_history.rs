@@ -292,25 +292,8 @@ fn worker_with_token(workers: &[Worker], token: i64) -> Option<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap() {
     let real = std::env::var("MONGODB_URI").ok();
-    let dedicated = real
-        .is_none()
-        .then(|| common::server::start_dedicated(Some(R1_AHEAD_MS)));
-    let (r0, r1) = match (&real, &dedicated) {
-        (Some(uri), _) => (
-            uri.clone(),
-            std::env::var("MONGODB_URI_2").unwrap_or_else(|_| uri.clone()),
-        ),
-        (None, Some(dedicated)) => (
-            dedicated.uri.clone(),
-            dedicated.skewed_uri.clone().expect("a skewed port"),
-        ),
-        (None, None) => unreachable!(),
-    };
-    let seed = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("chaos: seed {seed}");
+    let (dedicated, r0, r1) = routers(real.as_deref());
+    let seed = seed("CHAOS_SEED", "chaos");
     let mut nemesis = StdRng::seed_from_u64(seed);
 
     let mut proxies = Vec::new();
@@ -597,6 +580,37 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
     assert!(holds.len() >= 40, "too few holds to check: {}", holds.len());
     assert!(injected >= 50, "too few faults: {counts:?}");
     let _ = std::fs::remove_dir_all(&run.directory);
+}
+
+/// The two routers of a run: a dedicated embedded server whose second port's clock is
+/// [`R1_AHEAD_MS`] ahead, or, against the real MongoDB at `real`, that one and `MONGODB_URI_2`
+/// (the same router if unset). Returns the dedicated server (kept while the run lasts), R0, R1.
+pub(crate) fn routers(real: Option<&str>) -> (Option<common::server::Dedicated>, String, String) {
+    match real {
+        Some(uri) => (
+            None,
+            uri.to_owned(),
+            std::env::var("MONGODB_URI_2").unwrap_or_else(|_| uri.to_owned()),
+        ),
+        None => {
+            let dedicated = common::server::start_dedicated(Some(R1_AHEAD_MS));
+            let (r0, r1) = (
+                dedicated.uri.clone(),
+                dedicated.skewed_uri.clone().expect("a skewed port"),
+            );
+            (Some(dedicated), r0, r1)
+        }
+    }
+}
+
+/// A run's seed: `variable`'s value, or a random one; printed as "`label`: seed <n>".
+pub(crate) fn seed(variable: &str, label: &str) -> u64 {
+    let seed = std::env::var(variable)
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("{label}: seed {seed}");
+    seed
 }
 
 /// Steps the embedded server's clock by `millis` (launcher shim 7).

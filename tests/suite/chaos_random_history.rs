@@ -40,7 +40,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::chaos_history::{
-    MAX_CLOCK_STEP_MS, R1_AHEAD_MS, WIRE_FAULTS, field, instant, step_clock, wire_fault,
+    MAX_CLOCK_STEP_MS, R1_AHEAD_MS, WIRE_FAULTS, field, instant, routers, seed, step_clock,
+    wire_fault,
 };
 
 const PROCESSES: usize = 3;
@@ -239,9 +240,6 @@ fn application_documents() -> Vec<Document> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_work_across_providers_and_processes_leaves_a_history_that_holds() {
     let real = std::env::var("MONGODB_URI").ok();
-    let dedicated = real
-        .is_none()
-        .then(|| common::server::start_dedicated(Some(R1_AHEAD_MS)));
     // The second deployment: a server of its own, or against a real MongoDB another database
     // of it (a separate namespace, which a handoff keeps apart as well).
     let second_server = real
@@ -254,22 +252,8 @@ async fn random_work_across_providers_and_processes_leaves_a_history_that_holds(
             format!("{}_second", common::DATABASE),
         ),
     };
-    let (r0, r1) = match (&real, &dedicated) {
-        (Some(uri), _) => (
-            uri.clone(),
-            std::env::var("MONGODB_URI_2").unwrap_or_else(|_| uri.clone()),
-        ),
-        (None, Some(dedicated)) => (
-            dedicated.uri.clone(),
-            dedicated.skewed_uri.clone().expect("a skewed port"),
-        ),
-        (None, None) => unreachable!(),
-    };
-    let seed = std::env::var("HISTORY_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("history: seed {seed}");
+    let (dedicated, r0, r1) = routers(real.as_deref());
+    let seed = seed("HISTORY_SEED", "history");
     let mut nemesis = StdRng::seed_from_u64(seed);
 
     let direct = Client::with_uri_str(&r0).await.unwrap();
