@@ -510,22 +510,7 @@ async fn thirty_two_contenders_under_a_nemesis_leave_a_history_without_overlap()
             "fencing tokens out of acquisition order (seed {seed}): {before} then {after}"
         );
     }
-    let stored = database
-        .collection::<Document>(&run.resource)
-        .find_one(doc! { "_id": "resource" })
-        .await
-        .unwrap()
-        .expect("the resource was written");
-    let applied: Vec<i64> = stored
-        .get_array("applied")
-        .unwrap()
-        .iter()
-        .map(|token| token.as_i64().expect("a token"))
-        .collect();
-    assert!(
-        applied.windows(2).all(|pair| pair[0] < pair[1]),
-        "the resource accepted fenced writes out of token order: {applied:?} (seed {seed})"
-    );
+    let applied = accepted_tokens(&database.collection(&run.resource), "resource", seed).await;
     let tokens: std::collections::HashSet<i64> = holds.iter().map(|hold| hold.token).collect();
     let all_tokens: std::collections::HashSet<i64> = workers
         .iter()
@@ -601,6 +586,31 @@ pub(crate) fn routers(real: Option<&str>) -> (Option<common::server::Dedicated>,
             (Some(dedicated), r0, r1)
         }
     }
+}
+
+/// The tokens of the fenced writes resource document `id` of `collection` accepted, in the order
+/// it accepted them; asserts that they strictly increase.
+pub(crate) async fn accepted_tokens(
+    collection: &mongodb::Collection<Document>,
+    id: &str,
+    seed: u64,
+) -> Vec<i64> {
+    let stored = collection
+        .find_one(doc! { "_id": id })
+        .await
+        .unwrap()
+        .expect("the resource document");
+    let applied: Vec<i64> = stored
+        .get_array("applied")
+        .unwrap()
+        .iter()
+        .map(|token| token.as_i64().expect("a token"))
+        .collect();
+    assert!(
+        applied.windows(2).all(|pair| pair[0] < pair[1]),
+        "resource {id} accepted fenced writes out of token order: {applied:?} (seed {seed})"
+    );
+    applied
 }
 
 /// A run's seed: `variable`'s value, or a random one; printed as "`label`: seed <n>".

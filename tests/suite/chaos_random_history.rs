@@ -40,8 +40,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::chaos_history::{
-    MAX_CLOCK_STEP_MS, R1_AHEAD_MS, WIRE_FAULTS, field, instant, routers, seed, step_clock,
-    wire_fault,
+    MAX_CLOCK_STEP_MS, R1_AHEAD_MS, WIRE_FAULTS, accepted_tokens, field, instant, routers, seed,
+    step_clock, wire_fault,
 };
 
 const PROCESSES: usize = 3;
@@ -570,23 +570,7 @@ async fn check(
 
         // The fenced writes the resource accepted.
         let (database, id) = deployment(name, first, second);
-        let stored = database
-            .collection::<Document>(resource)
-            .find_one(doc! { "_id": id })
-            .await
-            .unwrap()
-            .expect("the resource document");
-        let applied: Vec<i64> = stored
-            .get_array("applied")
-            .unwrap()
-            .iter()
-            .map(|token| token.as_i64().expect("a token"))
-            .collect();
-        assert!(
-            applied.windows(2).all(|pair| pair[0] < pair[1]),
-            "{name}'s resource accepted fenced writes out of token order: {applied:?} (seed \
-             {seed})"
-        );
+        let applied = accepted_tokens(&database.collection(resource), id, seed).await;
         for token in &applied {
             assert!(
                 by_token.contains_key(token),
