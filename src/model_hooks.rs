@@ -61,6 +61,17 @@ pub fn release_update(lock_id: &str) -> Vec<Document> {
     schema::Layout::LockDocument.release_update(lock_id, schema::Ending::Release)
 }
 
+/// The filter of a forced release of lock `name` (`Provider::force_release`, `dlock release`):
+/// its lease, whoever holds it, in a document shaped like an exclusive lock's.
+pub fn force_release_filter(name: &str) -> Document {
+    crate::lease::admin::force_release_filter(name)
+}
+
+/// The update pipeline of a forced release: the lease ends as its holder's release would.
+pub fn force_release_update() -> Vec<Document> {
+    schema::end_lease(schema::Ending::Release)
+}
+
 /// The filter of a release that hands the lock over from `releasing` to a local waiter's
 /// `waiter` (a `findAndModify` returning the document after the update).
 pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {

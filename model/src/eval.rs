@@ -9,7 +9,7 @@
 
 use std::cmp::Ordering;
 
-use mongodb::bson::{Bson, DateTime, Document};
+use mongodb::bson::{Bson, DateTime, Document, doc};
 
 /// The value of a field or expression: `None` when missing.
 pub type Value = Option<Bson>;
@@ -278,6 +278,54 @@ fn operator_expression(
                 },
             }
         }
+        // The expression form: whether the first value is among the second's.
+        "$in" => {
+            let (value, set) = pair();
+            let Some(Bson::Array(set)) = set else {
+                panic!("$in needs an array, got {set:?}");
+            };
+            boolean(
+                set.into_iter()
+                    .any(|item| compare(&value, &Some(item)) == Ordering::Equal),
+            )
+        }
+        "$setIsSubset" => {
+            let (subset, set) = pair();
+            let (Some(Bson::Array(subset)), Some(Bson::Array(set))) = (subset, set) else {
+                panic!("$setIsSubset needs two arrays");
+            };
+            boolean(subset.into_iter().all(|item| {
+                set.iter().any(|other| {
+                    compare(&Some(item.clone()), &Some(other.clone())) == Ordering::Equal
+                })
+            }))
+        }
+        "$objectToArray" => match evaluate(argument, document, now) {
+            Some(Bson::Document(object)) => Some(Bson::Array(
+                object
+                    .iter()
+                    .map(|(field, value)| Bson::Document(doc! { "k": field, "v": value.clone() }))
+                    .collect(),
+            )),
+            other => panic!("$objectToArray of {other:?} not modelled"),
+        },
+        "$map" => {
+            let form = sub_document(argument);
+            let name = form.get_str("as").expect("as");
+            let each = form.get("in").expect("in");
+            let input = evaluate(form.get("input").expect("input"), document, now);
+            let Some(Bson::Array(items)) = input else {
+                panic!("$map over {input:?} not modelled");
+            };
+            Some(Bson::Array(
+                items
+                    .iter()
+                    .map(|item| {
+                        evaluate(&bind(each, name, item), document, now).unwrap_or(Bson::Null)
+                    })
+                    .collect(),
+            ))
+        }
         "$type" => Some(Bson::String(
             match evaluate(argument, document, now) {
                 None => "missing",
@@ -292,6 +340,40 @@ fn operator_expression(
             .to_owned(),
         )),
         other => panic!("expression operator {other} not modelled"),
+    }
+}
+
+/// `expression` with the variable `$$name` (and the paths below it) replaced by `value` (and its
+/// parts), as literals: how `$map` evaluates its `in` for each item.
+fn bind(expression: &Bson, name: &str, value: &Bson) -> Bson {
+    match expression {
+        Bson::String(text) => {
+            let Some(rest) = text.strip_prefix(&format!("$${name}")) else {
+                return expression.clone();
+            };
+            let part = if rest.is_empty() {
+                Some(value.clone())
+            } else if let Some(path) = rest.strip_prefix('.') {
+                lookup(sub_document(value), path)
+            } else {
+                // Another variable whose name starts with this one's.
+                return expression.clone();
+            };
+            match part {
+                Some(part) => Bson::Document(doc! { "$literal": part }),
+                None => Bson::String("$$REMOVE".to_owned()),
+            }
+        }
+        Bson::Array(items) => {
+            Bson::Array(items.iter().map(|item| bind(item, name, value)).collect())
+        }
+        Bson::Document(fields) => Bson::Document(
+            fields
+                .iter()
+                .map(|(field, inner)| (field.clone(), bind(inner, name, value)))
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }
 
@@ -402,10 +484,66 @@ fn equal(a: &Value, b: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mongodb::bson::doc;
 
     fn at(millis: i64) -> DateTime {
         DateTime::from_millis(millis)
+    }
+
+    /// The crate's forced release matches a lock document by its shape (`$map` over
+    /// `$objectToArray`, `$setIsSubset`, `$in`), and no application document.
+    #[test]
+    fn a_forced_release_matches_lock_documents_by_their_shape_only() {
+        let now = at(1_000);
+        let filter = distributed_lock_mongodb::__model::force_release_filter("n");
+        let lock = doc! {
+            "_id": "n", "lockId": "a", "expiresAt": at(2_000), "acquiredAt": at(500),
+            "fencingToken": 7_i64,
+        };
+        assert!(matches(&filter, &lock, now));
+        let mut with_details = lock.clone();
+        with_details.insert("details", doc! { "owner": "x" });
+        assert!(
+            matches(&filter, &with_details, now),
+            "details are a lock's field"
+        );
+        let mut application = lock.clone();
+        application.insert("payload", "the application's");
+        assert!(
+            !matches(&filter, &application, now),
+            "a field no lock writes"
+        );
+        let mut without_token = lock.clone();
+        without_token.remove("fencingToken");
+        assert!(
+            !matches(&filter, &without_token, now),
+            "every lock has a token"
+        );
+        let mut released = lock.clone();
+        released.remove("lockId");
+        assert!(!matches(&filter, &released, now), "no lease to end");
+        let ended = apply_pipeline(
+            &distributed_lock_mongodb::__model::force_release_update(),
+            &lock,
+            now,
+        );
+        assert_eq!(ended.get("lockId"), None);
+        assert_eq!(ended.get_datetime("expiresAt"), Ok(&now));
+        assert_eq!(ended.get_i64("fencingToken"), Ok(7));
+    }
+
+    #[test]
+    fn map_binds_its_variable_for_each_item() {
+        let stored = doc! { "a": 1_i64, "b": "x" };
+        let names = evaluate(
+            &Bson::from(doc! { "$map": {
+                "input": { "$objectToArray": "$$ROOT" },
+                "as": "field",
+                "in": "$$field.k",
+            } }),
+            &stored,
+            at(0),
+        );
+        assert_eq!(names, Some(Bson::from(vec!["a", "b"])));
     }
 
     #[test]

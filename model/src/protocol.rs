@@ -118,14 +118,20 @@ pub enum Mistake {
     CleanupByName,
     /// A takeover keeps the stored fencing token instead of the next one.
     TokenNotIncremented,
+    /// A lease a transfer won is handed to its waiter even when the waiter no longer waits (its
+    /// own attempt won first, or it left): the rule of the crate's engine (`acquire.rs`: a guard
+    /// nobody receives is ended at once) that the model's clients copy, broken in the copy. It
+    /// breaks the model's bookkeeping of what callers want, which must then yield a path.
+    TransferToALeaver,
 }
 
 impl Mistake {
     /// Every planted mistake.
-    pub const ALL: [Mistake; 3] = [
+    pub const ALL: [Mistake; 4] = [
         Mistake::TransferOfALostLease,
         Mistake::CleanupByName,
         Mistake::TokenNotIncremented,
+        Mistake::TransferToALeaver,
     ];
 }
 
@@ -163,6 +169,9 @@ pub struct Config {
     /// starved runtime): its callers act on nothing, and the replies that reach it wait, to be
     /// handled as it resumes, before its timers.
     pub pause: Option<u8>,
+    /// Whether an operator may force the lock's release, once, at any moment
+    /// (`Provider::force_release` through router R0): a lease ended early by someone else.
+    pub force_release: bool,
 }
 
 /// A step of one router's clock: `by_ms` forward (positive) or back (negative).
@@ -201,6 +210,7 @@ impl Default for Config {
             shut_down: false,
             clock_step: None,
             pause: None,
+            force_release: false,
         }
     }
 }
@@ -290,6 +300,18 @@ impl Config {
             faults: 0,
             max_delay: 2,
             pause: Some(2),
+            ..Config::default()
+        }
+    }
+
+    /// Three callers, and at any moment an operator forces the lock's release (the crate's
+    /// `force_release` command): the holder whose lease it ended may go on believing it holds
+    /// until its next renewal's reply, which must tell it (by design, the one window in which
+    /// two callers believe they hold the lock; fencing covers it).
+    pub fn an_operator_ends_a_lease() -> Config {
+        Config {
+            faults: 0,
+            force_release: true,
             ..Config::default()
         }
     }
@@ -566,6 +588,9 @@ pub struct State {
     pub may_pause: bool,
     /// Process 0 stands still until this tick.
     pub paused_until: Option<u8>,
+    pub may_force_release: bool,
+    /// The lease an operator's forced release ended, and when.
+    pub forced: Option<(u8, At)>,
     /// The largest token any holder has held so far.
     pub max_token_held: Option<i64>,
     /// False once a holder got a token not larger than every earlier holder's.
@@ -579,6 +604,9 @@ pub struct State {
     /// False once a renewal or a release matched a lease that was not its sender's (someone
     /// else's lease renewed or ended: the filters by lock id are what prevents it).
     pub touched_only_own: bool,
+    /// False once the holder of a lease an operator ended still believed it held the lock
+    /// after handling the reply to a renewal it sent after the end.
+    pub told_promptly: bool,
     /// For coverage: the resource refused a write with a token older than the one it stored.
     pub stale_write_refused: bool,
     /// For coverage: a release handed the lock to a local waiter; a lease was taken over after
@@ -588,6 +616,8 @@ pub struct State {
     pub abandoned_win_released: bool,
     /// For coverage: a renewal reached the server after another client had taken the lock.
     pub renewal_met_another: bool,
+    /// For coverage: an operator ended a lease a caller held.
+    pub operator_ended_a_held_lease: bool,
 }
 
 impl State {
@@ -604,6 +634,15 @@ impl State {
     /// count as lost.
     pub fn believes_it_holds(&self, client: usize) -> bool {
         matches!(&self.clients[client].phase, Phase::Holding(hold) if !is_lost(hold.lease, self.at()))
+    }
+
+    /// Whether `client` holds the lease an operator's forced release ended (it hears of it at
+    /// its next renewal).
+    fn ended_by_operator(&self, client: usize) -> bool {
+        matches!(
+            (&self.clients[client].phase, self.forced),
+            (Phase::Holding(hold), Some((forced, _))) if hold.lock_id == forced
+        )
     }
 
     fn send(&mut self, message: Message) {
@@ -671,6 +710,8 @@ pub enum Action {
     StepClock,
     /// Process 0 stands still ([`Config::pause`]).
     Pause,
+    /// An operator forces the lock's release ([`Config::force_release`]).
+    ForceRelease,
 }
 
 impl LeaseProtocol {
@@ -832,6 +873,14 @@ impl LeaseProtocol {
                 if !(live && hold.lease.confirmed(&self.options, sent, now)) {
                     self.lost(state, client);
                 }
+                // Sent after an operator ended this lease: its reply must have told the holder.
+                if state
+                    .forced
+                    .is_some_and(|(forced, at)| forced == lock_id && sent.at() > at)
+                    && state.believes_it_holds(client)
+                {
+                    state.told_promptly = false;
+                }
             }
             Message::Release { client, lock_id } => {
                 let release = self.command(CommandKey::Release(lock_id));
@@ -877,6 +926,19 @@ impl LeaseProtocol {
                     return;
                 }
                 state.clients[waiter].offer = None;
+                if token.is_some()
+                    && matches!(state.clients[waiter].phase, Phase::Holding(_) | Phase::Done)
+                    && !self.mistake(Mistake::TransferToALeaver)
+                {
+                    // Its own attempt won first (possible only when the lease the transfer
+                    // replaced ended early, by an operator): the crate drops the transferred
+                    // guard undelivered, which ends that lease at once.
+                    state.send(Message::Release {
+                        client: u8::try_from(waiter).expect("small"),
+                        lock_id,
+                    });
+                    return;
+                }
                 if let Some(token) = token {
                     state.transferred = true;
                     // An attempt of its own still in flight is abandoned: if it wins after all,
@@ -978,7 +1040,10 @@ impl LeaseProtocol {
         token: i64,
         request: code::Sent<At>,
     ) {
-        if state.max_token_held.is_some_and(|max| token <= max) {
+        // A lease an operator ended before its winner heard of the win is exempt: by design its
+        // holder believes it holds it until its first renewal's reply (fencing covers that).
+        let ended_early = state.forced.is_some_and(|(forced, _)| forced == lock_id);
+        if state.max_token_held.is_some_and(|max| token <= max) && !ended_early {
             state.tokens_increase = false;
         }
         state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
@@ -1251,16 +1316,20 @@ impl LeaseProtocol {
             may_step_clock: self.config.clock_step.is_some(),
             may_pause: self.config.pause.is_some(),
             paused_until: None,
+            may_force_release: self.config.force_release,
+            forced: None,
             max_token_held: None,
             tokens_increase: true,
             stale_writes_refused: true,
             granted_only_when_asked: true,
             touched_only_own: true,
+            told_promptly: true,
             stale_write_refused: false,
             transferred: false,
             taken_over: false,
             abandoned_win_released: false,
             renewal_met_another: false,
+            operator_ended_a_held_lease: false,
         }
     }
 }
@@ -1310,6 +1379,9 @@ impl Model for LeaseProtocol {
         }
         if state.may_pause {
             actions.push(Action::Pause);
+        }
+        if state.may_force_release {
+            actions.push(Action::ForceRelease);
         }
         if !overdue && state.now < self.config.horizon {
             actions.push(Action::Tick);
@@ -1369,6 +1441,21 @@ impl Model for LeaseProtocol {
                 state.may_pause = false;
                 state.paused_until = self.config.pause.map(|ticks| state.now + ticks);
             }
+            Action::ForceRelease => {
+                state.may_force_release = false;
+                let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
+                let (filter, update) = (
+                    code::force_release_filter(NAME),
+                    code::force_release_update(),
+                );
+                if let (Some(_), Some(lock_id)) =
+                    (self.update(&mut state, 0, &filter, &update, false), stored)
+                {
+                    state.forced = Some((lock_id, state.at()));
+                    state.operator_ended_a_held_lease =
+                        (0..state.clients.len()).any(|client| state.ended_by_operator(client));
+                }
+            }
             Action::StepClock => {
                 state.may_step_clock = false;
                 if let Some(step) = self.config.clock_step {
@@ -1381,12 +1468,20 @@ impl Model for LeaseProtocol {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
+            // Except the holder of a lease an operator ended, until its next renewal's reply
+            // (the property below): by design, a forced release does not ask the holder.
             Property::always("mutual exclusion", |_, state: &State| {
                 (0..state.clients.len())
-                    .filter(|&client| state.believes_it_holds(client))
+                    .filter(|&client| {
+                        state.believes_it_holds(client) && !state.ended_by_operator(client)
+                    })
                     .count()
                     <= 1
             }),
+            Property::always(
+                "a holder whose lease an operator ended hears of it at its next renewal",
+                |_, state: &State| state.told_promptly,
+            ),
             Property::always(
                 "fencing tokens increase in acquisition order",
                 |_, state: &State| state.tokens_increase,
@@ -1416,6 +1511,9 @@ impl Model for LeaseProtocol {
                 "a lease is taken over after it ended",
                 |_, state: &State| state.taken_over,
             ),
+            Property::sometimes("an operator ends a held lease", |_, state: &State| {
+                state.operator_ended_a_held_lease
+            }),
             Property::sometimes(
                 "a renewal reaches the server after another took the lock",
                 |_, state: &State| state.renewal_met_another,
@@ -1491,8 +1589,9 @@ fn keep_the_stored_token(pipeline: Vec<Document>) -> Vec<Document> {
 pub const BOOKKEEPING: &str = "a caller is handed a lease only while it asks for one";
 
 /// What every configuration must keep: the safety properties, then liveness.
-pub const MUST_HOLD: [&str; 6] = [
+pub const MUST_HOLD: [&str; 7] = [
     "mutual exclusion",
+    "a holder whose lease an operator ended hears of it at its next renewal",
     "fencing tokens increase in acquisition order",
     "no stale fenced write is accepted",
     "a renewal or release touches only its sender's lease",
@@ -1560,6 +1659,10 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
                 "a router's clock steps: R0 reads {} ms, R1 {} ms ahead of real time",
                 after.router_clocks_ms[0], after.router_clocks_ms[1]
             ),
+            Action::ForceRelease => match after.forced {
+                Some((lock_id, _)) => format!("an operator forces the release of L{lock_id}"),
+                None => "an operator forces a release: no lease to end".to_owned(),
+            },
         };
         let stored = match &after.lock {
             Some(LockDocument {

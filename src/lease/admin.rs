@@ -247,15 +247,20 @@ fn semaphore_held() -> Document {
 /// Ends whatever lease `name` has, now, as its holder's release would (a `min_hold` window
 /// stays). The document (and its fencing counter) stays.
 pub(crate) async fn force_release(collection: &Collection<Document>, name: &str) -> Result<bool> {
-    let filter = doc! {
+    let result = collection
+        .update_one(force_release_filter(name), end_lease(Ending::Release))
+        .await?;
+    Ok(result.modified_count > 0)
+}
+
+/// The filter of [`force_release`]: exclusive lock `name` with a lease, whoever holds it, in a
+/// document shaped like an exclusive lock's.
+pub(crate) fn force_release_filter(name: &str) -> Document {
+    doc! {
         ID: name,
         LOCK_ID: { "$exists": true },
         "$expr": Stored::Exclusive.shape(),
-    };
-    let result = collection
-        .update_one(filter, end_lease(Ending::Release))
-        .await?;
-    Ok(result.modified_count > 0)
+    }
 }
 
 /// Ends the lease `lock_id` of `name`, stored as `layout` says, as its holder's release would:
