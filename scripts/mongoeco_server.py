@@ -1269,7 +1269,9 @@ def fork_server(path: str) -> None:
                     os.close(fd)
                 waiting[pid] = connection
             elif not os.read(sys.stdin.fileno(), 65536):
-                os.unlink(path)
+                # The script that started it may have removed the socket's folder already.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
                 return
         while waiting:
             pid, status = os.waitpid(-1, os.WNOHANG)

@@ -2,12 +2,15 @@
 //! (`lock_worker random`, `tests/fixtures/random_history.rs`), each with three providers built
 //! apart (two on the test's server, one on a second deployment whose database, collection and
 //! names are the same: its locks are `B:a` and `B:b` here) and lock objects built apart from any
-//! provider, draw from a seeded generator what to do with three names (`a`; `b`, half of whose objects have a `min_hold`; the job `job`): acquire
-//! (try, timeout, cancel), hold, write fenced, release or drop; run the job; watch; read; force a
-//! release; purge; shut a provider down and build it again. Each talks through a fault proxy of
-//! its own, two through router R0 and one through R1, whose clock is 300 ms ahead; a seeded
-//! nemesis adds wire faults (lost replies, half-open connections, writes applied without a
-//! reply, delays, error replies) and steps the server's clock (launcher shim 7).
+//! provider, draw from a seeded generator what to do with four names (`a`; `b`, half of whose
+//! objects have a `min_hold`; the job `job`; `handover`, a 30 s lease): acquire (try, timeout,
+//! cancel), hold, write fenced, release or drop; exit while another family of the process waits
+//! for `handover` (drop the guard, which hands the lock over, and shut the provider down soon
+//! after); run the job; watch; read; force a release; purge; shut a provider down and build it
+//! again. Each talks through a fault proxy of its own, two through router R0 and one through R1,
+//! whose clock is 300 ms ahead; a seeded nemesis adds wire faults (lost replies, half-open
+//! connections, writes applied without a reply, delays, error replies, a transfer of `handover`
+//! answered after its settle deadline) and steps the server's clock (launcher shim 7).
 //!
 //! The history is then checked, name by name:
 //! - no two holders in real time, and each holder told it lost its lease before the next one
@@ -33,7 +36,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::proxy::{Fault, FaultProxy, RuleId};
+use common::proxy::{Action, Fault, FaultProxy, Rule, RuleId};
 use mongodb::Client;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use rand::rngs::StdRng;
@@ -45,10 +48,38 @@ use crate::chaos_history::{
 };
 
 const PROCESSES: usize = 3;
-/// The workers' lease (their options' `expiry`).
+/// The workers' lease (their options' `expiry`), but `handover`'s.
 const EXPIRY: Duration = Duration::from_secs(3);
-/// The names of the history: the first deployment's three, the second's two.
-const NAMES: [&str; 5] = ["a", "b", "job", "B:a", "B:b"];
+/// The lease of `handover` (the workers' `HANDOVER_EXPIRY`).
+const HANDOVER_EXPIRY: Duration = Duration::from_secs(30);
+/// The names of the history: the first deployment's four, the second's two.
+const NAMES: [&str; 6] = ["a", "b", "job", "handover", "B:a", "B:b"];
+
+/// The lease of the history's name `label`.
+fn expiry_of(label: &str) -> Duration {
+    if label == "handover" {
+        HANDOVER_EXPIRY
+    } else {
+        EXPIRY
+    }
+}
+
+const LATE_HANDOVER: &str = "findAndModify (transfer of handover): reply 6.5 s late";
+
+/// A transfer of `handover` (a release filtered by the releaser's and the waiters' lock ids),
+/// applied at once and answered 6.5 s later: after its settle deadline (5 s after its send, when
+/// a shutdown of the releasing provider stops waiting for its outcome and undoes it), before the
+/// release's next try (a quarter of the 30 s lease after the first). The waiter must then not be
+/// handed the lease the shutdown is ending.
+fn late_handover(collection: &str) -> Rule {
+    Rule::new(
+        "findAndModify",
+        Action::DelayReply(Duration::from_millis(6_500)),
+    )
+    .on(collection)
+    .where_field("query._id", "handover")
+    .where_present("query.lockId.$in")
+}
 /// The most the clocks that evaluated two acquisitions' `$$NOW` can differ by: R1's lead plus
 /// the clock steps. A `min_hold` window is compared exactly (`minHoldUntil` against the next
 /// attempt's `$$NOW`), but between two recorded acquisitions may lie one nobody was given (a
@@ -338,12 +369,17 @@ async fn random_work_across_providers_and_processes_leaves_a_history_that_holds(
         let wire_kind = nemesis.random_range(0..WIRE_FAULTS);
         let clock_target = nemesis.random_range(0..=MAX_CLOCK_STEP_MS);
         let pause = Duration::from_millis(nemesis.random_range(300..900));
-        if draw < 75 {
+        if draw < 70 {
             let (label, rule) = wire_fault(wire_kind, &collection_name);
             faults
                 .entry(label)
                 .or_default()
                 .push((proxy, proxies[proxy].add_rule(rule)));
+        } else if draw < 80 {
+            faults.entry(LATE_HANDOVER).or_default().push((
+                proxy,
+                proxies[proxy].add_rule(late_handover(&collection_name)),
+            ));
         } else if dedicated.is_some() {
             step_clock(&database, clock_target - clock_offset_ms).await;
             clock_offset_ms = clock_target;
@@ -366,11 +402,11 @@ async fn random_work_across_providers_and_processes_leaves_a_history_that_holds(
     // Once every process has exited, each name is free within its expiry (plus how far R1's
     // clock and the steps may put a lease's end ahead of R0's, and a second for this loop's
     // own commands on a loaded machine).
-    let free_by = stopped
-        + EXPIRY
-        + Duration::from_millis((R1_AHEAD_MS + MAX_CLOCK_STEP_MS) as u64)
-        + Duration::from_secs(1);
     for label in NAMES {
+        let free_by = stopped
+            + expiry_of(label)
+            + Duration::from_millis((R1_AHEAD_MS + MAX_CLOCK_STEP_MS) as u64)
+            + Duration::from_secs(1);
         let (database, name) = deployment(label, &database, &second);
         let lock = lock_without_ttl_index(name, database, &collection_name);
         let freed = loop {
@@ -390,6 +426,7 @@ async fn random_work_across_providers_and_processes_leaves_a_history_that_holds(
             lock.status().await
         );
     }
+    let freed_after = stopped.elapsed();
     if dedicated.is_some() {
         step_clock(&database, -clock_offset_ms).await;
     }
@@ -399,6 +436,17 @@ async fn random_work_across_providers_and_processes_leaves_a_history_that_holds(
         read_history(path, &mut history);
     }
     let checked = check(&history, [&database, &second], &resource_name, seed).await;
+    let late_handovers: usize = faults
+        .get(LATE_HANDOVER)
+        .into_iter()
+        .flatten()
+        .map(|&(proxy, rule)| proxies[proxy].hits(rule))
+        .sum();
+    let handovers = history
+        .holds
+        .iter()
+        .filter(|hold| hold.name == "handover")
+        .count();
 
     // The application's documents are as they were; the purge removed the old lock.
     for document in &application {
@@ -436,7 +484,9 @@ async fn random_work_across_providers_and_processes_leaves_a_history_that_holds(
     println!(
         "history: {PROCESSES} processes for {:?}: {} holds recorded, {} seen held and checked, \
          {} statuses matched to their holders, {} acquisitions after a min_hold window checked, {} forced releases, {} shutdowns, {} purges \
-         ({purges_done} done), {applied} wire faults applied, {clock_steps} clock steps",
+         ({purges_done} done), {applied} wire faults applied ({late_handovers} late transfers of \
+         handover, which had {handovers} holds), {clock_steps} clock steps; the workers exited \
+         {:?} after the run, the names were free {:?} after that",
         run_for(),
         history.holds.len(),
         checked.holds,
@@ -445,6 +495,8 @@ async fn random_work_across_providers_and_processes_leaves_a_history_that_holds(
         history.forced.len(),
         history.shutdowns,
         history.purged.len(),
+        stopped.saturating_duration_since(end),
+        freed_after,
     );
     for summary in &summaries {
         println!("history:   {summary}");
