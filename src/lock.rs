@@ -197,7 +197,9 @@ impl MongoDistributedLock {
     /// Waits at most `timeout` for the lock. A zero timeout makes exactly one attempt; one too
     /// large to represent (such as `Duration::MAX`) waits forever. The sleep before the last
     /// attempt is shortened so that attempt starts at the deadline; an attempt in flight then
-    /// still gets at least five seconds (at most `expiry`) to answer.
+    /// still gets at least five seconds (at most `expiry`) to answer, and so does a release of
+    /// this process that is handing the lock to this caller at the deadline: the call may
+    /// return that much later than `timeout` (with the lock, if the handover succeeded).
     ///
     /// # Errors
     /// [`Error::Timeout`] when the lock stayed busy until the deadline (naming what held it);
