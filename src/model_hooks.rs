@@ -13,10 +13,12 @@ use crate::{Fence, FencingToken, LockOptions};
 
 /// The protocol's decisions without I/O, which the engine runs on its clocks and the model on
 /// its ticks: a holder's [`Lease`] (its deadline and the extension rule), the renewal loop's
-/// [`Renewals`], [`give_up_at`] and [`suspect_at`], and an acquisition [`Attempt`].
+/// [`Renewals`], [`give_up_at`] and [`suspect_at`], an acquisition [`Attempt`], a release's
+/// [`hands_over`] and [`transfer_answered`], and a family's [`Work`] under way (what a shutdown
+/// waits for and undoes).
 pub use crate::lease::hooks::{
-    Attempt, Lease, Moment, Phase, Renewals, Reply, Sent, Step, Tell, give_up_at, retry_delay,
-    suspect_at,
+    Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, TransferReply,
+    TransferStep, Work, give_up_at, hands_over, retry_delay, suspect_at, transfer_answered,
 };
 
 /// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document

@@ -1,7 +1,8 @@
 //! The exclusive lock's lease protocol as a [`stateright`] model.
 //!
-//! Three callers contend for one lock name: two tasks of one process (one family of locks, so a
-//! release can hand the lock to the other in one command) reach the server through router R0, a
+//! Three callers contend for one lock name: two tasks of one process (one family of locks, or two
+//! in [`Config::two_families_and_a_shutdown`]; either way a release can hand the lock to the other
+//! in one command) reach the server through router R0, a
 //! task of another process through router R1, whose clock is ahead of R0's by the whole
 //! `max_clock_skew`. Time advances in ticks of [`TICK_MS`]; every client reads the real time
 //! (its local clock runs at the real rate), every router its own clock. Every holder writes to a
@@ -13,13 +14,16 @@
 //! [`crate::eval`]; the clients decide with the crate's own protocol core, the state machines the
 //! engine runs: each holder's [`code::Lease`] (its deadline, counted from the send of the
 //! request that confirmed it, and the rule that nothing extends a lease whose deadline passed)
-//! and [`code::Renewals`] (when it renews, and how soon after a failure), and each attempt's
+//! and [`code::Renewals`] (when it renews, and how soon after a failure), each attempt's
 //! [`code::Attempt`] (its reply limit, when its undo goes out, and that a win nobody waits for is
-//! released). A mistake in those decisions, made in the crate, changes what the checker explores. What the model adds is the network and the callers: a message stays in flight
+//! released), each release's [`code::hands_over`] and [`code::transfer_answered`] (whether it
+//! becomes a transfer, and what a transfer's outcome hands on or undoes), and each family's
+//! [`code::Work`] (what its shutdown waits for and undoes, and whether a late outcome may still be
+//! handed on). A mistake in those decisions, made in the crate, changes what the checker explores. What the model adds is the network and the callers: a message stays in flight
 //! up to [`Config::max_delay`] ticks (so messages overtake each other), and within a budget of
 //! faults a message is lost (its sender sees an error: the outcome of its command is unknown) or
-//! a request is delivered twice; one caller may stop waiting during an attempt; the first process
-//! may be shut down.
+//! a request is delivered twice; one caller may stop waiting during an attempt; a family of locks
+//! of the first process may be shut down.
 //!
 //! Modelling choices, each the crate's behaviour or a conservative stand-in for it:
 //! - A holder has at most one renewal in flight: the engine's loop sends another round when an
@@ -27,6 +31,11 @@
 //!   model waits for it (fewer confirmations, earlier deadlines: never a safer world). A renewal
 //!   whose outcome is unknown is not counted as confirming anything, and the next one goes out
 //!   as [`code::Renewals::retry_soon`] says.
+//! - The server applies a request within [`Config::max_delay`] ticks of its send or never: the
+//!   model's stand-in for the server-side time limit (`ATTEMPT_SERVER_TIME`) that gives attempts
+//!   and transfers their settle deadline (a shutdown waits that long, then undoes them).
+//! - Work without a settle deadline (a release, an undo) is a message already sent; a shutdown
+//!   sending its undo again is a duplicate, which the faults cover.
 //! - Replies are not duplicated: the driver matches each reply to its request by id, so a reply
 //!   arrives once or not at all. Requests are duplicated (a retried write applied twice).
 //! - The runs with a cancelled caller or a shutdown ([`Config::a_caller_leaves`],
@@ -135,12 +144,15 @@ impl Mistake {
     ];
 }
 
-/// A caller: its process (a process's callers are one family of locks, so a release hands the
-/// lock to a local waiter; process 0 reaches the server through router R0, the others through
-/// R1), and how many ticks it holds the lock once it learned it acquired.
+/// A caller: its process (a release hands the lock to a waiter of the same process; process 0
+/// reaches the server through router R0, the others through R1), its family of locks (the
+/// locks of one `Provider`, or of one lock object built apart: what a shutdown ends; each
+/// process has one unless a configuration gives it two), and how many ticks it holds the lock
+/// once it learned it acquired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Caller {
     pub process: u8,
+    pub family: u8,
     pub hold_ticks: u8,
 }
 
@@ -161,8 +173,8 @@ pub struct Config {
     pub horizon: u8,
     /// Whether one caller may stop waiting during an attempt.
     pub cancel: bool,
-    /// Whether the first process may shut its provider down.
-    pub shut_down: bool,
+    /// The families of locks one of which may shut down, once, at any moment (empty: none).
+    pub shut_down: Vec<u8>,
     /// A step one router's clock may take, once, at any moment (an NTP step, a resumed VM).
     pub clock_step: Option<ClockStep>,
     /// How many ticks process 0 may stand still, once, at any moment (a stop-the-world pause, a
@@ -190,14 +202,17 @@ impl Default for Config {
             callers: vec![
                 Caller {
                     process: 0,
+                    family: 0,
                     hold_ticks: LONG_HOLD_TICKS,
                 },
                 Caller {
                     process: 0,
+                    family: 0,
                     hold_ticks: 1,
                 },
                 Caller {
                     process: 1,
+                    family: 1,
                     hold_ticks: 1,
                 },
             ],
@@ -207,7 +222,7 @@ impl Default for Config {
             slow_replies: false,
             horizon: 30,
             cancel: false,
-            shut_down: false,
+            shut_down: Vec::new(),
             clock_step: None,
             pause: None,
             force_release: false,
@@ -223,10 +238,12 @@ impl Config {
             callers: vec![
                 Caller {
                     process: 0,
+                    family: 0,
                     hold_ticks: LONG_HOLD_TICKS,
                 },
                 Caller {
                     process: 1,
+                    family: 1,
                     hold_ticks: 1,
                 },
             ],
@@ -270,7 +287,38 @@ impl Config {
     pub fn a_provider_shuts_down() -> Config {
         Config {
             faults: 0,
-            shut_down: true,
+            shut_down: vec![0],
+            ..Config::default()
+        }
+    }
+
+    /// Three callers, two of them in process 0 but of two families (two `Provider`s of one
+    /// service, or a provider and a lock object built apart), so that a release hands the lock
+    /// from one family to the other; either family shuts down at any moment; replies may be
+    /// slow, so that a transfer's reply can come after its settle deadline, when a shutdown of
+    /// the releasing family undoes it.
+    pub fn two_families_and_a_shutdown() -> Config {
+        Config {
+            callers: vec![
+                Caller {
+                    process: 0,
+                    family: 0,
+                    hold_ticks: LONG_HOLD_TICKS,
+                },
+                Caller {
+                    process: 0,
+                    family: 1,
+                    hold_ticks: 1,
+                },
+                Caller {
+                    process: 1,
+                    family: 2,
+                    hold_ticks: 1,
+                },
+            ],
+            faults: 0,
+            slow_replies: true,
+            shut_down: vec![0, 1],
             ..Config::default()
         }
     }
@@ -437,8 +485,10 @@ impl LeaseProtocol {
 /// A caller.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Client {
-    /// Its process: 0 (clients 0 and 1, one family of locks) or 1.
+    /// Its process: 0 (clients 0 and 1) or 1.
     pub process: u8,
+    /// Its family of locks.
+    pub family: u8,
     pub phase: Phase,
     /// Acquisitions it still wants.
     pub rounds: u8,
@@ -513,13 +563,17 @@ pub enum Message {
         client: u8,
         lock_id: u8,
     },
+    /// A release handing the lock over: `from` releases its lease `releasing`, `waiter` is
+    /// handed a lease `lock_id`.
     Transfer {
+        from: u8,
         releasing: u8,
         waiter: u8,
         lock_id: u8,
         sent: code::Sent<At>,
     },
     TransferReply {
+        from: u8,
         waiter: u8,
         lock_id: u8,
         sent: code::Sent<At>,
@@ -566,6 +620,27 @@ pub struct LockDocument {
     pub token: Option<i64>,
 }
 
+/// What undoes a piece of work: a release of `lock_id`, sent as `client`'s (through its router).
+pub type Undo = (u8, u8);
+
+/// A family of locks: its work under way, and whether it was shut down.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Family {
+    pub work: code::Work<At, Undo>,
+    pub shut_down: bool,
+}
+
+/// The piece of work that tracks the attempt or the transfer of lease `lock_id` in the family
+/// that sends it (lock ids are never reused, so neither are pieces).
+fn piece(lock_id: u8) -> u64 {
+    u64::from(lock_id) * 2
+}
+
+/// The piece that tracks a transfer of lease `lock_id` in the waiter's family.
+fn receiving_piece(lock_id: u8) -> u64 {
+    piece(lock_id) + 1
+}
+
 /// The whole system at one instant.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
@@ -582,6 +657,11 @@ pub struct State {
     pub next_lock_id: u8,
     pub may_cancel: bool,
     pub may_shut_down: bool,
+    /// Each family's work under way, as the crate's protocol core keeps it: what its shutdown
+    /// waits for and undoes.
+    pub families: Vec<Family>,
+    /// Transfers whose outcome stayed unknown, undone once settled (family, piece).
+    pub settling: Vec<(u8, u64)>,
     /// How far ahead of real time each router's clock reads (R0, R1), in ms.
     pub router_clocks_ms: [i64; 2],
     pub may_step_clock: bool,
@@ -618,6 +698,8 @@ pub struct State {
     pub renewal_met_another: bool,
     /// For coverage: an operator ended a lease a caller held.
     pub operator_ended_a_held_lease: bool,
+    /// For coverage: a transfer applied, but its reply came after a shutdown took its undo.
+    pub transfer_undone_by_a_shutdown: bool,
 }
 
 impl State {
@@ -704,8 +786,8 @@ pub enum Action {
     Duplicate(usize),
     /// The caller stops waiting during its attempt.
     Cancel(usize),
-    /// The first process shuts its provider down.
-    ShutDown,
+    /// A family of locks of process 0 is shut down ([`Config::shut_down`]).
+    ShutDown(u8),
     /// A router's clock steps ([`Config::clock_step`]).
     StepClock,
     /// Process 0 stands still ([`Config::pause`]).
@@ -894,6 +976,7 @@ impl LeaseProtocol {
                 }
             }
             Message::Transfer {
+                from,
                 releasing,
                 waiter,
                 lock_id,
@@ -909,6 +992,7 @@ impl LeaseProtocol {
                     .and_then(|document| code::attempt_won(&document, &lock_id_name(lock_id)))
                     .map(|token| token.expect("a numeric token"));
                 state.send(Message::TransferReply {
+                    from,
                     waiter,
                     lock_id,
                     sent,
@@ -916,16 +1000,33 @@ impl LeaseProtocol {
                 });
             }
             Message::TransferReply {
+                from,
                 waiter,
                 lock_id,
                 sent,
                 token,
             } => {
                 let waiter = usize::from(waiter);
+                // As the crate's release decides (`code::transfer_answered`): a transfer whose
+                // undo the releasing family's shutdown took hands nothing on.
+                let reply = match token {
+                    Some(_) => code::TransferReply::Applied,
+                    None => code::TransferReply::NotApplied,
+                };
+                let releasing_family = Self::family_of(state, from);
+                let releasing_family = &mut state.families[releasing_family];
+                let settled = reply != code::TransferReply::Applied
+                    || releasing_family.work.settle(piece(lock_id));
+                releasing_family.work.finish(piece(lock_id));
+                let family = Self::family_of(state, u8::try_from(waiter).expect("small"));
+                state.families[family].work.finish(receiving_piece(lock_id));
+                let step = code::transfer_answered(reply, settled);
+                state.transfer_undone_by_a_shutdown |= !settled;
                 if state.clients[waiter].offer != Some(lock_id) {
                     return;
                 }
                 state.clients[waiter].offer = None;
+                let token = token.filter(|_| step.hand_over);
                 if token.is_some()
                     && matches!(state.clients[waiter].phase, Phase::Holding(_) | Phase::Done)
                     && !self.mistake(Mistake::TransferToALeaver)
@@ -979,6 +1080,11 @@ impl LeaseProtocol {
         reply: code::Reply,
         token: Option<i64>,
     ) {
+        // The attempt is work of its family until its outcome is in: a win whose undo the
+        // family's shutdown took is released, not handed out.
+        let work = &mut state.families[usize::from(state.clients[client].family)].work;
+        let settled = reply != code::Reply::Won || work.settle(piece(lock_id));
+        work.finish(piece(lock_id));
         let caller = &mut state.clients[client];
         let (step, request) = match (&mut caller.phase, &mut caller.abandoned) {
             (
@@ -987,9 +1093,9 @@ impl LeaseProtocol {
                     attempt,
                 },
                 _,
-            ) if *awaited == lock_id => (attempt.answered(reply, true), attempt.request()),
+            ) if *awaited == lock_id => (attempt.answered(reply, settled), attempt.request()),
             (_, Some((abandoned, attempt))) if *abandoned == lock_id => {
-                let answered = (attempt.answered(reply, true), attempt.request());
+                let answered = (attempt.answered(reply, settled), attempt.request());
                 caller.abandoned = None;
                 answered
             }
@@ -1112,19 +1218,40 @@ impl LeaseProtocol {
                     hold.renewals.retry_soon(&self.options, now);
                 }
             }
-            // The waiter's lease, if the transfer took effect, is ended; it waits on.
+            // As the crate's release decides: the waiter's lease, if the transfer took effect, is
+            // ended at once, and it waits on; the whole transfer is undone once settled.
             Message::Transfer {
-                waiter, lock_id, ..
+                from,
+                waiter,
+                lock_id,
+                ..
             }
             | Message::TransferReply {
-                waiter, lock_id, ..
+                from,
+                waiter,
+                lock_id,
+                ..
             } => {
+                let step = code::transfer_answered(code::TransferReply::Unknown, true);
+                let family = Self::family_of(state, waiter);
+                state.families[family].work.finish(receiving_piece(lock_id));
                 if state.clients[usize::from(waiter)].offer == Some(lock_id) {
                     state.clients[usize::from(waiter)].offer = None;
+                }
+                if step.undo_waiters {
                     state.send(Message::Release {
                         client: waiter,
                         lock_id,
                     });
+                }
+                let releasing_family = u8::try_from(Self::family_of(state, from)).expect("small");
+                if step.undo_when_settled {
+                    state.settling.push((releasing_family, piece(lock_id)));
+                    state.settling.sort_unstable();
+                } else {
+                    state.families[usize::from(releasing_family)]
+                        .work
+                        .finish(piece(lock_id));
                 }
             }
             // A lost release leaves the lease to its expiry; a lost write is just not applied.
@@ -1135,6 +1262,7 @@ impl LeaseProtocol {
     /// Does what each client must do by now: attempt, give up on a reply, presume its lease lost,
     /// renew, release after its `hold_ticks`.
     fn run_due(&self, state: &mut State) {
+        self.run_work(state);
         for client in 0..state.clients.len() {
             let (now, at) = (state.now, state.at());
             if state.clients[client].process == 0
@@ -1149,6 +1277,12 @@ impl LeaseProtocol {
                     state.next_lock_id += 1;
                     let attempt = code::Attempt::sent(&self.options, at, None);
                     state.clients[client].phase = Phase::Attempting { lock_id, attempt };
+                    let family = usize::from(state.clients[client].family);
+                    state.families[family].work.track(
+                        piece(lock_id),
+                        vec![(id, lock_id)],
+                        Some(self.settle_by(at)),
+                    );
                     state.send(Message::Attempt {
                         client: id,
                         lock_id,
@@ -1243,15 +1377,35 @@ impl LeaseProtocol {
         };
         // Called only before the holder's deadline (`run_due` presumes a lease lost first): the
         // holder believes its lease live; whether it still is, the server's filter decides.
-        match Self::local_waiter(state, client) {
+        let waiter = Self::local_waiter(state, client)
+            .filter(|_| code::hands_over(&self.options, false, true));
+        match waiter {
             Some(waiter) => {
                 let lock_id = state.next_lock_id;
                 state.next_lock_id += 1;
                 state.clients[waiter].offer = Some(lock_id);
                 let sent = code::Sent::now(state.at());
+                let (from, to) = (
+                    u8::try_from(client).expect("small"),
+                    u8::try_from(waiter).expect("small"),
+                );
+                // Work of both families until its outcome is in: each one's shutdown waits for
+                // it until it has settled, then undoes it.
+                let settle_by = Some(self.settle_by(sent.at()));
+                let releasing = &mut state.families[usize::from(state.clients[client].family)];
+                releasing.work.track(
+                    piece(lock_id),
+                    vec![(from, hold.lock_id), (to, lock_id)],
+                    settle_by,
+                );
+                let receiving = &mut state.families[usize::from(state.clients[waiter].family)];
+                receiving
+                    .work
+                    .track(receiving_piece(lock_id), vec![(to, lock_id)], settle_by);
                 state.send(Message::Transfer {
+                    from,
                     releasing: hold.lock_id,
-                    waiter: u8::try_from(waiter).expect("small"),
+                    waiter: to,
                     lock_id,
                     sent,
                 });
@@ -1264,10 +1418,14 @@ impl LeaseProtocol {
         state.next_round(client);
     }
 
-    fn shut_down(&self, state: &mut State) {
+    /// `family` shuts down: its holders' leases are undone at once, its callers leave their
+    /// attempts and want nothing more, and its work under way is waited for until settled, then
+    /// undone, as the crate's protocol core decides (`code::Work::take_due`, in [`Self::run_work`]).
+    fn shut_down(&self, state: &mut State, family: u8) {
         state.may_shut_down = false;
+        state.families[usize::from(family)].shut_down = true;
         for client in 0..state.clients.len() {
-            if state.clients[client].process != 0 {
+            if state.clients[client].family != family {
                 continue;
             }
             let id = u8::try_from(client).expect("small");
@@ -1279,15 +1437,59 @@ impl LeaseProtocol {
                 Phase::Attempting { .. } => self.leave_attempt(state, client, Leave::ShutDown),
                 Phase::Idle { .. } | Phase::Done => {}
             }
-            if let Some(lock_id) = state.clients[client].offer.take() {
-                state.send(Message::Release {
-                    client: id,
-                    lock_id,
-                });
-            }
             state.clients[client].phase = Phase::Done;
             state.clients[client].rounds = 0;
         }
+        self.run_work(state);
+    }
+
+    /// What the families' work under way needs by now: a shut-down family undoes what is due
+    /// (`code::Work::take_due`), and a transfer whose outcome stayed unknown is undone once it
+    /// has settled (`code::Work::settling`).
+    fn run_work(&self, state: &mut State) {
+        let at = state.at();
+        let paused = state.paused_until.is_some_and(|until| state.now < until);
+        for family in 0..state.families.len() {
+            let in_paused_process = paused
+                && state
+                    .clients
+                    .iter()
+                    .any(|client| usize::from(client.family) == family && client.process == 0);
+            if state.families[family].shut_down && !in_paused_process {
+                let due = state.families[family].work.take_due(at);
+                Self::send_undo(state, due.undo);
+            }
+        }
+        for (family, id) in std::mem::take(&mut state.settling) {
+            let work = &mut state.families[usize::from(family)].work;
+            match work.settling(id, at) {
+                code::Settling::WaitUntil(_) => state.settling.push((family, id)),
+                code::Settling::Undo(undo) => {
+                    work.finish(id);
+                    Self::send_undo(state, undo);
+                }
+                code::Settling::Taken => {}
+            }
+        }
+    }
+
+    fn send_undo(state: &mut State, undo: Vec<Undo>) {
+        for (client, lock_id) in undo {
+            state.send(Message::Release { client, lock_id });
+        }
+    }
+
+    /// The settle deadline of a command sent `at`. The model's server applies a request within
+    /// [`Config::max_delay`] ticks of its send or never (the crate's server-side time limit,
+    /// `ATTEMPT_SERVER_TIME`, for the model's network): a shutdown that waits past then undoes
+    /// whatever it applied.
+    fn settle_by(&self, at: At) -> At {
+        At(at.0 + i64::from(self.config.max_delay) * TICK_MS + 1)
+    }
+
+    /// The family of locks of `client`.
+    fn family_of(state: &State, client: u8) -> usize {
+        usize::from(state.clients[usize::from(client)].family)
     }
 }
 
@@ -1295,6 +1497,7 @@ impl LeaseProtocol {
     fn initial(&self) -> State {
         let client = |caller: &Caller| Client {
             process: caller.process,
+            family: caller.family,
             phase: Phase::Idle { at: 0 },
             rounds: 1,
             queued: false,
@@ -1311,7 +1514,19 @@ impl LeaseProtocol {
             faults_left: self.config.faults,
             next_lock_id: 0,
             may_cancel: self.config.cancel,
-            may_shut_down: self.config.shut_down,
+            may_shut_down: !self.config.shut_down.is_empty(),
+            families: vec![
+                Family::default();
+                usize::from(
+                    self.config
+                        .callers
+                        .iter()
+                        .map(|caller| caller.family)
+                        .max()
+                        .unwrap_or(0)
+                ) + 1
+            ],
+            settling: Vec::new(),
             router_clocks_ms: [0, R1_AHEAD_MS],
             may_step_clock: self.config.clock_step.is_some(),
             may_pause: self.config.pause.is_some(),
@@ -1330,6 +1545,7 @@ impl LeaseProtocol {
             abandoned_win_released: false,
             renewal_met_another: false,
             operator_ended_a_held_lease: false,
+            transfer_undone_by_a_shutdown: false,
         }
     }
 }
@@ -1372,7 +1588,9 @@ impl Model for LeaseProtocol {
             }
         }
         if state.may_shut_down {
-            actions.push(Action::ShutDown);
+            for &family in &self.config.shut_down {
+                actions.push(Action::ShutDown(family));
+            }
         }
         if state.may_step_clock {
             actions.push(Action::StepClock);
@@ -1436,7 +1654,7 @@ impl Model for LeaseProtocol {
                 state.may_cancel = false;
                 self.leave_attempt(&mut state, client, Leave::Cancelled);
             }
-            Action::ShutDown => self.shut_down(&mut state),
+            Action::ShutDown(family) => self.shut_down(&mut state, family),
             Action::Pause => {
                 state.may_pause = false;
                 state.paused_until = self.config.pause.map(|ticks| state.now + ticks);
@@ -1524,6 +1742,10 @@ impl Model for LeaseProtocol {
             Property::sometimes(
                 "a lease won after its caller left is released",
                 |_, state: &State| state.abandoned_win_released,
+            ),
+            Property::sometimes(
+                "a shutdown undoes a transfer whose reply comes after it",
+                |_, state: &State| state.transfer_undone_by_a_shutdown,
             ),
         ]
     }
@@ -1650,7 +1872,7 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
                 format!("{:?} is applied twice", before.network[*index].message)
             }
             Action::Cancel(client) => format!("client {client}'s caller stops waiting"),
-            Action::ShutDown => "process 0 shuts its provider down".to_owned(),
+            Action::ShutDown(family) => format!("family {family} of process 0 shuts down"),
             Action::Pause => format!(
                 "process 0 stands still until {} ms",
                 i64::from(after.paused_until.unwrap_or(0)) * TICK_MS

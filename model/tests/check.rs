@@ -74,6 +74,19 @@ fn a_provider_that_shuts_down() {
 }
 
 #[test]
+fn two_families_of_one_process_and_a_shutdown_of_either() {
+    verify(
+        "two families and a shutdown",
+        Config::two_families_and_a_shutdown(),
+        &[
+            "a release hands the lock to a local waiter",
+            "a shutdown undoes a transfer whose reply comes after it",
+            "a lease won after its caller left is released",
+        ],
+    );
+}
+
+#[test]
 fn an_operator_that_ends_a_lease() {
     verify(
         "an operator ends a lease",

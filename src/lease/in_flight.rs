@@ -14,16 +14,22 @@
 //! - **Nobody is handed a lease whose undo was taken**: work that hands a lease to a caller first
 //!   [`settles`](Tracked::settle) itself, which tells whether a shutdown took its undo (then
 //!   the lease is being ended, and the caller is told there was none).
+//!
+//! Both are decided by the protocol core ([`protocol::Work`]), which the model checker drives
+//! too; this module keeps its pieces behind a lock, names them, and runs the undos.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use super::protocol::{self, Settling};
 use super::undo::Undo;
 use crate::clock;
 use crate::error::shown_name;
+
+/// What a shutdown must do about the work under way at one instant.
+pub(crate) type Due = protocol::Due<clock::Instant, Undo>;
 
 /// The work under way of one family of locks.
 #[derive(Debug)]
@@ -42,40 +48,16 @@ impl Default for InFlight {
     }
 }
 
+/// The pieces of work, decided on by the protocol core ([`protocol::Work`]), and the next id.
 #[derive(Debug, Default)]
 struct Work {
     next_id: u64,
-    pieces: HashMap<u64, Piece>,
-    /// Pieces whose task ended unfinished (runtimes dropped), oldest first: kept for a shutdown
-    /// that may never come, so at most [`MAX_ABANDONED`] of them.
-    abandoned: VecDeque<u64>,
+    pieces: protocol::Work<clock::Instant, Undo>,
 }
 
 /// How many abandoned pieces of work a family keeps for its shutdown. Past that, the oldest is
 /// forgotten: its lease (if any) ends at its expiry, as it would without a shutdown.
 const MAX_ABANDONED: usize = 1024;
-
-#[derive(Debug)]
-struct Piece {
-    /// Ends whatever the work may leave behind; sending it twice is harmless (it is filtered by
-    /// lock ids).
-    undo: Vec<Undo>,
-    /// For an acquisition attempt or a transfer: when the server has applied or given up on
-    /// its last command (sent with that time limit). Until then the work may still change the
-    /// lock document and hand the lease on by itself (an undo sent before it was applied would
-    /// miss it); after, its undo is due. `None`: the undo is due at once (its work writes what
-    /// its undo writes, or was abandoned).
-    settle_by: Option<clock::Instant>,
-}
-
-/// What a shutdown must do about the work under way at one instant.
-#[derive(Debug)]
-pub(crate) struct Due {
-    /// Undo these now (their work is forgotten).
-    pub(crate) undo: Vec<Undo>,
-    /// The earliest settle deadline of the work still under way, if any.
-    pub(crate) next: Option<clock::Instant>,
-}
 
 impl InFlight {
     fn work(&self) -> MutexGuard<'_, Work> {
@@ -91,7 +73,11 @@ impl InFlight {
 
     /// Starts tracking a piece of work; it stays tracked until [`Tracked::finish`] (a
     /// [`Tracked`] dropped without finishing, its task cancelled by a runtime shutdown, leaves
-    /// its undo due).
+    /// its undo due). `settle_by`: for an acquisition attempt or a transfer, when the server has
+    /// applied or given up on its last command (sent with that time limit); until then the work
+    /// may still change the lock document and hand the lease on by itself (an undo sent before
+    /// it was applied would miss it). `None`: its undo is due at once (its work writes what its
+    /// undo writes).
     pub(crate) fn track(
         self: &Arc<Self>,
         undo: Vec<Undo>,
@@ -101,7 +87,7 @@ impl InFlight {
             let mut work = self.work();
             let id = work.next_id;
             work.next_id += 1;
-            work.pieces.insert(id, Piece { undo, settle_by });
+            work.pieces.track(id, undo, settle_by);
             id
         };
         self.changed();
@@ -130,43 +116,19 @@ impl InFlight {
     /// Whether no work is under way.
     #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
-        self.work().pieces.is_empty()
+        self.work().pieces.is_idle()
     }
 
     /// Takes the undo of every piece whose task ended unfinished (its runtime was dropped),
     /// forgetting those pieces: for a family that goes on without a shutdown to send them.
     pub(crate) fn take_abandoned(&self) -> Vec<Undo> {
-        let mut work = self.work();
-        let abandoned = std::mem::take(&mut work.abandoned);
-        abandoned
-            .into_iter()
-            .filter_map(|id| work.pieces.remove(&id))
-            .flat_map(|piece| piece.undo)
-            .collect()
+        self.work().pieces.take_abandoned()
     }
 
     /// Takes the undo of every piece that is due at `now` (forgetting those pieces) and tells
     /// when the next one will be.
     pub(crate) fn take_due(&self, now: clock::Instant) -> Due {
-        let mut work = self.work();
-        let due: Vec<u64> = work
-            .pieces
-            .iter()
-            .filter(|(_, piece)| piece.settle_by.is_none_or(|settle_by| settle_by <= now))
-            .map(|(id, _)| *id)
-            .collect();
-        work.abandoned.clear();
-        let undo = due
-            .into_iter()
-            .filter_map(|id| work.pieces.remove(&id))
-            .flat_map(|piece| piece.undo)
-            .collect();
-        let next = work
-            .pieces
-            .values()
-            .filter_map(|piece| piece.settle_by)
-            .min();
-        Due { undo, next }
+        self.work().pieces.take_due(now)
     }
 }
 
@@ -183,13 +145,7 @@ impl Tracked {
     /// too). False if a shutdown already took the work's undo (it would not send this one).
     #[must_use]
     pub(crate) fn add_undo(&self, undo: Undo) -> bool {
-        match self.in_flight.work().pieces.get_mut(&self.id) {
-            Some(piece) => {
-                piece.undo.push(undo);
-                true
-            }
-            None => false,
-        }
+        self.in_flight.work().pieces.add_undo(self.id, undo)
     }
 
     /// The work may change the lock document until `settle_by` (it is about to send a command
@@ -199,13 +155,7 @@ impl Tracked {
     /// left can still land later, as a command delayed in the network can.)
     #[must_use]
     pub(crate) fn settle_by(&self, settle_by: clock::Instant) -> bool {
-        let settled = match self.in_flight.work().pieces.get_mut(&self.id) {
-            Some(piece) => {
-                piece.settle_by = Some(settle_by);
-                true
-            }
-            None => false,
-        };
+        let settled = self.in_flight.work().pieces.settle_by(self.id, settle_by);
         self.in_flight.changed();
         settled
     }
@@ -215,7 +165,7 @@ impl Tracked {
     /// took it (it is being undone: hand nothing on). Finishing afterwards changes nothing.
     #[must_use]
     pub(crate) fn settle(&self) -> bool {
-        let settled = self.in_flight.work().pieces.remove(&self.id).is_some();
+        let settled = self.in_flight.work().pieces.settle(self.id);
         self.in_flight.changed();
         settled
     }
@@ -226,28 +176,15 @@ impl Tracked {
     /// undoes it itself.
     pub(crate) fn undo_when_settled(self, runtime: &Handle) {
         runtime.spawn(async move {
-            loop {
-                let settle_by = self
-                    .in_flight
-                    .work()
-                    .pieces
-                    .get(&self.id)
-                    .and_then(|piece| piece.settle_by);
-                match settle_by {
-                    Some(at) if clock::now() < at => {
+            let undo = loop {
+                let settling = self.in_flight.work().pieces.settling(self.id, clock::now());
+                match settling {
+                    Settling::WaitUntil(at) => {
                         tokio::time::sleep_until(clock::wake_toward(at)).await;
                     }
-                    _ => break,
+                    Settling::Undo(undo) => break undo,
+                    Settling::Taken => break Vec::new(),
                 }
-            }
-            // Sent while still tracked (due at once now): a shutdown meanwhile sends it too,
-            // which is harmless, and never finds the work gone before its undo went out.
-            let undo = match self.in_flight.work().pieces.get_mut(&self.id) {
-                Some(piece) => {
-                    piece.settle_by = None;
-                    piece.undo.clone()
-                }
-                None => Vec::new(),
             };
             futures::future::join_all(undo.iter().map(Undo::send)).await;
             self.finish();
@@ -257,7 +194,7 @@ impl Tracked {
     /// The work is over: nothing of it is left to undo.
     pub(crate) fn finish(mut self) {
         self.finished = true;
-        self.in_flight.work().pieces.remove(&self.id);
+        self.in_flight.work().pieces.finish(self.id);
         self.in_flight.changed();
     }
 }
@@ -267,19 +204,11 @@ impl Drop for Tracked {
     /// left is due to be undone at once.
     fn drop(&mut self) {
         if !self.finished {
-            let mut work = self.in_flight.work();
-            if let Some(piece) = work.pieces.get_mut(&self.id) {
-                piece.settle_by = None;
-                work.abandoned.push_back(self.id);
-            }
-            if work.abandoned.len() > MAX_ABANDONED
-                && let Some(oldest) = work.abandoned.pop_front()
-                && let Some(piece) = work.pieces.remove(&oldest)
-            {
-                let name = piece.undo.first().map(|undo| shown_name(&undo.name));
+            let forgotten = self.in_flight.work().pieces.abandon(self.id, MAX_ABANDONED);
+            if let Some(undo) = forgotten {
+                let name = undo.first().map(|undo| shown_name(&undo.name));
                 tracing::debug!(lock = ?name, "forgot abandoned work: its lease, if any, ends at its expiry");
             }
-            drop(work);
             self.in_flight.changed();
         }
     }
@@ -387,14 +316,16 @@ mod tests {
         for _ in 0..MAX_ABANDONED + 10 {
             drop(in_flight.track(Vec::new(), None));
         }
-        assert_eq!(in_flight.work().pieces.len(), MAX_ABANDONED + 1);
-        assert_eq!(in_flight.work().abandoned.len(), MAX_ABANDONED);
+        assert_eq!(
+            in_flight.work().pieces.counts(),
+            (MAX_ABANDONED + 1, MAX_ABANDONED)
+        );
         assert!(
-            in_flight.work().pieces.contains_key(&live.id),
+            in_flight.work().pieces.tracks(live.id),
             "live work is never forgotten for abandoned work"
         );
         in_flight.take_due(clock::now());
-        assert!(in_flight.work().abandoned.is_empty());
+        assert_eq!(in_flight.work().pieces.counts().1, 0);
         drop(live);
     }
 

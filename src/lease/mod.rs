@@ -57,8 +57,9 @@ pub(crate) use ttl_index::create_now as create_ttl_index;
 pub(crate) mod hooks {
     pub(crate) use super::handoff::{offers_standing, waiters_idle};
     pub use super::protocol::{
-        Attempt, Lease, Moment, Phase, Renewals, Reply, Sent, Step, Tell, give_up_at, retry_delay,
-        suspect_at,
+        Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell,
+        TransferReply, TransferStep, Work, give_up_at, hands_over, retry_delay, suspect_at,
+        transfer_answered,
     };
 }
 

@@ -8,7 +8,9 @@
 //!
 //! The engine runs them on its clocks: [`Lease`] inside every guard's lost signal
 //! (`lost::LeaseState`), [`Renewals`], [`give_up_at`] and [`suspect_at`] in the renewal loop
-//! (`renewal`), [`Attempt`] in every acquisition attempt (`acquire`). The model checker
+//! (`renewal`), [`Attempt`] in every acquisition attempt (`acquire`), [`hands_over`] and
+//! [`transfer_answered`] in every release (`release`), [`Work`] in what a shutdown waits for and
+//! undoes (`in_flight`, `hub`). The model checker
 //! (`model/`, through the hidden `crate::__model`) runs the very same code on its ticks: a
 //! decision exists once, so a mistake planted in it changes what the checker explores.
 //!
@@ -20,8 +22,12 @@
 //! - once that deadline has passed, nothing extends the lease (a confirmation that comes late
 //!   may have been applied after the lease ended and another caller took the name);
 //! - a caller that stops waiting for an attempt, or whose attempt's outcome is unknown, undoes
-//!   it; a win nobody waits for any more is released, never handed out.
+//!   it; a win nobody waits for any more is released, never handed out;
+//! - a shutdown never undoes work whose outcome it has not waited for (an attempt or a transfer
+//!   is waited for until its settle deadline), and nobody is handed a lease whose undo a
+//!   shutdown took.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Debug;
 use std::ops::Add;
 use std::time::Duration;
@@ -486,6 +492,243 @@ impl<I: Moment> Attempt<I> {
     }
 }
 
+/// Whether a release hands its lock over to local waiters in one command (a transfer) rather than
+/// ending its lease and waking them: only when some wait (`waiters`), when the lease was not lost
+/// before the release was sent (a lost lease is not ours to hand on), and when the lock has no
+/// `min_hold` (such a lock stays taken after its release: nothing to hand over yet).
+pub fn hands_over(options: &LockOptions, lost_before: bool, waiters: bool) -> bool {
+    waiters && !lost_before && options.min_hold().is_none()
+}
+
+/// How a transfer's command turned out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransferReply {
+    /// It matched the releasing lease and wrote the waiters' leases.
+    Applied,
+    /// It matched nothing (the releasing lease was gone), or was never sent (a shutdown took the
+    /// release's undo first): it wrote nothing.
+    NotApplied,
+    /// Its outcome is unknown (an error after which it may have been applied, or no reply
+    /// within `expiry`).
+    Unknown,
+}
+
+/// What to do once a transfer's outcome is in ([`transfer_answered`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TransferStep {
+    /// Hand the waiters the leases the transfer wrote (otherwise they are told it did not
+    /// happen, and go on waiting).
+    pub hand_over: bool,
+    /// Send the waiters' undos at once (their leases may exist).
+    pub undo_waiters: bool,
+    /// Leave the transfer tracked until its settle deadline, then send its undo (the releasing
+    /// lease's and the waiters'): a try still on its way may land until then.
+    pub undo_when_settled: bool,
+}
+
+/// What a transfer's outcome `reply` means. `settled` is false when a shutdown took the
+/// transfer's undo before its outcome came ([`Work::settle`]; asked only of an applied
+/// transfer): that shutdown is ending the leases it wrote, so nobody is handed them.
+pub fn transfer_answered(reply: TransferReply, settled: bool) -> TransferStep {
+    match reply {
+        TransferReply::Applied => TransferStep {
+            hand_over: settled,
+            undo_waiters: false,
+            undo_when_settled: false,
+        },
+        TransferReply::NotApplied => TransferStep {
+            hand_over: false,
+            undo_waiters: false,
+            undo_when_settled: false,
+        },
+        TransferReply::Unknown => TransferStep {
+            hand_over: false,
+            undo_waiters: true,
+            undo_when_settled: true,
+        },
+    }
+}
+
+/// The work under way of one family of locks that may leave a lease on the server (attempts,
+/// releases, transfers, cleanups), each piece with what undoes it (`U`): what a shutdown waits
+/// for and undoes. Pieces are named by their tracker's ids.
+///
+/// The rules that keep a shutdown from leaving two holders are decided here:
+/// - a piece with a settle deadline (an attempt or a transfer: the instant by which the server
+///   has applied or given up on its last command) is due to be undone only once that deadline
+///   has passed ([`Work::take_due`]); every other piece at once;
+/// - a piece whose undo was taken is gone: its work must not send another command
+///   ([`Work::settle_by`] says false), nor start what its undo would miss ([`Work::add_undo`]),
+///   nor hand on what it won ([`Work::settle`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Work<I, U> {
+    pieces: BTreeMap<u64, Piece<I, U>>,
+    /// Pieces whose task ended unfinished, oldest first.
+    abandoned: VecDeque<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Piece<I, U> {
+    undo: Vec<U>,
+    /// `None`: due at once.
+    settle_by: Option<I>,
+}
+
+/// What is due to be undone at one instant ([`Work::take_due`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Due<I, U> {
+    /// Undo these now (their pieces are forgotten).
+    pub undo: Vec<U>,
+    /// The earliest settle deadline of the work still under way, if any.
+    pub next: Option<I>,
+}
+
+/// Where a piece of unknown outcome stands ([`Work::settling`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Settling<I, U> {
+    /// A command may still land until then.
+    WaitUntil(I),
+    /// Send this undo, then finish the piece (it stays tracked, due at once, until then).
+    Undo(Vec<U>),
+    /// A shutdown took the piece: it sends the undo.
+    Taken,
+}
+
+impl<I, U> Default for Work<I, U> {
+    fn default() -> Work<I, U> {
+        Work {
+            pieces: BTreeMap::new(),
+            abandoned: VecDeque::new(),
+        }
+    }
+}
+
+impl<I: Moment, U: Clone> Work<I, U> {
+    /// Starts tracking piece `id`, undone by `undo`, with a settle deadline if it may still
+    /// change the lock document until then.
+    pub fn track(&mut self, id: u64, undo: Vec<U>, settle_by: Option<I>) {
+        self.pieces.insert(id, Piece { undo, settle_by });
+    }
+
+    /// Adds to what undoes `id` (a release that becomes a transfer: the waiters' leases too).
+    /// False if a shutdown took its undo already (it would not send this one).
+    pub fn add_undo(&mut self, id: u64, undo: U) -> bool {
+        match self.pieces.get_mut(&id) {
+            Some(piece) => {
+                piece.undo.push(undo);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `id` is about to send a command the server applies or gives up on by `at`: a shutdown
+    /// waits until then before undoing it. False if a shutdown took its undo already: the
+    /// command must not be sent.
+    pub fn settle_by(&mut self, id: u64, at: I) -> bool {
+        match self.pieces.get_mut(&id) {
+            Some(piece) => {
+                piece.settle_by = Some(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The outcome of `id` is known: nobody sends its undo from now on. True if nobody took it
+    /// before (what the work did stands, and may be handed to its caller); false if a shutdown
+    /// took it (it is being undone: hand nothing on).
+    pub fn settle(&mut self, id: u64) -> bool {
+        self.pieces.remove(&id).is_some()
+    }
+
+    /// `id` is over: nothing of it is left to undo.
+    pub fn finish(&mut self, id: u64) {
+        self.pieces.remove(&id);
+    }
+
+    /// The task of `id` ended unfinished (its runtime was dropped): its undo is due at once, and
+    /// kept for a shutdown, or a family that goes on, to send ([`Work::take_abandoned`]). At most
+    /// `keep` abandoned pieces are kept: past that the oldest is forgotten, and its undo
+    /// returned (its lease, if any, ends at its expiry).
+    pub fn abandon(&mut self, id: u64, keep: usize) -> Option<Vec<U>> {
+        if let Some(piece) = self.pieces.get_mut(&id) {
+            piece.settle_by = None;
+            self.abandoned.push_back(id);
+        }
+        if self.abandoned.len() > keep {
+            let oldest = self.abandoned.pop_front()?;
+            return self.pieces.remove(&oldest).map(|piece| piece.undo);
+        }
+        None
+    }
+
+    /// Takes the undo of every abandoned piece, forgetting them.
+    pub fn take_abandoned(&mut self) -> Vec<U> {
+        let abandoned = std::mem::take(&mut self.abandoned);
+        abandoned
+            .into_iter()
+            .filter_map(|id| self.pieces.remove(&id))
+            .flat_map(|piece| piece.undo)
+            .collect()
+    }
+
+    /// Takes the undo of every piece due `now` (forgetting those pieces), and tells when the
+    /// next will be: what a shutdown does, again and again, until nothing is left.
+    pub fn take_due(&mut self, now: I) -> Due<I, U> {
+        let due: Vec<u64> = self
+            .pieces
+            .iter()
+            .filter(|(_, piece)| piece.settle_by.is_none_or(|settle_by| settle_by <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        self.abandoned.clear();
+        let undo = due
+            .into_iter()
+            .filter_map(|id| self.pieces.remove(&id))
+            .flat_map(|piece| piece.undo)
+            .collect();
+        let next = self
+            .pieces
+            .values()
+            .filter_map(|piece| piece.settle_by)
+            .min();
+        Due { undo, next }
+    }
+
+    /// For `id`, whose outcome stays unknown, `now`: wait until its settle deadline, or send its
+    /// undo (it stays tracked, due at once, until finished: a shutdown meanwhile sends it too,
+    /// which is harmless, and never finds the piece gone before its undo went out).
+    pub fn settling(&mut self, id: u64, now: I) -> Settling<I, U> {
+        match self.pieces.get_mut(&id) {
+            None => Settling::Taken,
+            Some(Piece {
+                settle_by: Some(at),
+                ..
+            }) if now < *at => Settling::WaitUntil(*at),
+            Some(piece) => {
+                piece.settle_by = None;
+                Settling::Undo(piece.undo.clone())
+            }
+        }
+    }
+
+    /// Whether no work is under way.
+    pub fn is_idle(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// How many pieces are tracked, and how many of them are abandoned.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.pieces.len(), self.abandoned.len())
+    }
+
+    /// Whether `id` is tracked.
+    pub fn tracks(&self, id: u64) -> bool {
+        self.pieces.contains_key(&id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,6 +905,119 @@ mod tests {
         let mut busy = Attempt::sent(&options, Ms(0), None);
         assert_eq!(busy.answered(Reply::Busy, true).tell, Tell::Busy);
         assert_eq!(busy.waited(Ms(10_000)), Step::NOTHING, "told already");
+    }
+
+    #[test]
+    fn a_release_hands_over_only_a_live_lease_without_min_hold_to_waiters() {
+        let plain = options();
+        assert!(hands_over(&plain, false, true));
+        assert!(!hands_over(&plain, false, false), "nobody waits");
+        assert!(!hands_over(&plain, true, true), "lost before its release");
+        let min_hold = LockOptions::builder()
+            .min_hold(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        assert!(!hands_over(&min_hold, false, true), "stays taken");
+    }
+
+    #[test]
+    fn a_transfer_hands_over_only_what_it_applied_and_no_shutdown_took() {
+        let handed = transfer_answered(TransferReply::Applied, true);
+        assert!(handed.hand_over && !handed.undo_waiters && !handed.undo_when_settled);
+        let taken = transfer_answered(TransferReply::Applied, false);
+        assert!(
+            !taken.hand_over && !taken.undo_waiters && !taken.undo_when_settled,
+            "the shutdown that took it ends the leases"
+        );
+        let missed = transfer_answered(TransferReply::NotApplied, true);
+        assert!(!missed.hand_over && !missed.undo_waiters && !missed.undo_when_settled);
+        let unknown = transfer_answered(TransferReply::Unknown, true);
+        assert!(!unknown.hand_over && unknown.undo_waiters && unknown.undo_when_settled);
+    }
+
+    #[test]
+    fn a_shutdown_waits_for_work_until_its_settle_deadline_and_then_undoes_it() {
+        let mut work = Work::<Ms, &str>::default();
+        work.track(1, vec!["attempt"], Some(Ms(500)));
+        work.track(2, vec!["release"], None);
+        work.track(3, vec!["finished"], None);
+        work.finish(3);
+        let due = work.take_due(Ms(0));
+        assert_eq!(due.undo, vec!["release"]);
+        assert_eq!(
+            due.next,
+            Some(Ms(500)),
+            "the attempt waits for its deadline"
+        );
+        let due = work.take_due(Ms(499));
+        assert!(due.undo.is_empty());
+        let due = work.take_due(Ms(500));
+        assert_eq!((due.undo, due.next), (vec!["attempt"], None));
+        assert!(work.is_idle());
+        work.finish(1); // a late finish of forgotten work changes nothing
+        assert!(work.is_idle());
+    }
+
+    #[test]
+    fn work_whose_undo_was_taken_sends_nothing_more_and_hands_nothing_on() {
+        let mut work = Work::<Ms, &str>::default();
+        work.track(1, vec!["releasing"], None);
+        assert!(work.add_undo(1, "waiter"), "still tracked: accepted");
+        assert!(work.settle_by(1, Ms(500)), "sent");
+        assert!(work.take_due(Ms(499)).undo.is_empty());
+        assert_eq!(work.take_due(Ms(500)).undo, vec!["releasing", "waiter"]);
+        assert!(!work.settle_by(1, Ms(600)), "taken: no command goes out");
+        assert!(!work.add_undo(1, "later"), "taken: nothing more is started");
+        assert!(!work.settle(1), "taken: nothing is handed on");
+
+        work.track(2, vec!["attempt"], Some(Ms(500)));
+        assert!(work.settle(2), "nobody took it: what it did stands");
+        assert!(
+            work.take_due(Ms(1_000)).undo.is_empty(),
+            "and nobody undoes it"
+        );
+    }
+
+    #[test]
+    fn work_of_unknown_outcome_is_undone_once_settled_unless_a_shutdown_took_it() {
+        let mut work = Work::<Ms, &str>::default();
+        work.track(1, vec!["transfer"], Some(Ms(500)));
+        assert_eq!(work.settling(1, Ms(100)), Settling::WaitUntil(Ms(500)));
+        assert_eq!(work.settling(1, Ms(500)), Settling::Undo(vec!["transfer"]));
+        assert!(work.tracks(1), "tracked until its undo went out");
+        assert_eq!(
+            work.take_due(Ms(0)).undo,
+            vec!["transfer"],
+            "due at once for a shutdown meanwhile"
+        );
+        assert_eq!(work.settling(1, Ms(600)), Settling::Taken);
+    }
+
+    #[test]
+    fn abandoned_work_is_due_at_once_and_kept_up_to_a_bound() {
+        let mut work = Work::<Ms, u64>::default();
+        work.track(0, vec![0], Some(Ms(60_000)));
+        for id in 1..=4 {
+            work.track(id, vec![id], Some(Ms(60_000)));
+            let forgotten = work.abandon(id, 3);
+            assert_eq!(
+                forgotten,
+                (id == 4).then(|| vec![1]),
+                "the oldest past three"
+            );
+        }
+        assert_eq!(work.counts(), (4, 3));
+        assert!(
+            work.tracks(0),
+            "live work is never forgotten for abandoned work"
+        );
+        assert_eq!(work.take_abandoned(), vec![2, 3, 4]);
+        assert_eq!(work.counts(), (1, 0));
+        work.track(5, vec![5], Some(Ms(60_000)));
+        work.abandon(5, 3);
+        let due = work.take_due(Ms(0));
+        assert_eq!((due.undo, due.next), (vec![5], Some(Ms(60_000))));
+        assert_eq!(work.counts(), (1, 0));
     }
 
     #[test]

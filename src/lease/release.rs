@@ -21,7 +21,7 @@ use super::backoff::ATTEMPT_SERVER_TIME;
 use super::handoff::{self, Handoff, Offer, Transfer};
 use super::in_flight::{InFlight, Tracked};
 use super::metrics::Loss;
-use super::protocol::{Sent, retry_delay};
+use super::protocol::{self, Sent, TransferReply, retry_delay};
 use super::record::{Lease, Place};
 use super::schema;
 use super::undo::Undo;
@@ -102,9 +102,8 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: Tracked)
     // Lost before the release was sent: the release still goes out (it never touches another
     // holder's lease), but the caller must hear that the lock was not held throughout.
     let lost_before = lease.is_lost();
-    // A lock with a `min_hold` stays taken after its release: nobody to hand it over to.
     let handoff = match &lease.waiters {
-        Some(waiters) if !lost_before && options.min_hold().is_none() => {
+        Some(waiters) if protocol::hands_over(options, lost_before, true) => {
             handoff::handoff(waiters, options.write_concern(), layout)
         }
         _ => Handoff::Wake,
@@ -312,7 +311,8 @@ struct Delivery {
 }
 
 impl Delivery {
-    fn deliver(mut self, transfer: impl Fn() -> Transfer) {
+    /// Delivers what `transfer` makes to the waiters not delivered to yet.
+    fn deliver(&mut self, transfer: impl Fn() -> Transfer) {
         for deliver in self.deliver.drain(..) {
             deliver(transfer());
         }
@@ -384,7 +384,7 @@ async fn transfer(
         .flat_map(|offer| (offer.update)(&lease.lock_id))
         .collect();
     let mut cleanups = Vec::with_capacity(offers.len());
-    let delivery = Delivery {
+    let mut delivery = Delivery {
         deliver: offers
             .into_iter()
             .map(|offer| {
@@ -418,45 +418,48 @@ async fn transfer(
         }))
     };
     let outcome = release_outcome(&place.options, started, send, Option::is_some).await;
-    let unknown = matches!(outcome, Released::Unknown(_) | Released::NoReply);
-    let result = match released(lease, started, outcome) {
-        Ok(document) => {
-            lease.state.mark_released();
-            if tracked.settle() {
-                tracing::debug!(lock = %shown_name(&lease.name), "released to local waiters");
-                let document = document.unwrap_or_default();
-                // Every try was sent at or after `started`: the leases last at least from then.
-                delivery.deliver(|| Transfer::Done {
-                    document: document.clone(),
-                    request: Sent::now(started),
-                });
-            } else {
-                // A shutdown took this transfer's undo: the waiters' leases are being ended.
-                tracing::debug!(lock = %shown_name(&lease.name), "released; the transfer to local waiters was undone by a shutdown");
-                delivery.deliver(|| Transfer::NotDone);
-            }
-            tracked.finish();
-            Ok(())
-        }
-        Err(error) => {
-            if unknown {
-                // In case a try applied; and everything again once a try still on its way has
-                // landed or been given up (the releasing lease included).
-                for cleanup in cleanups {
-                    in_flight.spawn_undo(runtime, cleanup);
-                }
-                tracked.undo_when_settled(runtime);
-            } else {
-                tracked.finish();
-            }
-            delivery.deliver(|| Transfer::NotDone);
-            Err(error)
-        }
+    let reply = match outcome {
+        Released::Ours(_) => TransferReply::Applied,
+        Released::Unknown(_) | Released::NoReply => TransferReply::Unknown,
+        Released::NotOurs | Released::Declined => TransferReply::NotApplied,
     };
+    // A shutdown that took this transfer's undo is ending the waiters' leases.
+    let settled = reply != TransferReply::Applied || tracked.settle();
+    let step = protocol::transfer_answered(reply, settled);
+    let result = released(lease, started, outcome);
+    if let Ok(document) = &result {
+        lease.state.mark_released();
+        if step.hand_over {
+            tracing::debug!(lock = %shown_name(&lease.name), "released to local waiters");
+            let document = document.clone().unwrap_or_default();
+            // Every try was sent at or after `started`: the leases last at least from then.
+            delivery.deliver(|| Transfer::Done {
+                document: document.clone(),
+                request: Sent::now(started),
+            });
+        } else {
+            tracing::debug!(lock = %shown_name(&lease.name), "released; the transfer to local waiters was undone by a shutdown");
+        }
+    }
+    if step.undo_waiters {
+        // In case a try applied.
+        for cleanup in cleanups {
+            in_flight.spawn_undo(runtime, cleanup);
+        }
+    }
+    if step.undo_when_settled {
+        // Everything again once a try still on its way has landed or been given up (the
+        // releasing lease included).
+        tracked.undo_when_settled(runtime);
+    } else {
+        tracked.finish();
+    }
+    // Unless handed over above: the waiters go on waiting.
+    delivery.deliver(|| Transfer::NotDone);
     // Delivered (a lease handed to a waiter of a family shut down is being released, tracked by
     // its hub): nothing of the transfer is left for the waiters' families to wait for.
     for receiving in receiving {
         receiving.finish();
     }
-    result
+    result.map(drop)
 }
