@@ -27,9 +27,14 @@ pub fn attempt_filter(name: &str) -> Document {
     schema::attempt_filter(name)
 }
 
-/// The update pipeline of an acquisition attempt with `lock_id`.
-pub fn attempt_update(lock_id: &str, options: &LockOptions) -> Vec<Document> {
-    schema::acquire_update(lock_id, options, None, None)
+/// The update pipeline of an acquisition attempt with `lock_id`, storing `details` if given
+/// ([`LockDetails`](crate::LockDetails), as the holder's document).
+pub fn attempt_update(
+    lock_id: &str,
+    options: &LockOptions,
+    details: Option<&Document>,
+) -> Vec<Document> {
+    schema::acquire_update(lock_id, options, details, None)
 }
 
 /// What an attempt with `lock_id` learns from the document it returned: `Some(token)` if it won
@@ -57,10 +62,16 @@ pub fn release_filter(name: &str, lock_id: &str) -> Document {
     schema::Layout::LockDocument.release_filter(&Bson::from(name), lock_id)
 }
 
-/// The update pipeline of a release and of a cleanup (the same effect on a lock without a
-/// `min_hold`, which the model does not use).
+/// The update pipeline of a holder's release (also a lost lease's, and a shutdown's of a held
+/// lease): a `min_hold` window stays.
 pub fn release_update(lock_id: &str) -> Vec<Document> {
     schema::Layout::LockDocument.release_update(lock_id, schema::Ending::Release)
+}
+
+/// The update pipeline of a cleanup, which ends a lease nobody was given (after an attempt or a
+/// transfer whose outcome is unknown, or a win nobody receives): at once, window and all.
+pub fn cleanup_update(lock_id: &str) -> Vec<Document> {
+    schema::Layout::LockDocument.release_update(lock_id, schema::Ending::Cleanup)
 }
 
 /// The filter of a forced release of lock `name` (`Provider::force_release`, `dlock release`):
@@ -71,7 +82,14 @@ pub fn force_release_filter(name: &str) -> Document {
 
 /// The update pipeline of a forced release: the lease ends as its holder's release would.
 pub fn force_release_update() -> Vec<Document> {
-    schema::end_lease(schema::Ending::Release)
+    crate::lease::admin::force_release_update()
+}
+
+/// The filter of `purge_expired` (`Provider::purge_expired`, `dlock purge`) over a collection of
+/// exclusive locks: lock documents whose last lease ended more than a day ago, and nothing shaped
+/// otherwise.
+pub fn purge_filter() -> Document {
+    crate::lease::admin::expired(&[schema::Stored::Exclusive])
 }
 
 /// The filter of a release that hands the lock over from `releasing` to a local waiter's

@@ -300,6 +300,18 @@ fn operator_expression(
                 })
             }))
         }
+        // Later documents' fields win; null and missing arguments are skipped.
+        "$mergeObjects" => {
+            let mut merged = Document::new();
+            for value in arguments() {
+                match value {
+                    Some(Bson::Document(object)) => merged.extend(object),
+                    None | Some(Bson::Null) => {}
+                    Some(other) => panic!("$mergeObjects of {other} not modelled"),
+                }
+            }
+            Some(Bson::Document(merged))
+        }
         "$objectToArray" => match evaluate(argument, document, now) {
             Some(Bson::Document(object)) => Some(Bson::Array(
                 object
@@ -544,6 +556,20 @@ mod tests {
             at(0),
         );
         assert_eq!(names, Some(Bson::from(vec!["a", "b"])));
+    }
+
+    #[test]
+    fn merge_objects_lets_later_fields_win_and_skips_missing_arguments() {
+        let stored = doc! { "a": 1, "b": { "c": 2 } };
+        let merged = evaluate(
+            &Bson::from(doc! { "$mergeObjects": ["$$ROOT", "$missing", { "a": 3, "d": 4 }] }),
+            &stored,
+            at(0),
+        );
+        assert_eq!(
+            merged,
+            Some(Bson::from(doc! { "a": 3, "b": { "c": 2 }, "d": 4 }))
+        );
     }
 
     #[test]

@@ -23,7 +23,9 @@
 //! up to [`Config::max_delay`] ticks (so messages overtake each other), and within a budget of
 //! faults a message is lost (its sender sees an error: the outcome of its command is unknown) or
 //! a request is delivered twice; one caller may stop waiting during an attempt; a family of locks
-//! of the first process may be shut down.
+//! of the first process may be shut down, or the whole process crash; an operator may force the
+//! lock's release; the lock may have a `min_hold` window, which every holder's way of ending its
+//! lease must keep.
 //!
 //! Modelling choices, each the crate's behaviour or a conservative stand-in for it:
 //! - A holder has at most one renewal in flight: the engine's loop sends another round when an
@@ -36,6 +38,11 @@
 //!   and transfers their settle deadline (a shutdown waits that long, then undoes them).
 //! - Work without a settle deadline (a release, an undo) is a message already sent; a shutdown
 //!   sending its undo again is a duplicate, which the faults cover.
+//! - A crash of process 0 stops its callers where they are: they send nothing more, replies to
+//!   them are dropped, and its requests already in flight still reach the server. Its leases end
+//!   at their expiry (or, with a `min_hold`, at the end of their window, if later).
+//! - A purge runs the crate's filter on the lock's document and on [`others`], as its server
+//!   would (the lock's own lease never ends a day before the horizon: the purge leaves it).
 //! - Replies are not duplicated: the driver matches each reply to its request by id, so a reply
 //!   arrives once or not at all. Requests are duplicated (a retried write applied twice).
 //! - The runs with a cancelled caller or a shutdown ([`Config::a_caller_leaves`],
@@ -47,7 +54,7 @@
 //! time advances only when nothing is; a holder releases after its `hold_ticks`. So every path
 //! makes progress, and liveness is checked up to [`Config::horizon`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Add;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -77,14 +84,19 @@ const R1_AHEAD_MS: i64 = 200;
 /// The epoch of the model's clocks, in ms: far from 0, as real clocks are.
 const EPOCH_MS: i64 = 1_700_000_000_000;
 
-/// The lock's options in the model: a lease of 600 ms renewed every 200 ms, clocks within 200 ms.
-pub fn options() -> LockOptions {
-    LockOptions::builder()
+/// The lock's options in the model: a lease of 600 ms renewed every 200 ms, clocks within 200 ms,
+/// and a `min_hold` of that many ticks if given.
+pub fn options(min_hold_ticks: Option<u8>) -> LockOptions {
+    let builder = LockOptions::builder()
         .expiry(Duration::from_millis(600))
         .extension_cadence(Duration::from_millis(200))
-        .max_clock_skew(Duration::from_millis(R1_AHEAD_MS as u64))
-        .build()
-        .expect("valid options")
+        .max_clock_skew(Duration::from_millis(R1_AHEAD_MS as u64));
+    match min_hold_ticks {
+        Some(ticks) => builder.min_hold(Duration::from_millis(u64::from(ticks) * TICK_MS as u64)),
+        None => builder,
+    }
+    .build()
+    .expect("valid options")
 }
 
 /// An instant of the clients' clock (which runs at the real rate) in ms: what the crate's
@@ -154,6 +166,8 @@ pub struct Caller {
     pub process: u8,
     pub family: u8,
     pub hold_ticks: u8,
+    /// Whether it stores details with its lease (`{owner: "C<n>"}`, n its index).
+    pub details: bool,
 }
 
 /// What the checker explores.
@@ -184,6 +198,28 @@ pub struct Config {
     /// Whether an operator may force the lock's release, once, at any moment
     /// (`Provider::force_release` through router R0): a lease ended early by someone else.
     pub force_release: bool,
+    /// The lock's `min_hold`, in ticks: an acquisition keeps the lock taken at least that long
+    /// (by the server's clock), whatever its holder does.
+    pub min_hold: Option<u8>,
+    /// Whether process 0 may crash, once, at any moment: its callers stop, sending nothing more,
+    /// and what reaches it is lost.
+    pub crash: bool,
+    /// Whether an operator may purge the collection, once, at any moment (`purge_expired`
+    /// through router R0). Beside the lock's document the collection holds [`OTHERS`].
+    pub purge: bool,
+}
+
+/// The other documents of the lock's collection, which only a purge reads: a lock whose lease
+/// ended two days ago (`old`, which the purge deletes), and application documents whose
+/// `expiresAt` is as old but whose shape is not a lock's (one with a field no lock has, one
+/// without a fencing token), which nothing may touch.
+pub fn others() -> [Document; 3] {
+    let two_days_ago = DateTime::from_millis(EPOCH_MS - 2 * 24 * 3_600_000);
+    [
+        doc! { "_id": "old", "expiresAt": two_days_ago, "fencingToken": 7_i64 },
+        doc! { "_id": "order-1", "expiresAt": two_days_ago, "fencingToken": 3_i64, "total": 12 },
+        doc! { "_id": "session-9", "expiresAt": two_days_ago },
+    ]
 }
 
 /// A step of one router's clock: `by_ms` forward (positive) or back (negative).
@@ -204,16 +240,19 @@ impl Default for Config {
                     process: 0,
                     family: 0,
                     hold_ticks: LONG_HOLD_TICKS,
+                    details: false,
                 },
                 Caller {
                     process: 0,
                     family: 0,
                     hold_ticks: 1,
+                    details: false,
                 },
                 Caller {
                     process: 1,
                     family: 1,
                     hold_ticks: 1,
+                    details: false,
                 },
             ],
             faults: 1,
@@ -226,13 +265,17 @@ impl Default for Config {
             clock_step: None,
             pause: None,
             force_release: false,
+            min_hold: None,
+            crash: false,
+            purge: false,
         }
     }
 }
 
 impl Config {
     /// Routers whose clocks differ, slow replies, and one fault: a long holder in process 0
-    /// (router R0) and a caller of process 1 (router R1). What the deadline arithmetic is for.
+    /// (router R0), which stores details with its lease, and a caller of process 1 (router R1),
+    /// which stores none. What the deadline arithmetic is for.
     pub fn clocks_and_delays() -> Config {
         Config {
             callers: vec![
@@ -240,11 +283,13 @@ impl Config {
                     process: 0,
                     family: 0,
                     hold_ticks: LONG_HOLD_TICKS,
+                    details: true,
                 },
                 Caller {
                     process: 1,
                     family: 1,
                     hold_ticks: 1,
+                    details: false,
                 },
             ],
             slow_replies: true,
@@ -304,16 +349,19 @@ impl Config {
                     process: 0,
                     family: 0,
                     hold_ticks: LONG_HOLD_TICKS,
+                    details: false,
                 },
                 Caller {
                     process: 0,
                     family: 1,
                     hold_ticks: 1,
+                    details: false,
                 },
                 Caller {
                     process: 1,
                     family: 2,
                     hold_ticks: 1,
+                    details: false,
                 },
             ],
             faults: 0,
@@ -364,9 +412,25 @@ impl Config {
         }
     }
 
+    /// Three callers, a lock with a `min_hold` of 600 ms (as long as the lease, three times the
+    /// most the routers' clocks differ, so that a window cut short by a short hold shows), and at any moment an operator forces the lock's release or process 0 crashes
+    /// (once each): no acquisition may come inside an earlier holder's window, however its lease
+    /// ended (a release, a forced release, a crash), and no release hands such a lock over.
+    pub fn min_hold_windows() -> Config {
+        Config {
+            faults: 0,
+            min_hold: Some(6),
+            force_release: true,
+            crash: true,
+            ..Config::default()
+        }
+    }
+
     /// Three callers, and at any moment router R0's clock steps forward by the whole
     /// `max_clock_skew`, to read what R1's does: the largest forward step the assumptions allow.
-    /// A lease R0 wrote before the step ends earlier in real time by as much.
+    /// A lease R0 wrote before the step ends earlier in real time by as much. At any moment too,
+    /// an operator purges the collection, which also holds [`others`] (with `$$NOW` as R0 reads
+    /// it, before or after its step).
     pub fn a_router_clock_steps_forward() -> Config {
         Config {
             faults: 0,
@@ -374,6 +438,7 @@ impl Config {
                 router: 0,
                 by_ms: R1_AHEAD_MS,
             }),
+            purge: true,
             ..Config::default()
         }
     }
@@ -400,21 +465,30 @@ struct Command {
 /// Which [`Command`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum CommandKey {
-    Attempt(u8),
+    /// An attempt with this lock id, storing the details of this caller if any.
+    Attempt {
+        lock_id: u8,
+        details: Option<u8>,
+    },
     Renew(u8),
-    Release(u8),
+    Release {
+        lock_id: u8,
+        cleanup: bool,
+    },
     Transfer {
         releasing: u8,
         waiter: u8,
     },
     /// A fenced write of the protected resource with this token.
     Write(i64),
+    /// The purge's delete.
+    Purge,
 }
 
 impl LeaseProtocol {
     pub fn new(config: Config) -> LeaseProtocol {
         LeaseProtocol {
-            options: options(),
+            options: options(config.min_hold),
             config,
             commands: Arc::default(),
         }
@@ -437,22 +511,29 @@ impl LeaseProtocol {
 
     fn build(&self, key: CommandKey) -> Command {
         match key {
-            CommandKey::Attempt(lock_id) => Command {
+            CommandKey::Attempt { lock_id, details } => Command {
                 filter: code::attempt_filter(NAME),
-                update: self
-                    .planted_token(code::attempt_update(&lock_id_name(lock_id), &self.options)),
+                update: self.planted_token(code::attempt_update(
+                    &lock_id_name(lock_id),
+                    &self.options,
+                    details.map(details_of).as_ref(),
+                )),
             },
             CommandKey::Renew(lock_id) => Command {
                 filter: code::renew_filter(NAME, &lock_id_name(lock_id)),
                 update: code::renew_update(&self.options),
             },
-            CommandKey::Release(lock_id) => Command {
+            CommandKey::Release { lock_id, cleanup } => Command {
                 filter: if self.mistake(Mistake::CleanupByName) {
                     code::attempt_filter(NAME)
                 } else {
                     code::release_filter(NAME, &lock_id_name(lock_id))
                 },
-                update: code::release_update(&lock_id_name(lock_id)),
+                update: if cleanup {
+                    code::cleanup_update(&lock_id_name(lock_id))
+                } else {
+                    code::release_update(&lock_id_name(lock_id))
+                },
             },
             CommandKey::Transfer { releasing, waiter } => {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
@@ -470,6 +551,10 @@ impl LeaseProtocol {
                     }
                 }
             }
+            CommandKey::Purge => Command {
+                filter: code::purge_filter(),
+                update: Vec::new(),
+            },
             CommandKey::Write(token) => Command {
                 filter: code::fenced_filter(doc! { "_id": "resource" }, token),
                 update: vec![doc! { "$set": { DEFAULT_FENCE_FIELD: token } }],
@@ -558,10 +643,13 @@ pub enum Message {
         sent: code::Sent<At>,
         live: bool,
     },
-    /// A release, or the cleanup after an attempt whose outcome is unknown (the same update).
+    /// A holder's release, or (`cleanup`) the cleanup of a lease nobody was given: after an
+    /// attempt or a transfer whose outcome is unknown, or a win nobody receives (the same
+    /// update, but for a `min_hold` window, which a release keeps and a cleanup ends).
     Release {
         client: u8,
         lock_id: u8,
+        cleanup: bool,
     },
     /// A release handing the lock over: `from` releases its lease `releasing`, `waiter` is
     /// handed a lease `lock_id`.
@@ -618,10 +706,25 @@ pub struct LockDocument {
     pub lock_id: Option<u8>,
     pub expires_at_ms: Option<i64>,
     pub token: Option<i64>,
+    /// `minHoldUntil`, as stored (a lock with a `min_hold`).
+    pub min_hold_until_ms: Option<i64>,
+    /// Whose `details` are stored (the caller's index).
+    pub details: Option<u8>,
 }
 
-/// What undoes a piece of work: a release of `lock_id`, sent as `client`'s (through its router).
-pub type Undo = (u8, u8);
+/// The details caller `client` stores with its lease.
+fn details_of(client: u8) -> Document {
+    doc! { "owner": format!("C{client}") }
+}
+
+/// What undoes a piece of work: a release of `lock_id` (a cleanup if `cleanup`), sent as
+/// `client`'s (through its router).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Undo {
+    pub client: u8,
+    pub lock_id: u8,
+    pub cleanup: bool,
+}
 
 /// A family of locks: its work under way, and whether it was shut down.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -700,6 +803,29 @@ pub struct State {
     pub operator_ended_a_held_lease: bool,
     /// For coverage: a transfer applied, but its reply came after a shutdown took its undo.
     pub transfer_undone_by_a_shutdown: bool,
+    /// With a `min_hold`: the tick at which the server wrote each lease (by lock id).
+    pub acquired_at: BTreeMap<u8, u8>,
+    /// With a `min_hold`: the end, in real ms, of the latest window of a lease handed to a
+    /// caller.
+    pub window_until_ms: Option<i64>,
+    /// False once a caller was handed a lease the server wrote inside an earlier holder's
+    /// `min_hold` window (earlier than its end by more than `max_clock_skew`, the most the
+    /// routers' clocks may differ).
+    pub min_hold_kept: bool,
+    pub may_crash: bool,
+    /// Process 0 crashed: its callers do nothing more.
+    pub crashed: bool,
+    /// False once an attempt won a lease whose document carried details that were not its
+    /// caller's (another holder's left behind, or none where it stores some).
+    pub details_are_the_holders: bool,
+    /// For coverage: an attempt won over a document holding another caller's details.
+    pub details_replaced: bool,
+    pub may_purge: bool,
+    /// Which of [`others`] a purge deleted.
+    pub others_deleted: [bool; 3],
+    /// For coverage: an attempt found no holder, yet the lock taken by a `min_hold` window (its
+    /// holder's lease ended early: released, forced or crashed).
+    pub window_kept_an_attempt_out: bool,
 }
 
 impl State {
@@ -794,6 +920,10 @@ pub enum Action {
     Pause,
     /// An operator forces the lock's release ([`Config::force_release`]).
     ForceRelease,
+    /// Process 0 crashes ([`Config::crash`]).
+    Crash,
+    /// An operator purges the collection ([`Config::purge`]).
+    Purge,
 }
 
 impl LeaseProtocol {
@@ -818,6 +948,12 @@ impl LeaseProtocol {
             if let Some(token) = lock.token {
                 document.insert("fencingToken", token);
             }
+            if let Some(until) = lock.min_hold_until_ms {
+                document.insert("minHoldUntil", DateTime::from_millis(until));
+            }
+            if let Some(client) = lock.details {
+                document.insert("details", details_of(client));
+            }
         }
         document
     }
@@ -836,6 +972,14 @@ impl LeaseProtocol {
                 Bson::Int64(token) => *token,
                 Bson::Int32(token) => i64::from(*token),
                 other => panic!("token {other}"),
+            }),
+            min_hold_until_ms: document
+                .get_datetime("minHoldUntil")
+                .ok()
+                .map(|at| at.timestamp_millis()),
+            details: document.get_document("details").ok().map(|details| {
+                let owner = details.get_str("owner").expect("a model owner");
+                owner[1..].parse().expect("a model client")
             }),
         });
     }
@@ -867,6 +1011,13 @@ impl LeaseProtocol {
         if expired_before && updated.get("lockId") != target.get("lockId") {
             state.taken_over = true;
         }
+        if self.config.min_hold.is_some()
+            && updated.get("lockId") != target.get("lockId")
+            && let Ok(lock_id) = updated.get_str("lockId")
+        {
+            let lock_id = lock_id[1..].parse().expect("a model lock id");
+            state.acquired_at.entry(lock_id).or_insert(state.now);
+        }
         Self::store(state, &updated);
         Some(updated)
     }
@@ -887,13 +1038,32 @@ impl LeaseProtocol {
                 lock_id,
                 sent: _,
             } => {
-                let attempt = self.command(CommandKey::Attempt(lock_id));
+                let details = self.config.callers[usize::from(client)]
+                    .details
+                    .then_some(client);
+                let attempt = self.command(CommandKey::Attempt { lock_id, details });
                 let router = Self::router_of(state, client);
+                let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
+                // (A coverage flag: kept false without a window, so that it splits no states.)
+                let window_alone = self.config.min_hold.is_some()
+                    && state.lock.as_ref().is_some_and(|lock| {
+                        lock.lock_id.is_none()
+                            && lock.expires_at_ms.is_some_and(|until| {
+                                until > self.server_now(state, router).timestamp_millis()
+                            })
+                    });
                 let document = self
                     .update(state, router, &attempt.filter, &attempt.update, true)
                     .expect("an upsert always returns the document");
                 let won = code::attempt_won(&document, &lock_id_name(lock_id))
                     .map(|token| token.expect("a numeric token"));
+                state.window_kept_an_attempt_out |= window_alone && won.is_none();
+                if won.is_some() {
+                    let stored = state.lock.as_ref().and_then(|lock| lock.details);
+                    state.details_are_the_holders &= stored == details;
+                    state.details_replaced |=
+                        replaced_details.is_some_and(|before| Some(before) != details);
+                }
                 state.send(Message::AttemptReply {
                     client,
                     lock_id,
@@ -964,8 +1134,12 @@ impl LeaseProtocol {
                     state.told_promptly = false;
                 }
             }
-            Message::Release { client, lock_id } => {
-                let release = self.command(CommandKey::Release(lock_id));
+            Message::Release {
+                client,
+                lock_id,
+                cleanup,
+            } => {
+                let release = self.command(CommandKey::Release { lock_id, cleanup });
                 let router = Self::router_of(state, client);
                 let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
                 let ended = self
@@ -1037,6 +1211,7 @@ impl LeaseProtocol {
                     state.send(Message::Release {
                         client: u8::try_from(waiter).expect("small"),
                         lock_id,
+                        cleanup: true,
                     });
                     return;
                 }
@@ -1106,6 +1281,7 @@ impl LeaseProtocol {
             state.send(Message::Release {
                 client: id,
                 lock_id,
+                cleanup: true,
             });
         }
         if step.release {
@@ -1114,6 +1290,7 @@ impl LeaseProtocol {
             state.send(Message::Release {
                 client: id,
                 lock_id,
+                cleanup: true,
             });
         }
         let now = state.now;
@@ -1153,6 +1330,18 @@ impl LeaseProtocol {
             state.tokens_increase = false;
         }
         state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
+        if let Some(ticks) = self.config.min_hold {
+            let acquired_ms = i64::from(state.acquired_at[&lock_id]) * TICK_MS;
+            let skew = i64::try_from(self.options.max_clock_skew().as_millis()).expect("small");
+            if state
+                .window_until_ms
+                .is_some_and(|until| acquired_ms < until - skew)
+            {
+                state.min_hold_kept = false;
+            }
+            let until = acquired_ms + i64::from(ticks) * TICK_MS;
+            state.window_until_ms = Some(state.window_until_ms.map_or(until, |max| max.max(until)));
+        }
         let (now, at) = (state.now, state.at());
         let rounds = state.clients[client].rounds.checked_sub(1);
         state.granted_only_when_asked &= rounds.is_some();
@@ -1184,6 +1373,7 @@ impl LeaseProtocol {
             state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id,
+                cleanup: false,
             });
             state.next_round(client);
         }
@@ -1242,6 +1432,7 @@ impl LeaseProtocol {
                     state.send(Message::Release {
                         client: waiter,
                         lock_id,
+                        cleanup: true,
                     });
                 }
                 let releasing_family = u8::try_from(Self::family_of(state, from)).expect("small");
@@ -1280,7 +1471,11 @@ impl LeaseProtocol {
                     let family = usize::from(state.clients[client].family);
                     state.families[family].work.track(
                         piece(lock_id),
-                        vec![(id, lock_id)],
+                        vec![Undo {
+                            client: id,
+                            lock_id,
+                            cleanup: true,
+                        }],
                         Some(self.settle_by(at)),
                     );
                     state.send(Message::Attempt {
@@ -1342,6 +1537,7 @@ impl LeaseProtocol {
             state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id,
+                cleanup: true,
             });
         }
     }
@@ -1393,15 +1589,26 @@ impl LeaseProtocol {
                 // it until it has settled, then undoes it.
                 let settle_by = Some(self.settle_by(sent.at()));
                 let releasing = &mut state.families[usize::from(state.clients[client].family)];
-                releasing.work.track(
-                    piece(lock_id),
-                    vec![(from, hold.lock_id), (to, lock_id)],
-                    settle_by,
+                // The releasing lease ends as its release would; the waiter's is a cleanup.
+                let (ending, cleanup) = (
+                    Undo {
+                        client: from,
+                        lock_id: hold.lock_id,
+                        cleanup: false,
+                    },
+                    Undo {
+                        client: to,
+                        lock_id,
+                        cleanup: true,
+                    },
                 );
+                releasing
+                    .work
+                    .track(piece(lock_id), vec![ending, cleanup], settle_by);
                 let receiving = &mut state.families[usize::from(state.clients[waiter].family)];
                 receiving
                     .work
-                    .track(receiving_piece(lock_id), vec![(to, lock_id)], settle_by);
+                    .track(receiving_piece(lock_id), vec![cleanup], settle_by);
                 state.send(Message::Transfer {
                     from,
                     releasing: hold.lock_id,
@@ -1413,6 +1620,7 @@ impl LeaseProtocol {
             None => state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id: hold.lock_id,
+                cleanup: false,
             }),
         }
         state.next_round(client);
@@ -1433,6 +1641,7 @@ impl LeaseProtocol {
                 Phase::Holding(hold) => state.send(Message::Release {
                     client: id,
                     lock_id: hold.lock_id,
+                    cleanup: false,
                 }),
                 Phase::Attempting { .. } => self.leave_attempt(state, client, Leave::ShutDown),
                 Phase::Idle { .. } | Phase::Done => {}
@@ -1448,19 +1657,26 @@ impl LeaseProtocol {
     /// has settled (`code::Work::settling`).
     fn run_work(&self, state: &mut State) {
         let at = state.at();
-        let paused = state.paused_until.is_some_and(|until| state.now < until);
-        for family in 0..state.families.len() {
-            let in_paused_process = paused
-                && state
+        // Process 0 does nothing while it stands still, nor ever after it crashed.
+        let still = state.crashed || state.paused_until.is_some_and(|until| state.now < until);
+        let acts = |state: &State, family: usize| {
+            !still
+                || !state
                     .clients
                     .iter()
-                    .any(|client| usize::from(client.family) == family && client.process == 0);
-            if state.families[family].shut_down && !in_paused_process {
+                    .any(|client| usize::from(client.family) == family && client.process == 0)
+        };
+        for family in 0..state.families.len() {
+            if state.families[family].shut_down && acts(state, family) {
                 let due = state.families[family].work.take_due(at);
                 Self::send_undo(state, due.undo);
             }
         }
         for (family, id) in std::mem::take(&mut state.settling) {
+            if !acts(state, usize::from(family)) {
+                state.settling.push((family, id));
+                continue;
+            }
             let work = &mut state.families[usize::from(family)].work;
             match work.settling(id, at) {
                 code::Settling::WaitUntil(_) => state.settling.push((family, id)),
@@ -1474,8 +1690,17 @@ impl LeaseProtocol {
     }
 
     fn send_undo(state: &mut State, undo: Vec<Undo>) {
-        for (client, lock_id) in undo {
-            state.send(Message::Release { client, lock_id });
+        for Undo {
+            client,
+            lock_id,
+            cleanup,
+        } in undo
+        {
+            state.send(Message::Release {
+                client,
+                lock_id,
+                cleanup,
+            });
         }
     }
 
@@ -1546,6 +1771,16 @@ impl LeaseProtocol {
             renewal_met_another: false,
             operator_ended_a_held_lease: false,
             transfer_undone_by_a_shutdown: false,
+            acquired_at: BTreeMap::new(),
+            window_until_ms: None,
+            min_hold_kept: true,
+            may_crash: self.config.crash,
+            crashed: false,
+            details_are_the_holders: true,
+            details_replaced: false,
+            may_purge: self.config.purge,
+            others_deleted: [false; 3],
+            window_kept_an_attempt_out: false,
         }
     }
 }
@@ -1600,6 +1835,12 @@ impl Model for LeaseProtocol {
         }
         if state.may_force_release {
             actions.push(Action::ForceRelease);
+        }
+        if state.may_crash {
+            actions.push(Action::Crash);
+        }
+        if state.may_purge {
+            actions.push(Action::Purge);
         }
         if !overdue && state.now < self.config.horizon {
             actions.push(Action::Tick);
@@ -1674,6 +1915,30 @@ impl Model for LeaseProtocol {
                         (0..state.clients.len()).any(|client| state.ended_by_operator(client));
                 }
             }
+            Action::Purge => {
+                state.may_purge = false;
+                let purge = self.command(CommandKey::Purge);
+                let now = self.server_now(&state, 0);
+                if state.lock.is_some() && eval::matches(&purge.filter, &Self::stored(&state), now)
+                {
+                    state.lock = None;
+                }
+                for (deleted, document) in state.others_deleted.iter_mut().zip(others()) {
+                    *deleted |= eval::matches(&purge.filter, &document, now);
+                }
+            }
+            Action::Crash => {
+                state.may_crash = false;
+                state.crashed = true;
+                for client in &mut state.clients {
+                    if client.process == 0 {
+                        client.phase = Phase::Done;
+                        client.abandoned = None;
+                        client.offer = None;
+                        client.rounds = 0;
+                    }
+                }
+            }
             Action::StepClock => {
                 state.may_step_clock = false;
                 if let Some(step) = self.config.clock_step {
@@ -1715,6 +1980,18 @@ impl Model for LeaseProtocol {
                 "a renewal or release touches only its sender's lease",
                 |_, state: &State| state.touched_only_own,
             ),
+            Property::always(
+                "no acquisition inside an earlier holder's min_hold window",
+                |_, state: &State| state.min_hold_kept,
+            ),
+            Property::always(
+                "a lease carries its holder's details and no one else's",
+                |_, state: &State| state.details_are_the_holders,
+            ),
+            Property::always(
+                "a purge deletes no document that is not a lock's",
+                |_, state: &State| !state.others_deleted[1] && !state.others_deleted[2],
+            ),
             Property::eventually("every caller is served", |_, state: &State| {
                 state
                     .clients
@@ -1746,6 +2023,18 @@ impl Model for LeaseProtocol {
             Property::sometimes(
                 "a shutdown undoes a transfer whose reply comes after it",
                 |_, state: &State| state.transfer_undone_by_a_shutdown,
+            ),
+            Property::sometimes(
+                "an acquisition replaces another holder's details",
+                |_, state: &State| state.details_replaced,
+            ),
+            Property::sometimes(
+                "a purge deletes a lock whose lease ended over a day ago",
+                |_, state: &State| state.others_deleted[0],
+            ),
+            Property::sometimes(
+                "a window keeps an attempt out after its holder's lease ended",
+                |_, state: &State| state.window_kept_an_attempt_out,
             ),
         ]
     }
@@ -1811,12 +2100,15 @@ fn keep_the_stored_token(pipeline: Vec<Document>) -> Vec<Document> {
 pub const BOOKKEEPING: &str = "a caller is handed a lease only while it asks for one";
 
 /// What every configuration must keep: the safety properties, then liveness.
-pub const MUST_HOLD: [&str; 7] = [
+pub const MUST_HOLD: [&str; 10] = [
     "mutual exclusion",
     "a holder whose lease an operator ended hears of it at its next renewal",
     "fencing tokens increase in acquisition order",
     "no stale fenced write is accepted",
     "a renewal or release touches only its sender's lease",
+    "no acquisition inside an earlier holder's min_hold window",
+    "a lease carries its holder's details and no one else's",
+    "a purge deletes no document that is not a lock's",
     BOOKKEEPING,
     "every caller is served",
 ];
@@ -1881,20 +2173,40 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
                 "a router's clock steps: R0 reads {} ms, R1 {} ms ahead of real time",
                 after.router_clocks_ms[0], after.router_clocks_ms[1]
             ),
+            Action::Crash => "process 0 crashes".to_owned(),
+            Action::Purge => format!(
+                "an operator purges the collection: deleted {:?} of the others",
+                after.others_deleted
+            ),
             Action::ForceRelease => match after.forced {
                 Some((lock_id, _)) => format!("an operator forces the release of L{lock_id}"),
                 None => "an operator forces a release: no lease to end".to_owned(),
             },
+        };
+        let window = match after.lock.as_ref().and_then(|lock| lock.min_hold_until_ms) {
+            Some(until) => format!(", window until {} ms", until - EPOCH_MS),
+            None => String::new(),
         };
         let stored = match &after.lock {
             Some(LockDocument {
                 lock_id: Some(lock_id),
                 expires_at_ms: Some(expires_at),
                 token,
+                ..
             }) => format!(
-                "stored: L{lock_id} until {} ms, token {token:?}",
+                "stored: L{lock_id} until {} ms, token {token:?}{window}",
                 expires_at - EPOCH_MS
             ),
+            Some(LockDocument {
+                lock_id: None,
+                expires_at_ms: Some(expires_at),
+                ..
+            }) if !window.is_empty() => {
+                format!(
+                    "stored: no holder, taken until {} ms{window}",
+                    expires_at - EPOCH_MS
+                )
+            }
             _ => "stored: free".to_owned(),
         };
         let believing: Vec<String> = (0..after.clients.len())

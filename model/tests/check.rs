@@ -38,6 +38,7 @@ fn routers_whose_clocks_differ_slow_replies_and_a_fault() {
         &[
             "a lease is taken over after it ended",
             "a renewal reaches the server after another took the lock",
+            "an acquisition replaces another holder's details",
         ],
     );
 }
@@ -87,6 +88,18 @@ fn two_families_of_one_process_and_a_shutdown_of_either() {
 }
 
 #[test]
+fn min_hold_windows_that_outlast_released_forced_and_crashed_leases() {
+    verify(
+        "min_hold windows",
+        Config::min_hold_windows(),
+        &[
+            "a window keeps an attempt out after its holder's lease ended",
+            "an operator ends a held lease",
+        ],
+    );
+}
+
+#[test]
 fn an_operator_that_ends_a_lease() {
     verify(
         "an operator ends a lease",
@@ -121,7 +134,10 @@ fn a_router_clock_that_steps_forward() {
     verify(
         "a router's clock steps forward",
         Config::a_router_clock_steps_forward(),
-        &["a release hands the lock to a local waiter"],
+        &[
+            "a release hands the lock to a local waiter",
+            "a purge deletes a lock whose lease ended over a day ago",
+        ],
     );
 }
 

@@ -248,9 +248,15 @@ fn semaphore_held() -> Document {
 /// stays). The document (and its fencing counter) stays.
 pub(crate) async fn force_release(collection: &Collection<Document>, name: &str) -> Result<bool> {
     let result = collection
-        .update_one(force_release_filter(name), end_lease(Ending::Release))
+        .update_one(force_release_filter(name), force_release_update())
         .await?;
     Ok(result.modified_count > 0)
+}
+
+/// The update of [`force_release`]: the lease ends as its holder's release would, keeping a
+/// `min_hold` window.
+pub(crate) fn force_release_update() -> Vec<Document> {
+    end_lease(Ending::Release)
 }
 
 /// The filter of [`force_release`]: exclusive lock `name` with a lease, whoever holds it, in a
@@ -316,7 +322,7 @@ pub(crate) async fn force_release_semaphore(
 /// The filter of the lock documents of `kinds` whose last lease ended more than [`RETENTION`]
 /// before now (server time): what the TTL index deletes, and nothing that is not a lock
 /// document.
-fn expired(kinds: &[Stored]) -> Document {
+pub(crate) fn expired(kinds: &[Stored]) -> Document {
     let retention_millis = i64::try_from(RETENTION.as_millis()).unwrap_or(i64::MAX);
     let retained_until = doc! { "$add": [format!("${EXPIRES_AT}"), retention_millis] };
     doc! {

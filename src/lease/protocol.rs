@@ -972,6 +972,7 @@ mod tests {
 
         work.track(2, vec!["attempt"], Some(Ms(500)));
         assert!(work.settle(2), "nobody took it: what it did stands");
+        assert!(!work.tracks(2), "settled: no longer tracked");
         assert!(
             work.take_due(Ms(1_000)).undo.is_empty(),
             "and nobody undoes it"
