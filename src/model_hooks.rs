@@ -14,11 +14,12 @@ use crate::{Fence, FencingToken, LockOptions};
 /// The protocol's decisions without I/O, which the engine runs on its clocks and the model on
 /// its ticks: a holder's [`Lease`] (its deadline and the extension rule), the renewal loop's
 /// [`Renewals`], [`give_up_at`] and [`suspect_at`], an acquisition [`Attempt`], a release's
-/// [`hands_over`] and [`transfer_answered`], and a family's [`Work`] under way (what a shutdown
-/// waits for and undoes).
+/// [`hands_over`] and [`transfer_answered`], whether the end of a lease keeps its window
+/// ([`keeps_window`]), and a family's [`Work`] under way (what a shutdown waits for and undoes).
 pub use crate::lease::hooks::{
     Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, TransferReply,
-    TransferStep, Work, give_up_at, hands_over, retry_delay, suspect_at, transfer_answered,
+    TransferStep, Work, give_up_at, hands_over, keeps_window, retry_delay, suspect_at,
+    transfer_answered,
 };
 
 /// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document
@@ -105,9 +106,14 @@ pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
     )
 }
 
-/// The update pipeline of that transfer.
-pub fn transfer_update(waiter: &str, options: &LockOptions, releasing: &str) -> Vec<Document> {
-    schema::acquire_update(waiter, options, None, Some(releasing))
+/// The update pipeline of that transfer, storing the waiter's `details` if given.
+pub fn transfer_update(
+    waiter: &str,
+    options: &LockOptions,
+    releasing: &str,
+    details: Option<&Document>,
+) -> Vec<Document> {
+    schema::acquire_update(waiter, options, details, Some(releasing))
 }
 
 /// The filter of a fenced write with `token` to the documents of `filter` ([`Fence::new`]).

@@ -37,7 +37,8 @@
 //!   model's stand-in for the server-side time limit (`ATTEMPT_SERVER_TIME`) that gives attempts
 //!   and transfers their settle deadline (a shutdown waits that long, then undoes them).
 //! - Work without a settle deadline (a release, an undo) is a message already sent; a shutdown
-//!   sending its undo again is a duplicate, which the faults cover.
+//!   sending its undo again is a duplicate: a request applied twice, which the configurations
+//!   with faults explore.
 //! - A crash of process 0 stops its callers where they are: they send nothing more, replies to
 //!   them are dropped, and its requests already in flight still reach the server. Its leases end
 //!   at their expiry (or, with a `min_hold`, at the end of their window, if later).
@@ -54,7 +55,7 @@
 //! time advances only when nothing is; a holder releases after its `hold_ticks`. So every path
 //! makes progress, and liveness is checked up to [`Config::horizon`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Add;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -298,9 +299,13 @@ impl Config {
     }
 
     /// Three callers (two of one process, so releases hand the lock over) and one fault: what
-    /// transfers and cleanups are for.
+    /// transfers and cleanups are for. The short holder of process 0 stores details with its
+    /// lease, the others none: a transfer writes the waiter's details, and no one else's.
     pub fn handoff_and_faults() -> Config {
+        let mut callers = Config::default().callers;
+        callers[1].details = true;
         Config {
+            callers,
             write_max_delay: WRITE_MAX_DELAY,
             ..Config::default()
         }
@@ -426,6 +431,31 @@ impl Config {
         }
     }
 
+    /// Two callers of two processes, either of which may stop waiting during an attempt, and a
+    /// lock with a `min_hold` of 400 ms: a lease won after its caller left is ended by a cleanup,
+    /// window and all (nobody ran under it), while every way of ending a lease a caller was given
+    /// keeps its window.
+    pub fn a_caller_leaves_a_min_hold_lock() -> Config {
+        Config {
+            callers: vec![
+                Caller {
+                    process: 0,
+                    family: 0,
+                    hold_ticks: 1,
+                    details: false,
+                },
+                Caller {
+                    process: 1,
+                    family: 1,
+                    hold_ticks: 1,
+                    details: false,
+                },
+            ],
+            min_hold: Some(4),
+            ..Config::a_caller_leaves()
+        }
+    }
+
     /// Three callers, and at any moment router R0's clock steps forward by the whole
     /// `max_clock_skew`, to read what R1's does: the largest forward step the assumptions allow.
     /// A lease R0 wrote before the step ends earlier in real time by as much. At any moment too,
@@ -475,9 +505,12 @@ enum CommandKey {
         lock_id: u8,
         cleanup: bool,
     },
+    /// A transfer from lease `releasing` to lease `waiter`, storing the details of this caller
+    /// if any.
     Transfer {
         releasing: u8,
         waiter: u8,
+        details: Option<u8>,
     },
     /// A fenced write of the protected resource with this token.
     Write(i64),
@@ -535,10 +568,19 @@ impl LeaseProtocol {
                     code::release_update(&lock_id_name(lock_id))
                 },
             },
-            CommandKey::Transfer { releasing, waiter } => {
+            CommandKey::Transfer {
+                releasing,
+                waiter,
+                details,
+            } => {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
                 let filter = code::transfer_filter(NAME, &releasing, &waiter);
-                let update = code::transfer_update(&waiter, &self.options, &releasing);
+                let update = code::transfer_update(
+                    &waiter,
+                    &self.options,
+                    &releasing,
+                    details.map(details_of).as_ref(),
+                );
                 if self.mistake(Mistake::TransferOfALostLease) {
                     Command {
                         filter: code::attempt_filter(NAME),
@@ -733,6 +775,13 @@ pub struct Family {
     pub shut_down: bool,
 }
 
+/// Whether the end of a lease is a cleanup (its `min_hold` window ends with it) rather than a
+/// release (the window stays), as the crate's protocol core decides from whether the lease was
+/// `delivered` to a caller.
+fn ends_at_once(delivered: bool) -> bool {
+    !code::keeps_window(delivered)
+}
+
 /// The piece of work that tracks the attempt or the transfer of lease `lock_id` in the family
 /// that sends it (lock ids are never reused, so neither are pieces).
 fn piece(lock_id: u8) -> u64 {
@@ -803,15 +852,23 @@ pub struct State {
     pub operator_ended_a_held_lease: bool,
     /// For coverage: a transfer applied, but its reply came after a shutdown took its undo.
     pub transfer_undone_by_a_shutdown: bool,
-    /// With a `min_hold`: the tick at which the server wrote each lease (by lock id).
-    pub acquired_at: BTreeMap<u8, u8>,
-    /// With a `min_hold`: the end, in real ms, of the latest window of a lease handed to a
-    /// caller.
-    pub window_until_ms: Option<i64>,
+    /// With a `min_hold`: when the server wrote each lease (by lock id): the tick, and the
+    /// writing router's clock (its `$$NOW`, in ms).
+    pub acquired_at: BTreeMap<u8, (u8, i64)>,
+    /// With a `min_hold`: the end of the latest window of a lease handed to a caller, in real
+    /// ms and by the clock of the router that wrote it (its `minHoldUntil`).
+    pub window_until_ms: Option<(i64, i64)>,
     /// False once a caller was handed a lease the server wrote inside an earlier holder's
-    /// `min_hold` window (earlier than its end by more than `max_clock_skew`, the most the
-    /// routers' clocks may differ).
+    /// `min_hold` window: by the writing router's clock, before the stored end of the window;
+    /// or in real time, earlier than its end by more than `max_clock_skew` (the most the routers'
+    /// clocks may differ).
     pub min_hold_kept: bool,
+    /// For coverage: a cleanup ended a lease nobody was given inside its window, window and all.
+    pub cleanup_ended_a_window: bool,
+    /// False once the end of a lease nobody was given left the lock taken by its window.
+    pub cleanups_keep_no_window: bool,
+    /// With a `min_hold`: the leases handed to a caller (by lock id).
+    pub delivered: BTreeSet<u8>,
     pub may_crash: bool,
     /// Process 0 crashed: its callers do nothing more.
     pub crashed: bool,
@@ -1016,7 +1073,8 @@ impl LeaseProtocol {
             && let Ok(lock_id) = updated.get_str("lockId")
         {
             let lock_id = lock_id[1..].parse().expect("a model lock id");
-            state.acquired_at.entry(lock_id).or_insert(state.now);
+            let written = (state.now, now.timestamp_millis() - EPOCH_MS);
+            state.acquired_at.entry(lock_id).or_insert(written);
         }
         Self::store(state, &updated);
         Some(updated)
@@ -1059,10 +1117,7 @@ impl LeaseProtocol {
                     .map(|token| token.expect("a numeric token"));
                 state.window_kept_an_attempt_out |= window_alone && won.is_none();
                 if won.is_some() {
-                    let stored = state.lock.as_ref().and_then(|lock| lock.details);
-                    state.details_are_the_holders &= stored == details;
-                    state.details_replaced |=
-                        replaced_details.is_some_and(|before| Some(before) != details);
+                    self.check_details(state, details, replaced_details);
                 }
                 state.send(Message::AttemptReply {
                     client,
@@ -1141,12 +1196,29 @@ impl LeaseProtocol {
             } => {
                 let release = self.command(CommandKey::Release { lock_id, cleanup });
                 let router = Self::router_of(state, client);
+                let server_now = self.server_now(state, router).timestamp_millis();
+                let in_window = state.lock.as_ref().is_some_and(|lock| {
+                    lock.lock_id == Some(lock_id)
+                        && lock
+                            .min_hold_until_ms
+                            .is_some_and(|until| until > server_now)
+                });
                 let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
                 let ended = self
                     .update(state, router, &release.filter, &release.update, false)
                     .is_some();
                 if ended && stored != Some(lock_id) {
                     state.touched_only_own = false;
+                }
+                // However the crate chose to end it (`code::keeps_window`): a lease never handed to
+                // a caller, ended inside its window.
+                if ended && in_window && !state.delivered.contains(&lock_id) {
+                    state.cleanup_ended_a_window |= cleanup;
+                    // Nobody ran under that lease: nothing of its window may stay.
+                    state.cleanups_keep_no_window &= state
+                        .lock
+                        .as_ref()
+                        .is_some_and(|lock| lock.expires_at_ms.is_some_and(|at| at <= server_now));
                 }
             }
             Message::Transfer {
@@ -1156,15 +1228,23 @@ impl LeaseProtocol {
                 lock_id,
                 sent,
             } => {
+                let details = self.config.callers[usize::from(waiter)]
+                    .details
+                    .then_some(waiter);
                 let transfer = self.command(CommandKey::Transfer {
                     releasing,
                     waiter: lock_id,
+                    details,
                 });
                 let router = Self::router_of(state, waiter);
+                let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
                 let token = self
                     .update(state, router, &transfer.filter, &transfer.update, false)
                     .and_then(|document| code::attempt_won(&document, &lock_id_name(lock_id)))
                     .map(|token| token.expect("a numeric token"));
+                if token.is_some() {
+                    self.check_details(state, details, replaced_details);
+                }
                 state.send(Message::TransferReply {
                     from,
                     waiter,
@@ -1195,7 +1275,9 @@ impl LeaseProtocol {
                 let family = Self::family_of(state, u8::try_from(waiter).expect("small"));
                 state.families[family].work.finish(receiving_piece(lock_id));
                 let step = code::transfer_answered(reply, settled);
-                state.transfer_undone_by_a_shutdown |= !settled;
+                // (Not a duplicate's second reply, whose piece is gone without a shutdown.)
+                state.transfer_undone_by_a_shutdown |=
+                    !settled && state.families[Self::family_of(state, from)].shut_down;
                 if state.clients[waiter].offer != Some(lock_id) {
                     return;
                 }
@@ -1211,7 +1293,7 @@ impl LeaseProtocol {
                     state.send(Message::Release {
                         client: u8::try_from(waiter).expect("small"),
                         lock_id,
-                        cleanup: true,
+                        cleanup: ends_at_once(false),
                     });
                     return;
                 }
@@ -1281,7 +1363,7 @@ impl LeaseProtocol {
             state.send(Message::Release {
                 client: id,
                 lock_id,
-                cleanup: true,
+                cleanup: ends_at_once(false),
             });
         }
         if step.release {
@@ -1290,7 +1372,7 @@ impl LeaseProtocol {
             state.send(Message::Release {
                 client: id,
                 lock_id,
-                cleanup: true,
+                cleanup: ends_at_once(false),
             });
         }
         let now = state.now;
@@ -1331,16 +1413,23 @@ impl LeaseProtocol {
         }
         state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
         if let Some(ticks) = self.config.min_hold {
-            let acquired_ms = i64::from(state.acquired_at[&lock_id]) * TICK_MS;
+            state.delivered.insert(lock_id);
+            let (tick, by_router) = state.acquired_at[&lock_id];
+            let acquired_ms = i64::from(tick) * TICK_MS;
             let skew = i64::try_from(self.options.max_clock_skew().as_millis()).expect("small");
-            if state
-                .window_until_ms
-                .is_some_and(|until| acquired_ms < until - skew)
+            if let Some((until, until_by_router)) = state.window_until_ms
+                && (acquired_ms < until - skew || by_router < until_by_router)
             {
                 state.min_hold_kept = false;
             }
-            let until = acquired_ms + i64::from(ticks) * TICK_MS;
-            state.window_until_ms = Some(state.window_until_ms.map_or(until, |max| max.max(until)));
+            let window = i64::from(ticks) * TICK_MS;
+            let (until, until_by_router) = (acquired_ms + window, by_router + window);
+            state.window_until_ms = Some(match state.window_until_ms {
+                Some((before, before_by_router)) => {
+                    (before.max(until), before_by_router.max(until_by_router))
+                }
+                None => (until, until_by_router),
+            });
         }
         let (now, at) = (state.now, state.at());
         let rounds = state.clients[client].rounds.checked_sub(1);
@@ -1373,7 +1462,7 @@ impl LeaseProtocol {
             state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id,
-                cleanup: false,
+                cleanup: ends_at_once(true),
             });
             state.next_round(client);
         }
@@ -1422,6 +1511,9 @@ impl LeaseProtocol {
                 lock_id,
                 ..
             } => {
+                if state.crashed && state.clients[usize::from(from)].process == 0 {
+                    return; // nobody is left to hear of it
+                }
                 let step = code::transfer_answered(code::TransferReply::Unknown, true);
                 let family = Self::family_of(state, waiter);
                 state.families[family].work.finish(receiving_piece(lock_id));
@@ -1432,7 +1524,7 @@ impl LeaseProtocol {
                     state.send(Message::Release {
                         client: waiter,
                         lock_id,
-                        cleanup: true,
+                        cleanup: ends_at_once(false),
                     });
                 }
                 let releasing_family = u8::try_from(Self::family_of(state, from)).expect("small");
@@ -1474,7 +1566,7 @@ impl LeaseProtocol {
                         vec![Undo {
                             client: id,
                             lock_id,
-                            cleanup: true,
+                            cleanup: ends_at_once(false),
                         }],
                         Some(self.settle_by(at)),
                     );
@@ -1537,7 +1629,7 @@ impl LeaseProtocol {
             state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id,
-                cleanup: true,
+                cleanup: ends_at_once(false),
             });
         }
     }
@@ -1594,12 +1686,12 @@ impl LeaseProtocol {
                     Undo {
                         client: from,
                         lock_id: hold.lock_id,
-                        cleanup: false,
+                        cleanup: ends_at_once(true),
                     },
                     Undo {
                         client: to,
                         lock_id,
-                        cleanup: true,
+                        cleanup: ends_at_once(false),
                     },
                 );
                 releasing
@@ -1620,10 +1712,19 @@ impl LeaseProtocol {
             None => state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id: hold.lock_id,
-                cleanup: false,
+                cleanup: ends_at_once(true),
             }),
         }
         state.next_round(client);
+    }
+
+    /// A write just gave the lock a new holder that stores `details` (the caller's index, if it
+    /// stores any), over a document that held `replaced`: the stored details must be the new
+    /// holder's.
+    fn check_details(&self, state: &mut State, details: Option<u8>, replaced: Option<u8>) {
+        let stored = state.lock.as_ref().and_then(|lock| lock.details);
+        state.details_are_the_holders &= stored == details;
+        state.details_replaced |= replaced.is_some_and(|before| Some(before) != details);
     }
 
     /// `family` shuts down: its holders' leases are undone at once, its callers leave their
@@ -1641,7 +1742,7 @@ impl LeaseProtocol {
                 Phase::Holding(hold) => state.send(Message::Release {
                     client: id,
                     lock_id: hold.lock_id,
-                    cleanup: false,
+                    cleanup: ends_at_once(true),
                 }),
                 Phase::Attempting { .. } => self.leave_attempt(state, client, Leave::ShutDown),
                 Phase::Idle { .. } | Phase::Done => {}
@@ -1774,6 +1875,9 @@ impl LeaseProtocol {
             acquired_at: BTreeMap::new(),
             window_until_ms: None,
             min_hold_kept: true,
+            cleanup_ended_a_window: false,
+            cleanups_keep_no_window: true,
+            delivered: BTreeSet::new(),
             may_crash: self.config.crash,
             crashed: false,
             details_are_the_holders: true,
@@ -1985,6 +2089,10 @@ impl Model for LeaseProtocol {
                 |_, state: &State| state.min_hold_kept,
             ),
             Property::always(
+                "a lease nobody was given keeps no min_hold window",
+                |_, state: &State| state.cleanups_keep_no_window,
+            ),
+            Property::always(
                 "a lease carries its holder's details and no one else's",
                 |_, state: &State| state.details_are_the_holders,
             ),
@@ -2031,6 +2139,10 @@ impl Model for LeaseProtocol {
             Property::sometimes(
                 "a purge deletes a lock whose lease ended over a day ago",
                 |_, state: &State| state.others_deleted[0],
+            ),
+            Property::sometimes(
+                "a cleanup ends a lease nobody was given, window and all",
+                |_, state: &State| state.cleanup_ended_a_window,
             ),
             Property::sometimes(
                 "a window keeps an attempt out after its holder's lease ended",
@@ -2100,13 +2212,14 @@ fn keep_the_stored_token(pipeline: Vec<Document>) -> Vec<Document> {
 pub const BOOKKEEPING: &str = "a caller is handed a lease only while it asks for one";
 
 /// What every configuration must keep: the safety properties, then liveness.
-pub const MUST_HOLD: [&str; 10] = [
+pub const MUST_HOLD: [&str; 11] = [
     "mutual exclusion",
     "a holder whose lease an operator ended hears of it at its next renewal",
     "fencing tokens increase in acquisition order",
     "no stale fenced write is accepted",
     "a renewal or release touches only its sender's lease",
     "no acquisition inside an earlier holder's min_hold window",
+    "a lease nobody was given keeps no min_hold window",
     "a lease carries its holder's details and no one else's",
     "a purge deletes no document that is not a lock's",
     BOOKKEEPING,

@@ -52,6 +52,7 @@ fn releases_handing_the_lock_over_and_a_fault() {
             "a release hands the lock to a local waiter",
             "a lease is taken over after it ended",
             "a stale fenced write is refused",
+            "an acquisition replaces another holder's details",
         ],
     );
 }
@@ -95,6 +96,18 @@ fn min_hold_windows_that_outlast_released_forced_and_crashed_leases() {
         &[
             "a window keeps an attempt out after its holder's lease ended",
             "an operator ends a held lease",
+        ],
+    );
+}
+
+#[test]
+fn a_caller_that_stops_waiting_for_a_min_hold_lock() {
+    verify(
+        "a caller leaves a min_hold lock",
+        Config::a_caller_leaves_a_min_hold_lock(),
+        &[
+            "a cleanup ends a lease nobody was given, window and all",
+            "a lease won after its caller left is released",
         ],
     );
 }

@@ -9,8 +9,8 @@
 //! The engine runs them on its clocks: [`Lease`] inside every guard's lost signal
 //! (`lost::LeaseState`), [`Renewals`], [`give_up_at`] and [`suspect_at`] in the renewal loop
 //! (`renewal`), [`Attempt`] in every acquisition attempt (`acquire`), [`hands_over`] and
-//! [`transfer_answered`] in every release (`release`), [`Work`] in what a shutdown waits for and
-//! undoes (`in_flight`, `hub`). The model checker
+//! [`transfer_answered`] in every release (`release`), [`keeps_window`] in how a lease ends
+//! (`record`), [`Work`] in what a shutdown waits for and undoes (`in_flight`, `hub`). The model checker
 //! (`model/`, through the hidden `crate::__model`) runs the very same code on its ticks: a
 //! decision exists once, so a mistake planted in it changes what the checker explores.
 //!
@@ -493,11 +493,20 @@ impl<I: Moment> Attempt<I> {
 }
 
 /// Whether a release hands its lock over to local waiters in one command (a transfer) rather than
-/// ending its lease and waking them: only when some wait (`waiters`), when the lease was not lost
+/// ending its lease and waking them: only when the lease has a queue of local waiters (`waiters`;
+/// the queue tells whether anyone waits in it), when the lease was not lost
 /// before the release was sent (a lost lease is not ours to hand on), and when the lock has no
 /// `min_hold` (such a lock stays taken after its release: nothing to hand over yet).
 pub fn hands_over(options: &LockOptions, lost_before: bool, waiters: bool) -> bool {
     waiters && !lost_before && options.min_hold().is_none()
+}
+
+/// Whether the end of a lease keeps its lock's `min_hold` window: only when the lease was
+/// `delivered` to a caller (someone may have run under it). A lease nobody was given (won after
+/// its caller left, or the cleanup after an attempt whose outcome is unknown) ends at once,
+/// window and all.
+pub fn keeps_window(delivered: bool) -> bool {
+    delivered
 }
 
 /// How a transfer's command turned out.
@@ -918,6 +927,12 @@ mod tests {
             .build()
             .unwrap();
         assert!(!hands_over(&min_hold, false, true), "stays taken");
+    }
+
+    #[test]
+    fn only_a_lease_someone_was_given_keeps_its_window() {
+        assert!(keeps_window(true));
+        assert!(!keeps_window(false), "nobody ran under it");
     }
 
     #[test]

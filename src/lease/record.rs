@@ -123,10 +123,10 @@ impl Lease {
     /// delivered to a caller (won after the caller stopped waiting): nobody ran anything under
     /// it, so nothing is kept.
     pub(crate) fn ending(&self) -> Ending {
-        if self.state.is_undelivered() {
-            Ending::Cleanup
-        } else {
+        if super::protocol::keeps_window(!self.state.is_undelivered()) {
             Ending::Release
+        } else {
+            Ending::Cleanup
         }
     }
 
