@@ -77,6 +77,23 @@ async fn status_and_listing_show_holders_and_leases() {
     assert!(provider.held_locks().await.unwrap().is_empty());
 }
 
+/// A holder that releases a lease an operator ended, before a renewal told it so, hears that it
+/// did not hold the lock throughout: its release matched nothing. Fails when a release that
+/// matches nothing counts as the holder's (a mutant of `release.rs` that no test killed).
+#[tokio::test]
+async fn releasing_a_lease_an_operator_ended_unnoticed_is_lock_lost() {
+    let (provider, _) = provider().await;
+    let holder = provider
+        .create_lock("ended-unnoticed")
+        .acquire()
+        .await
+        .unwrap();
+    assert!(provider.force_release("ended-unnoticed").await.unwrap());
+    // Released at once: the next renewal round, a second away, has not run.
+    let error = holder.release().await.unwrap_err();
+    assert!(error.is_lock_lost(), "{error}");
+}
+
 #[tokio::test]
 async fn force_release_expires_the_holder_and_keeps_tokens_increasing() {
     let (provider, documents) = provider().await;
