@@ -456,6 +456,49 @@ async fn shut_down_during_a_transfer(
     (outcome, collection, name)
 }
 
+/// A transfer whose *request* is still on its way when the releasing provider shuts down: the
+/// shutdown waits for it (at most until the try's settle deadline, when the server has applied it
+/// or given up), the transfer lands, and the waiter of the other family is handed the lock at
+/// once, the only holder. (Undoing it at once instead would be safe here too: the releasing
+/// lease's end makes the late transfer match nothing, and the waiter takes the free lock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_waits_for_a_transfer_whose_request_is_on_its_way() {
+    let (proxy, client) = proxy::proxied_client().await;
+    let collection = common::unique("shutdown-request");
+    let name = common::unique("transfer");
+    let provider = Provider::new(&client.database(common::DATABASE))
+        .with_collection(collection.as_str())
+        .with_options(common::options(30_000, 10_000));
+    let database = common::database().await;
+    let guard = provider.create_lock(name.as_str()).acquire().await.unwrap();
+    // Polls every 20 s: only the transfer could hand it the lock within this test.
+    let waiter = {
+        let apart = lock_built_apart(&database, &collection, &name);
+        tokio::spawn(async move { apart.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    assert!(common::offers_become(&collection, &name, 1).await);
+    let slow = proxy.add_rule(
+        Rule::new("findAndModify", Action::Delay(Duration::from_secs(2)))
+            .where_present("query.lockId.$in"),
+    );
+    let release = tokio::spawn(guard.release());
+    let sent =
+        common::eventually(Duration::from_secs(10), || async { proxy.hits(slow) == 1 }).await;
+    assert!(sent, "the transfer's request is held up on its way");
+    tokio::time::timeout(Duration::from_secs(60), provider.shutdown())
+        .await
+        .expect("shutdown returns in bounded time");
+    let _ = release.await.unwrap();
+    // The shutdown waited for the transfer, which landed and handed the waiter the lock.
+    let holder = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter is answered by the transfer, not by its next poll 20 s later")
+        .unwrap()
+        .expect("the waiter got the lock");
+    is_the_only_holder(&holder, &collection, &name).await;
+    holder.release().await.unwrap();
+}
+
 /// Fails if a third lock object can take `name` while `holder` holds it, or if `holder`'s lease
 /// is not the one stored.
 async fn is_the_only_holder(
