@@ -400,16 +400,19 @@ fn lock_built_apart(
 }
 
 /// A provider holds a lock; a lock object built apart (another family, linked by the lock id it
-/// found stored) waits with an offer; the provider's release becomes a transfer, which the
-/// server applies and whose reply is slow (`reply_delay`); the provider is shut down meanwhile.
-/// Returns the waiter's outcome, the collection and the name.
+/// found stored) waits with an offer; the provider's release becomes a transfer, which the proxy
+/// holds up (`held_up`: its reply, once the server applied it, or its request, on its way); the
+/// provider is shut down meanwhile. Returns the waiter's outcome, how long after the shutdown
+/// returned the waiter was answered, the collection and the name.
 async fn shut_down_during_a_transfer(
-    reply_delay: Duration,
+    held_up: Action,
 ) -> (
     Result<distributed_lock_mongodb::LockGuard, Error>,
+    Duration,
     String,
     String,
 ) {
+    let request_held_up = matches!(held_up, Action::Delay(_));
     let (proxy, client) = proxy::proxied_client().await;
     let collection = common::unique("shutdown-transfer");
     let name = common::unique("transfer");
@@ -430,30 +433,29 @@ async fn shut_down_during_a_transfer(
         tokio::spawn(async move { apart.acquire_timeout(Duration::from_secs(60)).await })
     };
     assert!(common::offers_become(&collection, &name, 1).await);
-    let slow = proxy.add_rule(
-        Rule::new("findAndModify", Action::DelayReply(reply_delay))
-            .where_present("query.lockId.$in"),
-    );
+    let slow =
+        proxy.add_rule(Rule::new("findAndModify", held_up).where_present("query.lockId.$in"));
     let release = tokio::spawn(guard.release());
-    // The transfer is applied: the stored lease is no longer the releasing one.
-    let applied = common::eventually(Duration::from_secs(10), || async {
-        common::lock_document(&documents, &name)
-            .await
-            .and_then(|stored| stored.get_str("lockId").ok().map(str::to_owned))
-            .is_some_and(|holder| holder != releasing)
-    })
-    .await;
-    assert!(applied, "the release handed the lock over");
-    assert_eq!(proxy.hits(slow), 1, "its reply is on its way");
+    if request_held_up {
+        let sent = common::eventually(Duration::from_secs(10), || async { proxy.hits(slow) == 1 });
+        assert!(sent.await, "the transfer's request is held up on its way");
+    } else {
+        assert!(
+            transfer_applied(&documents, &name, &releasing).await,
+            "the release handed the lock over"
+        );
+        assert_eq!(proxy.hits(slow), 1, "its reply is on its way");
+    }
     tokio::time::timeout(Duration::from_secs(60), provider.shutdown())
         .await
         .expect("shutdown returns in bounded time");
+    let shut_down = std::time::Instant::now();
     let _ = release.await.unwrap();
     let outcome = tokio::time::timeout(Duration::from_secs(60), waiter)
         .await
         .expect("the waiter is answered")
         .unwrap();
-    (outcome, collection, name)
+    (outcome, shut_down.elapsed(), collection, name)
 }
 
 /// A transfer whose *request* is still on its way when the releasing provider shuts down: the
@@ -463,40 +465,27 @@ async fn shut_down_during_a_transfer(
 /// lease's end makes the late transfer match nothing, and the waiter takes the free lock.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_waits_for_a_transfer_whose_request_is_on_its_way() {
-    let (proxy, client) = proxy::proxied_client().await;
-    let collection = common::unique("shutdown-request");
-    let name = common::unique("transfer");
-    let provider = Provider::new(&client.database(common::DATABASE))
-        .with_collection(collection.as_str())
-        .with_options(common::options(30_000, 10_000));
-    let database = common::database().await;
-    let guard = provider.create_lock(name.as_str()).acquire().await.unwrap();
-    // Polls every 20 s: only the transfer could hand it the lock within this test.
-    let waiter = {
-        let apart = lock_built_apart(&database, &collection, &name);
-        tokio::spawn(async move { apart.acquire_timeout(Duration::from_secs(60)).await })
-    };
-    assert!(common::offers_become(&collection, &name, 1).await);
-    let slow = proxy.add_rule(
-        Rule::new("findAndModify", Action::Delay(Duration::from_secs(2)))
-            .where_present("query.lockId.$in"),
+    let (outcome, answered_after, collection, name) =
+        shut_down_during_a_transfer(Action::Delay(Duration::from_secs(2))).await;
+    let holder = outcome.expect("the waiter got the lock");
+    assert!(
+        answered_after < Duration::from_secs(5),
+        "the waiter is answered by the transfer, not by its next poll 20 s later: {answered_after:?}"
     );
-    let release = tokio::spawn(guard.release());
-    let sent =
-        common::eventually(Duration::from_secs(10), || async { proxy.hits(slow) == 1 }).await;
-    assert!(sent, "the transfer's request is held up on its way");
-    tokio::time::timeout(Duration::from_secs(60), provider.shutdown())
-        .await
-        .expect("shutdown returns in bounded time");
-    let _ = release.await.unwrap();
-    // The shutdown waited for the transfer, which landed and handed the waiter the lock.
-    let holder = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiter is answered by the transfer, not by its next poll 20 s later")
-        .unwrap()
-        .expect("the waiter got the lock");
     is_the_only_holder(&holder, &collection, &name).await;
     holder.release().await.unwrap();
+}
+
+/// Whether, within 10 s, a transfer of `name` is applied: the stored lease is no longer
+/// `releasing`.
+async fn transfer_applied(documents: &Collection<Document>, name: &str, releasing: &str) -> bool {
+    common::eventually(Duration::from_secs(10), || async {
+        common::lock_document(documents, name)
+            .await
+            .and_then(|stored| stored.get_str("lockId").ok().map(str::to_owned))
+            .is_some_and(|holder| holder != releasing)
+    })
+    .await
 }
 
 /// Fails if a third lock object can take `name` while `holder` holds it, or if `holder`'s lease
@@ -531,7 +520,8 @@ async fn is_the_only_holder(
 /// limit) instead of undoing it: the waiter gets the lock, and it alone holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_during_a_transfer_to_a_lock_built_apart_never_leaves_two_holders() {
-    let (outcome, collection, name) = shut_down_during_a_transfer(Duration::from_secs(1)).await;
+    let (outcome, _, collection, name) =
+        shut_down_during_a_transfer(Action::DelayReply(Duration::from_secs(1))).await;
     let holder = outcome.expect("the waiter got the lock");
     is_the_only_holder(&holder, &collection, &name).await;
     holder.release().await.unwrap();
@@ -542,7 +532,8 @@ async fn a_shutdown_during_a_transfer_to_a_lock_built_apart_never_leaves_two_hol
 /// waiting and takes the freed lock with an attempt of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_never_handed_a_lease_whose_undo_was_sent() {
-    let (outcome, collection, name) = shut_down_during_a_transfer(Duration::from_secs(7)).await;
+    let (outcome, _, collection, name) =
+        shut_down_during_a_transfer(Action::DelayReply(Duration::from_secs(7))).await;
     let holder = outcome.expect("the waiter got the lock with an attempt of its own");
     is_the_only_holder(&holder, &collection, &name).await;
     holder.release().await.unwrap();
@@ -583,14 +574,10 @@ fn a_shutdown_of_the_waiters_provider_waits_for_a_transfer_to_it() {
     let release = network.spawn(guard.release());
     network.block_on(async {
         let documents = common::database().await.collection::<Document>(&collection);
-        let applied = common::eventually(Duration::from_secs(10), || async {
-            common::lock_document(&documents, &name)
-                .await
-                .and_then(|stored| stored.get_str("lockId").ok().map(str::to_owned))
-                .is_some_and(|holder| holder != releasing)
-        })
-        .await;
-        assert!(applied, "the release handed the lock over");
+        assert!(
+            transfer_applied(&documents, &name, &releasing).await,
+            "the release handed the lock over"
+        );
     });
     assert_eq!(proxy.hits(slow), 1);
     waiters.block_on(async {
