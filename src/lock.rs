@@ -325,15 +325,26 @@ fn takeover(target: Arc<Target>, runtime: Handle, lock_id: String) -> Takeover<L
     );
     Takeover {
         layout: Layout::LockDocument,
-        // The lease its own attempt would write: `min_hold` and details included.
         update: Box::new(move |replacing| {
-            schema::acquire_update(&id, &options, details.as_ref(), Some(replacing))
+            takeover_update(&id, &options, details.as_ref(), replacing)
         }),
         cleanup: target.cleanup(&Layout::LockDocument, &lock_id),
         finish: Box::new(move |document, request| {
             won(&target, &runtime, &document, lock_id, request)
         }),
     }
+}
+
+/// The update of a takeover of the lease `replacing` by `lock_id`: the lease its own attempt
+/// would write, with the waiter's `options` (`min_hold` included) and `details`, not the
+/// releaser's. (The model checker builds its transfers with this function too.)
+pub(crate) fn takeover_update(
+    lock_id: &str,
+    options: &LockOptions,
+    details: Option<&Document>,
+    replacing: &str,
+) -> Vec<Document> {
+    schema::acquire_update(lock_id, options, details, Some(replacing))
 }
 
 /// The guard, if `document` (returned by the command `request`) shows the lease `lock_id`.

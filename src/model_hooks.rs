@@ -106,14 +106,15 @@ pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
     )
 }
 
-/// The update pipeline of that transfer, storing the waiter's `details` if given.
+/// The update pipeline of that transfer, as an exclusive lock builds it (`lock.rs`): the lease
+/// the waiter's own attempt would write, with the waiter's `options` and `details`.
 pub fn transfer_update(
     waiter: &str,
     options: &LockOptions,
     releasing: &str,
     details: Option<&Document>,
 ) -> Vec<Document> {
-    schema::acquire_update(waiter, options, details, Some(releasing))
+    crate::lock::takeover_update(waiter, options, details, releasing)
 }
 
 /// The filter of a fenced write with `token` to the documents of `filter` ([`Fence::new`]).

@@ -24,8 +24,9 @@
 //! faults a message is lost (its sender sees an error: the outcome of its command is unknown) or
 //! a request is delivered twice; one caller may stop waiting during an attempt; a family of locks
 //! of the first process may be shut down, or the whole process crash; an operator may force the
-//! lock's release; the lock may have a `min_hold` window, which every holder's way of ending its
-//! lease must keep.
+//! lock's release, or delete its document by hand; the callers' locks may have a `min_hold`
+//! window (each its own: a waiter's may differ from the releaser's), which every holder's way of
+//! ending its lease must keep.
 //!
 //! Modelling choices, each the crate's behaviour or a conservative stand-in for it:
 //! - A holder has at most one renewal in flight: the engine's loop sends another round when an
@@ -169,6 +170,10 @@ pub struct Caller {
     pub hold_ticks: u8,
     /// Whether it stores details with its lease (`{owner: "C<n>"}`, n its index).
     pub details: bool,
+    /// Its lock's `min_hold`, in ticks: an acquisition of its keeps the lock taken at least that
+    /// long (by the server's clock), whatever it does. Callers of one lock may differ: each lock
+    /// object has its own options, and a release hands the lock over with the waiter's.
+    pub min_hold: Option<u8>,
 }
 
 /// What the checker explores.
@@ -199,15 +204,16 @@ pub struct Config {
     /// Whether an operator may force the lock's release, once, at any moment
     /// (`Provider::force_release` through router R0): a lease ended early by someone else.
     pub force_release: bool,
-    /// The lock's `min_hold`, in ticks: an acquisition keeps the lock taken at least that long
-    /// (by the server's clock), whatever its holder does.
-    pub min_hold: Option<u8>,
     /// Whether process 0 may crash, once, at any moment: its callers stop, sending nothing more,
     /// and what reaches it is lost.
     pub crash: bool,
     /// Whether an operator may purge the collection, once, at any moment (`purge_expired`
     /// through router R0). Beside the lock's document the collection holds [`OTHERS`].
     pub purge: bool,
+    /// Whether an operator may delete the lock's document by hand, once, at any moment (say
+    /// `db.distributed_locks.deleteOne({_id: "lock"})` in the shell): a lease ended early by
+    /// someone who does not use the crate, and the fencing token's history gone with it.
+    pub delete_by_hand: bool,
 }
 
 /// The other documents of the lock's collection, which only a purge reads: a lock whose lease
@@ -242,18 +248,21 @@ impl Default for Config {
                     family: 0,
                     hold_ticks: LONG_HOLD_TICKS,
                     details: false,
+                    min_hold: None,
                 },
                 Caller {
                     process: 0,
                     family: 0,
                     hold_ticks: 1,
                     details: false,
+                    min_hold: None,
                 },
                 Caller {
                     process: 1,
                     family: 1,
                     hold_ticks: 1,
                     details: false,
+                    min_hold: None,
                 },
             ],
             faults: 1,
@@ -266,9 +275,9 @@ impl Default for Config {
             clock_step: None,
             pause: None,
             force_release: false,
-            min_hold: None,
             crash: false,
             purge: false,
+            delete_by_hand: false,
         }
     }
 }
@@ -285,12 +294,14 @@ impl Config {
                     family: 0,
                     hold_ticks: LONG_HOLD_TICKS,
                     details: true,
+                    min_hold: None,
                 },
                 Caller {
                     process: 1,
                     family: 1,
                     hold_ticks: 1,
                     details: false,
+                    min_hold: None,
                 },
             ],
             slow_replies: true,
@@ -355,18 +366,21 @@ impl Config {
                     family: 0,
                     hold_ticks: LONG_HOLD_TICKS,
                     details: false,
+                    min_hold: None,
                 },
                 Caller {
                     process: 0,
                     family: 1,
                     hold_ticks: 1,
                     details: false,
+                    min_hold: None,
                 },
                 Caller {
                     process: 1,
                     family: 2,
                     hold_ticks: 1,
                     details: false,
+                    min_hold: None,
                 },
             ],
             faults: 0,
@@ -417,14 +431,29 @@ impl Config {
         }
     }
 
+    /// Three callers, and at any moment an operator deletes the lock's document by hand (not
+    /// with the crate): outside the lock's assumptions ("every writer of the lock collection
+    /// uses this crate"), so what holds is less, and stated: as with a forced release, the
+    /// holder whose lease went hears of it at its next renewal, and no renewal, release or
+    /// transfer brings the deleted lease back; fencing tokens start over from `$$NOW`, so the
+    /// next may be below the deleted lease's (router R1 reads 200 ms ahead of R0), but not below
+    /// the deletion's time less `max_clock_skew`, and they increase again from there.
+    pub fn an_operator_deletes_the_lock() -> Config {
+        Config {
+            faults: 0,
+            delete_by_hand: true,
+            ..Config::default()
+        }
+    }
+
     /// Three callers, a lock with a `min_hold` of 600 ms (as long as the lease, three times the
     /// most the routers' clocks differ, so that a window cut short by a short hold shows), and at any moment an operator forces the lock's release or process 0 crashes
     /// (once each): no acquisition may come inside an earlier holder's window, however its lease
     /// ended (a release, a forced release, a crash), and no release hands such a lock over.
     pub fn min_hold_windows() -> Config {
         Config {
+            callers: with_min_hold(Config::default().callers, 6),
             faults: 0,
-            min_hold: Some(6),
             force_release: true,
             crash: true,
             ..Config::default()
@@ -443,16 +472,36 @@ impl Config {
                     family: 0,
                     hold_ticks: 1,
                     details: false,
+                    min_hold: Some(4),
                 },
                 Caller {
                     process: 1,
                     family: 1,
                     hold_ticks: 1,
                     details: false,
+                    min_hold: Some(4),
                 },
             ],
-            min_hold: Some(4),
             ..Config::a_caller_leaves()
+        }
+    }
+
+    /// Three callers whose locks' options differ: the long holder of process 0 has no
+    /// `min_hold`, its neighbour in process 0 a `min_hold` of 600 ms, the caller of process 1
+    /// none. A release of the long holder hands the lock to its neighbour (its own lock has no
+    /// window to keep), and the lease the transfer writes is the one the neighbour's own attempt
+    /// would: with its window, which the caller of process 1 must then wait out. Replies may be
+    /// slow. (With a network fault as well, the long holder, a hung reply and the window leave
+    /// the last caller unserved at the horizon; the faults with transfers are
+    /// [`Config::handoff_and_faults`]'s.)
+    pub fn a_waiter_with_a_min_hold() -> Config {
+        let mut callers = Config::default().callers;
+        callers[1].min_hold = Some(6);
+        Config {
+            callers,
+            faults: 0,
+            slow_replies: true,
+            ..Config::default()
         }
     }
 
@@ -474,11 +523,23 @@ impl Config {
     }
 }
 
+/// `callers`, each with a `min_hold` of `ticks`.
+fn with_min_hold(callers: Vec<Caller>, ticks: u8) -> Vec<Caller> {
+    callers
+        .into_iter()
+        .map(|caller| Caller {
+            min_hold: Some(ticks),
+            ..caller
+        })
+        .collect()
+}
+
 /// The protocol under the [`Config`]'s conditions.
 #[derive(Clone, Debug)]
 pub struct LeaseProtocol {
     pub config: Config,
-    options: LockOptions,
+    /// Each caller's lock options (they differ in `min_hold` only).
+    options: Vec<LockOptions>,
     /// The commands the server has applied so far, each built once: the crate builds them from
     /// the lock ids, the token and the options alone, and building them again for every delivery
     /// (the crate's code, unoptimized in test builds) took half of the checker's time.
@@ -495,22 +556,26 @@ struct Command {
 /// Which [`Command`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum CommandKey {
-    /// An attempt with this lock id, storing the details of this caller if any.
+    /// An attempt of `client` with this lock id (its options, its details if any).
     Attempt {
         lock_id: u8,
-        details: Option<u8>,
+        client: u8,
     },
-    Renew(u8),
+    /// A renewal of `client`'s lease `lock_id`.
+    Renew {
+        lock_id: u8,
+        client: u8,
+    },
     Release {
         lock_id: u8,
         cleanup: bool,
     },
-    /// A transfer from lease `releasing` to lease `waiter`, storing the details of this caller
-    /// if any.
+    /// A transfer from lease `releasing` to lease `waiter` of caller `client` (its options, its
+    /// details if any).
     Transfer {
         releasing: u8,
         waiter: u8,
-        details: Option<u8>,
+        client: u8,
     },
     /// A fenced write of the protected resource with this token.
     Write(i64),
@@ -521,7 +586,11 @@ enum CommandKey {
 impl LeaseProtocol {
     pub fn new(config: Config) -> LeaseProtocol {
         LeaseProtocol {
-            options: options(config.min_hold),
+            options: config
+                .callers
+                .iter()
+                .map(|caller| options(caller.min_hold))
+                .collect(),
             config,
             commands: Arc::default(),
         }
@@ -544,17 +613,17 @@ impl LeaseProtocol {
 
     fn build(&self, key: CommandKey) -> Command {
         match key {
-            CommandKey::Attempt { lock_id, details } => Command {
+            CommandKey::Attempt { lock_id, client } => Command {
                 filter: code::attempt_filter(NAME),
                 update: self.planted_token(code::attempt_update(
                     &lock_id_name(lock_id),
-                    &self.options,
-                    details.map(details_of).as_ref(),
+                    self.options_of(client),
+                    self.details_of(client).map(details_of).as_ref(),
                 )),
             },
-            CommandKey::Renew(lock_id) => Command {
+            CommandKey::Renew { lock_id, client } => Command {
                 filter: code::renew_filter(NAME, &lock_id_name(lock_id)),
-                update: code::renew_update(&self.options),
+                update: code::renew_update(self.options_of(client)),
             },
             CommandKey::Release { lock_id, cleanup } => Command {
                 filter: if self.mistake(Mistake::CleanupByName) {
@@ -571,15 +640,15 @@ impl LeaseProtocol {
             CommandKey::Transfer {
                 releasing,
                 waiter,
-                details,
+                client,
             } => {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
                 let filter = code::transfer_filter(NAME, &releasing, &waiter);
                 let update = code::transfer_update(
                     &waiter,
-                    &self.options,
+                    self.options_of(client),
                     &releasing,
-                    details.map(details_of).as_ref(),
+                    self.details_of(client).map(details_of).as_ref(),
                 );
                 if self.mistake(Mistake::TransferOfALostLease) {
                     Command {
@@ -606,6 +675,26 @@ impl LeaseProtocol {
 
     fn mistake(&self, mistake: Mistake) -> bool {
         self.config.mistake == Some(mistake)
+    }
+
+    /// The options of `client`'s lock.
+    fn options_of(&self, client: impl Into<usize>) -> &LockOptions {
+        &self.options[client.into()]
+    }
+
+    /// Whether any caller's lock has a `min_hold`, so that windows are tracked.
+    fn windows(&self) -> bool {
+        self.config
+            .callers
+            .iter()
+            .any(|caller| caller.min_hold.is_some())
+    }
+
+    /// The details `client` stores with its lease: its index, if it stores any.
+    fn details_of(&self, client: u8) -> Option<u8> {
+        self.config.callers[usize::from(client)]
+            .details
+            .then_some(client)
     }
 }
 
@@ -821,11 +910,22 @@ pub struct State {
     /// Process 0 stands still until this tick.
     pub paused_until: Option<u8>,
     pub may_force_release: bool,
-    /// The lease an operator's forced release ended, and when.
+    /// The lease an operator ended (by a forced release, or by deleting the lock's document),
+    /// and when.
     pub forced: Option<(u8, At)>,
-    /// The largest token any holder has held so far.
+    pub may_delete: bool,
+    /// After a deletion by hand: the largest token held or stored before it (`i64::MIN` if
+    /// none), and the deletion's real time (ms since the epoch). The document's history is gone,
+    /// and the next token comes from `$$NOW` alone, of a router whose clock may be behind the
+    /// earlier holder's: it may be below the earlier tokens, but never below the deletion's
+    /// time less `max_clock_skew` (× 1,000, a token's unit).
+    pub deletion: Option<(i64, i64)>,
+    /// For coverage: a token after a deletion by hand was not larger than every earlier one.
+    pub token_went_back: bool,
+    /// The largest token any holder has held so far (since the deletion by hand, if any).
     pub max_token_held: Option<i64>,
-    /// False once a holder got a token not larger than every earlier holder's.
+    /// False once a holder got a token not larger than every earlier holder's (after a deletion
+    /// by hand: than every holder's since, or below the bound of [`State::deletion`]).
     pub tokens_increase: bool,
     /// False once the resource accepted a write with a token older than one it stored.
     pub stale_writes_refused: bool,
@@ -883,6 +983,8 @@ pub struct State {
     /// For coverage: an attempt found no holder, yet the lock taken by a `min_hold` window (its
     /// holder's lease ended early: released, forced or crashed).
     pub window_kept_an_attempt_out: bool,
+    /// For coverage: a transfer gave its waiter a lease with a `min_hold` window.
+    pub transfer_wrote_a_window: bool,
 }
 
 impl State {
@@ -981,6 +1083,8 @@ pub enum Action {
     Crash,
     /// An operator purges the collection ([`Config::purge`]).
     Purge,
+    /// An operator deletes the lock's document by hand ([`Config::delete_by_hand`]).
+    DeleteByHand,
 }
 
 impl LeaseProtocol {
@@ -1068,7 +1172,7 @@ impl LeaseProtocol {
         if expired_before && updated.get("lockId") != target.get("lockId") {
             state.taken_over = true;
         }
-        if self.config.min_hold.is_some()
+        if self.windows()
             && updated.get("lockId") != target.get("lockId")
             && let Ok(lock_id) = updated.get_str("lockId")
         {
@@ -1096,14 +1200,12 @@ impl LeaseProtocol {
                 lock_id,
                 sent: _,
             } => {
-                let details = self.config.callers[usize::from(client)]
-                    .details
-                    .then_some(client);
-                let attempt = self.command(CommandKey::Attempt { lock_id, details });
+                let details = self.details_of(client);
+                let attempt = self.command(CommandKey::Attempt { lock_id, client });
                 let router = Self::router_of(state, client);
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
                 // (A coverage flag: kept false without a window, so that it splits no states.)
-                let window_alone = self.config.min_hold.is_some()
+                let window_alone = self.windows()
                     && state.lock.as_ref().is_some_and(|lock| {
                         lock.lock_id.is_none()
                             && lock.expires_at_ms.is_some_and(|until| {
@@ -1141,7 +1243,7 @@ impl LeaseProtocol {
                 lock_id,
                 sent,
             } => {
-                let renew = self.command(CommandKey::Renew(lock_id));
+                let renew = self.command(CommandKey::Renew { lock_id, client });
                 let router = Self::router_of(state, client);
                 let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
                 let live = self
@@ -1177,7 +1279,7 @@ impl LeaseProtocol {
                 hold.renewing = None;
                 // The crate's extension rule: only a lease whose deadline has not passed is
                 // extended, from the renewal's send.
-                if !(live && hold.lease.confirmed(&self.options, sent, now)) {
+                if !(live && hold.lease.confirmed(&self.options[client], sent, now)) {
                     self.lost(state, client);
                 }
                 // Sent after an operator ended this lease: its reply must have told the holder.
@@ -1228,13 +1330,11 @@ impl LeaseProtocol {
                 lock_id,
                 sent,
             } => {
-                let details = self.config.callers[usize::from(waiter)]
-                    .details
-                    .then_some(waiter);
+                let details = self.details_of(waiter);
                 let transfer = self.command(CommandKey::Transfer {
                     releasing,
                     waiter: lock_id,
-                    details,
+                    client: waiter,
                 });
                 let router = Self::router_of(state, waiter);
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
@@ -1244,6 +1344,10 @@ impl LeaseProtocol {
                     .map(|token| token.expect("a numeric token"));
                 if token.is_some() {
                     self.check_details(state, details, replaced_details);
+                    state.transfer_wrote_a_window |= state
+                        .lock
+                        .as_ref()
+                        .is_some_and(|lock| lock.min_hold_until_ms.is_some());
                 }
                 state.send(Message::TransferReply {
                     from,
@@ -1411,17 +1515,37 @@ impl LeaseProtocol {
         if state.max_token_held.is_some_and(|max| token <= max) && !ended_early {
             state.tokens_increase = false;
         }
-        state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
-        if let Some(ticks) = self.config.min_hold {
+        // After a deletion by hand, tokens start over from `$$NOW`: by the assumption on the
+        // routers' clocks, from no earlier than the deletion less their skew.
+        if let Some((before, deleted_ms)) = state.deletion
+            && !ended_early
+        {
+            let skew = self.options[client].max_clock_skew().as_millis();
+            let skew = i64::try_from(skew).expect("small");
+            state.tokens_increase &= token >= (deleted_ms - skew) * 1_000;
+            state.token_went_back |= token <= before;
+        }
+        // (The deleted lease, handed to its winner after the deletion, counts before it.)
+        if !(ended_early && state.deletion.is_some()) {
+            state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
+        }
+        let options = &self.options[client];
+        if self.windows() {
+            // Every acquisition, with a window of its own or not, must come after the windows
+            // of the leases handed out before it.
             state.delivered.insert(lock_id);
             let (tick, by_router) = state.acquired_at[&lock_id];
             let acquired_ms = i64::from(tick) * TICK_MS;
-            let skew = i64::try_from(self.options.max_clock_skew().as_millis()).expect("small");
+            let skew = i64::try_from(options.max_clock_skew().as_millis()).expect("small");
             if let Some((until, until_by_router)) = state.window_until_ms
                 && (acquired_ms < until - skew || by_router < until_by_router)
             {
                 state.min_hold_kept = false;
             }
+        }
+        if let Some(ticks) = self.config.callers[client].min_hold {
+            let (tick, by_router) = state.acquired_at[&lock_id];
+            let acquired_ms = i64::from(tick) * TICK_MS;
             let window = i64::from(ticks) * TICK_MS;
             let (until, until_by_router) = (acquired_ms + window, by_router + window);
             state.window_until_ms = Some(match state.window_until_ms {
@@ -1434,9 +1558,9 @@ impl LeaseProtocol {
         let (now, at) = (state.now, state.at());
         let rounds = state.clients[client].rounds.checked_sub(1);
         state.granted_only_when_asked &= rounds.is_some();
-        let lease = code::Lease::won(&self.options, request, at);
+        let lease = code::Lease::won(options, request, at);
         let mut renewals = code::Renewals::new(at);
-        renewals.lease_added(lease.renew_by(&self.options).unwrap_or(at), false);
+        renewals.lease_added(lease.renew_by(options).unwrap_or(at), false);
         let caller = &mut state.clients[client];
         caller.rounds = rounds.unwrap_or(0);
         caller.queued = false;
@@ -1494,7 +1618,7 @@ impl LeaseProtocol {
                     && hold.lock_id == lock_id
                 {
                     hold.renewing = None;
-                    hold.renewals.retry_soon(&self.options, now);
+                    hold.renewals.retry_soon(self.options_of(client), now);
                 }
             }
             // As the crate's release decides: the waiter's lease, if the transfer took effect, is
@@ -1558,7 +1682,7 @@ impl LeaseProtocol {
                 Phase::Idle { at: due } if due <= now => {
                     let lock_id = state.next_lock_id;
                     state.next_lock_id += 1;
-                    let attempt = code::Attempt::sent(&self.options, at, None);
+                    let attempt = code::Attempt::sent(&self.options[client], at, None);
                     state.clients[client].phase = Phase::Attempting { lock_id, attempt };
                     let family = usize::from(state.clients[client].family);
                     state.families[family].work.track(
@@ -1591,7 +1715,7 @@ impl LeaseProtocol {
                     let Phase::Holding(hold) = &mut state.clients[client].phase else {
                         unreachable!("matched above");
                     };
-                    let sent = hold.renewals.round_sent(&self.options, at);
+                    let sent = hold.renewals.round_sent(&self.options[client], at);
                     hold.renewing = Some(sent);
                     let lock_id = hold.lock_id;
                     state.send(Message::Renew {
@@ -1666,7 +1790,7 @@ impl LeaseProtocol {
         // Called only before the holder's deadline (`run_due` presumes a lease lost first): the
         // holder believes its lease live; whether it still is, the server's filter decides.
         let waiter = Self::local_waiter(state, client)
-            .filter(|_| code::hands_over(&self.options, false, true));
+            .filter(|_| code::hands_over(&self.options[client], false, true));
         match waiter {
             Some(waiter) => {
                 let lock_id = state.next_lock_id;
@@ -1883,8 +2007,12 @@ impl LeaseProtocol {
             details_are_the_holders: true,
             details_replaced: false,
             may_purge: self.config.purge,
+            may_delete: self.config.delete_by_hand,
+            deletion: None,
+            token_went_back: false,
             others_deleted: [false; 3],
             window_kept_an_attempt_out: false,
+            transfer_wrote_a_window: false,
         }
     }
 }
@@ -1945,6 +2073,9 @@ impl Model for LeaseProtocol {
         }
         if state.may_purge {
             actions.push(Action::Purge);
+        }
+        if state.may_delete {
+            actions.push(Action::DeleteByHand);
         }
         if !overdue && state.now < self.config.horizon {
             actions.push(Action::Tick);
@@ -2017,6 +2148,20 @@ impl Model for LeaseProtocol {
                     state.forced = Some((lock_id, state.at()));
                     state.operator_ended_a_held_lease =
                         (0..state.clients.len()).any(|client| state.ended_by_operator(client));
+                }
+            }
+            Action::DeleteByHand => {
+                state.may_delete = false;
+                if let Some(lock) = state.lock.take() {
+                    if let Some(lock_id) = lock.lock_id {
+                        state.forced = Some((lock_id, state.at()));
+                        state.operator_ended_a_held_lease =
+                            (0..state.clients.len()).any(|client| state.ended_by_operator(client));
+                    }
+                    // The stored token may be a lease's whose winner has not heard yet.
+                    let held = state.max_token_held.take();
+                    let before = held.max(lock.token).unwrap_or(i64::MIN);
+                    state.deletion = Some((before, EPOCH_MS + state.now_ms()));
                 }
             }
             Action::Purge => {
@@ -2122,7 +2267,7 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 11] = [
+pub const COVERAGE: [Condition; 13] = [
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -2162,6 +2307,14 @@ pub const COVERAGE: [Condition; 11] = [
     (
         "a window keeps an attempt out after its holder's lease ended",
         |_, state| state.window_kept_an_attempt_out,
+    ),
+    (
+        "a transfer gives its waiter a lease with a min_hold window",
+        |_, state| state.transfer_wrote_a_window,
+    ),
+    (
+        "a token after a deletion by hand is below an earlier one",
+        |_, state| state.token_went_back,
     ),
 ];
 
@@ -2290,6 +2443,12 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
                 "an operator purges the collection: deleted {:?} of the others",
                 after.others_deleted
             ),
+            Action::DeleteByHand => match after.forced {
+                Some((lock_id, _)) => {
+                    format!("an operator deletes the lock's document by hand, holding L{lock_id}")
+                }
+                None => "an operator deletes the lock's document by hand".to_owned(),
+            },
             Action::ForceRelease => match after.forced {
                 Some((lock_id, _)) => format!("an operator forces the release of L{lock_id}"),
                 None => "an operator forces a release: no lease to end".to_owned(),

@@ -101,6 +101,19 @@ fn min_hold_windows_that_outlast_released_forced_and_crashed_leases() {
 }
 
 #[test]
+fn a_waiter_whose_lock_has_a_min_hold_unlike_the_releasers() {
+    verify(
+        "a waiter with a min_hold",
+        Config::a_waiter_with_a_min_hold(),
+        &[
+            "a release hands the lock to a local waiter",
+            "a transfer gives its waiter a lease with a min_hold window",
+            "a window keeps an attempt out after its holder's lease ended",
+        ],
+    );
+}
+
+#[test]
 fn a_caller_that_stops_waiting_for_a_min_hold_lock() {
     verify(
         "a caller leaves a min_hold lock",
@@ -118,6 +131,18 @@ fn an_operator_that_ends_a_lease() {
         "an operator ends a lease",
         Config::an_operator_ends_a_lease(),
         &["an operator ends a held lease"],
+    );
+}
+
+#[test]
+fn an_operator_that_deletes_the_lock_by_hand() {
+    verify(
+        "an operator deletes the lock",
+        Config::an_operator_deletes_the_lock(),
+        &[
+            "an operator ends a held lease",
+            "a token after a deletion by hand is below an earlier one",
+        ],
     );
 }
 
