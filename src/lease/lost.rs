@@ -288,6 +288,21 @@ mod tests {
             .unwrap();
     }
 
+    /// The renewal loop leaves a lease alone while a transaction of its holder is open, and
+    /// only then: each open transaction counts until dropped.
+    #[test]
+    fn a_lease_is_in_a_transaction_while_one_is_open() {
+        let state = LeaseState::without_deadline();
+        assert!(!state.in_transaction());
+        let first = state.in_transaction_until_dropped();
+        let second = state.in_transaction_until_dropped();
+        assert!(state.in_transaction());
+        drop(first);
+        assert!(state.in_transaction(), "one is still open");
+        drop(second);
+        assert!(!state.in_transaction(), "both ended");
+    }
+
     #[tokio::test]
     async fn a_released_lease_is_never_lost() {
         let state = LeaseState::new(Lease::until(clock::now() + Duration::from_millis(20), None));

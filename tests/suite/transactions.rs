@@ -75,6 +75,35 @@ async fn a_transaction_commits_its_writes_while_the_lock_is_held() {
     guard.release().await.unwrap();
 }
 
+/// While a lease-checked transaction is open the renewal loop leaves its lease alone (the
+/// transaction renews it in its own write); once it ended, the loop must take the lease back. A
+/// lease of 1.5 s held for 4 s after a transaction: fails when the transaction's end is not
+/// counted (the lease is then never renewed again, and lost at its deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_renewal_takes_a_lease_back_once_its_transaction_ended() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = common::client().await;
+    let accounts = accounts(&client);
+    let (lock, collection) = common::fresh_lock("txn-then-hold", common::options(1_500, 300)).await;
+    let guard = lock.acquire().await.unwrap();
+    guard
+        .transaction(&client, async |session| {
+            accounts
+                .insert_one(doc! { "_id": "a", "balance": 1 })
+                .session(&mut *session)
+                .await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(balance(&accounts, "a").await, Some(1));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!guard.is_lost(), "renewed after the transaction");
+    let (now, expires_at) = common::server_now_and_expiry(&collection, lock.name()).await;
+    assert!(expires_at.expect("held") > now, "the stored lease is live");
+    guard.release().await.unwrap();
+}
+
 /// A write conflict is transient: the transaction runs again and commits once. The proxy answers
 /// the first `commitTransaction` with the `WriteConflict` a real server reports (labelled
 /// `TransientTransactionError`), without forwarding it.
