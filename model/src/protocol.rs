@@ -585,6 +585,15 @@ enum CommandKey {
 
 impl LeaseProtocol {
     pub fn new(config: Config) -> LeaseProtocol {
+        // The bookkeeping keeps one lease ended early, and no window across a deletion.
+        assert!(
+            !(config.delete_by_hand && config.force_release),
+            "a deletion by hand and a forced release in one configuration"
+        );
+        assert!(
+            !(config.delete_by_hand && config.callers.iter().any(|c| c.min_hold.is_some())),
+            "a deletion by hand of a lock with a min_hold"
+        );
         LeaseProtocol {
             options: config
                 .callers
@@ -843,6 +852,21 @@ pub struct LockDocument {
     pub details: Option<u8>,
 }
 
+/// What a deletion by hand of the lock's document ended. The document's history is gone with
+/// it: the next token comes from `$$NOW` alone, of a router whose clock may be behind the earlier
+/// holders', so it may be below the earlier tokens, but never below the deletion's time less
+/// `max_clock_skew` (× 1,000, a token's unit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Deletion {
+    /// The largest token held before it (`i64::MIN` if none): the deleted lease's, written after
+    /// all of those, must exceed it.
+    pub held_before: i64,
+    /// The largest token held or stored before it (`i64::MIN` if none).
+    pub before: i64,
+    /// Its real time, in ms since the epoch.
+    pub at_ms: i64,
+}
+
 /// The details caller `client` stores with its lease.
 fn details_of(client: u8) -> Document {
     doc! { "owner": format!("C{client}") }
@@ -914,18 +938,15 @@ pub struct State {
     /// and when.
     pub forced: Option<(u8, At)>,
     pub may_delete: bool,
-    /// After a deletion by hand: the largest token held or stored before it (`i64::MIN` if
-    /// none), and the deletion's real time (ms since the epoch). The document's history is gone,
-    /// and the next token comes from `$$NOW` alone, of a router whose clock may be behind the
-    /// earlier holder's: it may be below the earlier tokens, but never below the deletion's
-    /// time less `max_clock_skew` (× 1,000, a token's unit).
-    pub deletion: Option<(i64, i64)>,
+    /// After a deletion by hand, what it ended.
+    pub deletion: Option<Deletion>,
     /// For coverage: a token after a deletion by hand was not larger than every earlier one.
     pub token_went_back: bool,
     /// The largest token any holder has held so far (since the deletion by hand, if any).
     pub max_token_held: Option<i64>,
     /// False once a holder got a token not larger than every earlier holder's (after a deletion
-    /// by hand: than every holder's since, or below the bound of [`State::deletion`]).
+    /// by hand: than every holder's since), or a lease written after a deletion by hand a token
+    /// below its bound ([`Deletion`]).
     pub tokens_increase: bool,
     /// False once the resource accepted a write with a token older than one it stored.
     pub stale_writes_refused: bool,
@@ -1003,8 +1024,8 @@ impl State {
         matches!(&self.clients[client].phase, Phase::Holding(hold) if !is_lost(hold.lease, self.at()))
     }
 
-    /// Whether `client` holds the lease an operator's forced release ended (it hears of it at
-    /// its next renewal).
+    /// Whether `client` holds the lease an operator ended, by a forced release or a deletion by
+    /// hand (it hears of it at its next renewal).
     fn ended_by_operator(&self, client: usize) -> bool {
         matches!(
             (&self.clients[client].phase, self.forced),
@@ -1172,6 +1193,18 @@ impl LeaseProtocol {
         if expired_before && updated.get("lockId") != target.get("lockId") {
             state.taken_over = true;
         }
+        // A lease written after a deletion by hand: its token starts over from `$$NOW`, by the
+        // assumption on the routers' clocks no earlier than the deletion less their skew.
+        if let Some(deletion) = state.deletion
+            && updated.get("lockId") != target.get("lockId")
+            && updated.contains_key("lockId")
+        {
+            let token = updated.get_i64("fencingToken").expect("a numeric token");
+            let skew = self.options[0].max_clock_skew().as_millis();
+            let skew = i64::try_from(skew).expect("small");
+            state.tokens_increase &= token >= (deletion.at_ms - skew) * 1_000;
+            state.token_went_back |= token <= deletion.before;
+        }
         if self.windows()
             && updated.get("lockId") != target.get("lockId")
             && let Ok(lock_id) = updated.get_str("lockId")
@@ -1208,7 +1241,7 @@ impl LeaseProtocol {
                 let window_alone = self.windows()
                     && state.lock.as_ref().is_some_and(|lock| {
                         lock.lock_id.is_none()
-                            && lock.expires_at_ms.is_some_and(|until| {
+                            && lock.min_hold_until_ms.is_some_and(|until| {
                                 until > self.server_now(state, router).timestamp_millis()
                             })
                     });
@@ -1515,19 +1548,16 @@ impl LeaseProtocol {
         if state.max_token_held.is_some_and(|max| token <= max) && !ended_early {
             state.tokens_increase = false;
         }
-        // After a deletion by hand, tokens start over from `$$NOW`: by the assumption on the
-        // routers' clocks, from no earlier than the deletion less their skew.
-        if let Some((before, deleted_ms)) = state.deletion
-            && !ended_early
-        {
-            let skew = self.options[client].max_clock_skew().as_millis();
-            let skew = i64::try_from(skew).expect("small");
-            state.tokens_increase &= token >= (deleted_ms - skew) * 1_000;
-            state.token_went_back |= token <= before;
-        }
-        // (The deleted lease, handed to its winner after the deletion, counts before it.)
-        if !(ended_early && state.deletion.is_some()) {
-            state.max_token_held = Some(state.max_token_held.map_or(token, |max| max.max(token)));
+        match state.deletion {
+            // The deleted lease, handed to its winner after the deletion: written after every
+            // lease held before it, and compared with those only (the tokens since start over).
+            Some(deletion) if ended_early => {
+                state.tokens_increase &= token > deletion.held_before;
+            }
+            _ => {
+                state.max_token_held =
+                    Some(state.max_token_held.map_or(token, |max| max.max(token)));
+            }
         }
         let options = &self.options[client];
         if self.windows() {
@@ -2152,16 +2182,23 @@ impl Model for LeaseProtocol {
             }
             Action::DeleteByHand => {
                 state.may_delete = false;
+                let now = self.server_now(&state, 0).timestamp_millis();
                 if let Some(lock) = state.lock.take() {
-                    if let Some(lock_id) = lock.lock_id {
+                    // A live lease ended early (an expired one's holder has let it go already).
+                    if let Some(lock_id) = lock.lock_id
+                        && lock.expires_at_ms.is_some_and(|until| until > now)
+                    {
                         state.forced = Some((lock_id, state.at()));
                         state.operator_ended_a_held_lease =
                             (0..state.clients.len()).any(|client| state.ended_by_operator(client));
                     }
-                    // The stored token may be a lease's whose winner has not heard yet.
                     let held = state.max_token_held.take();
-                    let before = held.max(lock.token).unwrap_or(i64::MIN);
-                    state.deletion = Some((before, EPOCH_MS + state.now_ms()));
+                    state.deletion = Some(Deletion {
+                        held_before: held.unwrap_or(i64::MIN),
+                        // The stored token may be a lease's whose winner has not heard yet.
+                        before: held.max(lock.token).unwrap_or(i64::MIN),
+                        at_ms: EPOCH_MS + state.now_ms(),
+                    });
                 }
             }
             Action::Purge => {
