@@ -74,6 +74,33 @@ async fn an_uncontended_cycle_is_two_commands_and_the_ttl_index_is_created_once(
     );
 }
 
+/// A renewal loop starts with its first lease, and renews it a cadence later, not at once: a lock
+/// object's first lease held for half a second under a 10 s cadence costs its acquisition and
+/// nothing else. Fails when the loop's first round is due as it starts (a renewal of a lease
+/// acquired a moment ago: a command per new loop, for nothing).
+#[tokio::test]
+async fn a_lease_just_acquired_is_not_renewed_before_its_cadence() {
+    let (database, commands) = common::counting_database().await;
+    let lock = MongoDistributedLock::new(common::unique("fresh"), &database)
+        .with_collection(common::unique("locks"))
+        .with_options(
+            LockOptions::builder()
+                .expiry(Duration::from_secs(30))
+                .extension_cadence(Duration::from_secs(10))
+                .automatic_ttl_index(false)
+                .build()
+                .unwrap(),
+        );
+    let guard = lock.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        commands.started(),
+        ["findAndModify"],
+        "the acquisition, and no renewal yet"
+    );
+    guard.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn index_creation_is_attempted_once_per_collection() {
     let (database, commands) = common::counting_database().await;
