@@ -101,6 +101,36 @@ async fn a_lease_just_acquired_is_not_renewed_before_its_cadence() {
     guard.release().await.unwrap();
 }
 
+/// A lease acquired after its lock object held nothing for longer than a cadence is renewed a
+/// cadence after its acquisition, not at once: the loop's round planned for leases that are gone
+/// must not pull the new one's forward. Fails when the new lease counts as one of the "others"
+/// already renewed (its own renewal, due in the past, then goes out at once).
+#[tokio::test]
+async fn a_lease_acquired_after_an_idle_spell_is_not_renewed_at_once() {
+    let (database, commands) = common::counting_database().await;
+    let lock = MongoDistributedLock::new(common::unique("idle"), &database)
+        .with_collection(common::unique("locks"))
+        .with_options(
+            LockOptions::builder()
+                .expiry(Duration::from_secs(30))
+                .extension_cadence(Duration::from_secs(1))
+                .automatic_ttl_index(false)
+                .build()
+                .unwrap(),
+        );
+    lock.acquire().await.unwrap().release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await; // the planned round is past
+    commands.clear();
+    let guard = lock.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        commands.started(),
+        ["findAndModify"],
+        "the acquisition, and no renewal yet"
+    );
+    guard.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn index_creation_is_attempted_once_per_collection() {
     let (database, commands) = common::counting_database().await;
