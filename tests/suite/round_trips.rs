@@ -81,16 +81,7 @@ async fn an_uncontended_cycle_is_two_commands_and_the_ttl_index_is_created_once(
 #[tokio::test]
 async fn a_lease_just_acquired_is_not_renewed_before_its_cadence() {
     let (database, commands) = common::counting_database().await;
-    let lock = MongoDistributedLock::new(common::unique("fresh"), &database)
-        .with_collection(common::unique("locks"))
-        .with_options(
-            LockOptions::builder()
-                .expiry(Duration::from_secs(30))
-                .extension_cadence(Duration::from_secs(10))
-                .automatic_ttl_index(false)
-                .build()
-                .unwrap(),
-        );
+    let lock = renewed_every(&database, Duration::from_secs(10));
     let guard = lock.acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -108,16 +99,7 @@ async fn a_lease_just_acquired_is_not_renewed_before_its_cadence() {
 #[tokio::test]
 async fn a_lease_acquired_after_an_idle_spell_is_not_renewed_at_once() {
     let (database, commands) = common::counting_database().await;
-    let lock = MongoDistributedLock::new(common::unique("idle"), &database)
-        .with_collection(common::unique("locks"))
-        .with_options(
-            LockOptions::builder()
-                .expiry(Duration::from_secs(30))
-                .extension_cadence(Duration::from_secs(1))
-                .automatic_ttl_index(false)
-                .build()
-                .unwrap(),
-        );
+    let lock = renewed_every(&database, Duration::from_secs(1));
     lock.acquire().await.unwrap().release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_500)).await; // the planned round is past
     commands.clear();
@@ -129,6 +111,21 @@ async fn a_lease_acquired_after_an_idle_spell_is_not_renewed_at_once() {
         "the acquisition, and no renewal yet"
     );
     guard.release().await.unwrap();
+}
+
+/// A fresh lock of `database` with a 30 s lease renewed every `cadence`, whose acquisitions send
+/// nothing but their own commands (no TTL index creation).
+fn renewed_every(database: &mongodb::Database, cadence: Duration) -> MongoDistributedLock {
+    MongoDistributedLock::new(common::unique("renewed"), database)
+        .with_collection(common::unique("locks"))
+        .with_options(
+            LockOptions::builder()
+                .expiry(Duration::from_secs(30))
+                .extension_cadence(cadence)
+                .automatic_ttl_index(false)
+                .build()
+                .unwrap(),
+        )
 }
 
 #[tokio::test]
