@@ -1,5 +1,5 @@
-//! The exclusive lock's lease protocol, for the repository's model checker (`model/`): the
-//! client's decisions (`protocol`: deadlines, the extension rule, renewal rounds, an attempt's
+//! The lease protocol of the exclusive lock and of the semaphore ([`semaphore`]), for the
+//! repository's model checker (`model/`): the client's decisions (`protocol`: deadlines, the extension rule, renewal rounds, an attempt's
 //! outcome) and the filters and update pipelines every command sends. The model runs this very
 //! code (the pipelines through a small evaluator of MongoDB's expressions), so that it checks the
 //! crate's protocol rather than a copy that could drift from it.
@@ -120,4 +120,82 @@ pub fn transfer_update(
 /// The filter of a fenced write with `token` to the documents of `filter` ([`Fence::new`]).
 pub fn fenced_filter(filter: Document, token: i64) -> Document {
     Fence::new().fenced_filter(filter, FencingToken::new(token))
+}
+
+/// A semaphore's commands, whose leases are members of its document's `holders` array: as
+/// `semaphore.rs` and the engine build them.
+pub mod semaphore {
+    use mongodb::bson::{Bson, Document};
+
+    use crate::LockOptions;
+    use crate::lease::schema::{self, HOLDERS, Layout};
+    use crate::semaphore::{self as code, JoinReply};
+
+    fn places() -> Layout {
+        Layout::Members(HOLDERS.to_owned())
+    }
+
+    /// The update pipeline of an attempt of `lock_id` on a semaphore of `max_count` places
+    /// (the filter is the exclusive lock's [`attempt_filter`](super::attempt_filter)).
+    pub fn attempt_update(
+        lock_id: &str,
+        max_count: u32,
+        options: &LockOptions,
+        details: Option<&Document>,
+    ) -> Vec<Document> {
+        code::join_update(lock_id, max_count, options, details)
+    }
+
+    /// What an attempt (or a transfer) of `lock_id` learns from the document it returned:
+    /// `Ok(Some(token))` if it holds a place (`None` inside when the token is unreadable),
+    /// `Ok(None)` if every place is taken, `Err(stored)` if the document records another count.
+    pub fn won(
+        document: &Document,
+        lock_id: &str,
+        max_count: u32,
+    ) -> Result<Option<Option<i64>>, String> {
+        match code::read_join_reply(document, lock_id, max_count) {
+            JoinReply::OtherCount(stored) => Err(stored),
+            JoinReply::Full => Ok(None),
+            JoinReply::Joined(place) => Ok(Some(place.token)),
+        }
+    }
+
+    /// The filter of a renewal of the place `lock_id`.
+    pub fn renew_filter(name: &str, lock_id: &str) -> Document {
+        places().renew_many_filter(&[Bson::from(name)], &[lock_id.to_owned()])
+    }
+
+    /// The update pipeline of a renewal of the place `lock_id`.
+    pub fn renew_update(options: &LockOptions, lock_id: &str) -> Vec<Document> {
+        places().renew_update(options, &[lock_id.to_owned()])
+    }
+
+    /// The filter of a release of the place `lock_id` (and of its cleanup).
+    pub fn release_filter(name: &str, lock_id: &str) -> Document {
+        places().release_filter(&Bson::from(name), lock_id)
+    }
+
+    /// The update pipeline of a release of the place `lock_id` (a cleanup's is the same: a
+    /// semaphore has no `min_hold`).
+    pub fn release_update(lock_id: &str) -> Vec<Document> {
+        places().release_update(lock_id, schema::Ending::Release)
+    }
+
+    /// The filter of a release that hands the place `releasing` to a local waiter's `waiter`.
+    pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
+        let places = places();
+        schema::transfer_filter(&Bson::from(name), &places, releasing, &places, &[waiter])
+    }
+
+    /// The update pipeline of that transfer, as the semaphore's takeover builds it.
+    pub fn transfer_update(
+        waiter: &str,
+        max_count: u32,
+        options: &LockOptions,
+        releasing: &str,
+        details: Option<&Document>,
+    ) -> Vec<Document> {
+        code::takeover_update(waiter, max_count, options, details, releasing)
+    }
 }

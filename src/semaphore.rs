@@ -328,7 +328,8 @@ async fn attempt(
     lock_id: String,
 ) -> Result<Option<Joined>> {
     let request = Sent::now(clock::now());
-    let update = join_update(&target, max_count, &lock_id);
+    let (options, details) = (&target.options, target.details.as_ref());
+    let update = join_update(&lock_id, max_count, options, details);
     let document = target.upsert(update).await?;
     joined(&target, max_count, &runtime, &document, lock_id, request)
 }
@@ -341,13 +342,12 @@ fn takeover(
     runtime: Handle,
     lock_id: String,
 ) -> Takeover<Joined> {
-    let join = join_update(&target, max_count, &lock_id);
+    let (options, details) = (target.options.clone(), target.details.clone());
+    let waiter = lock_id.clone();
     Takeover {
         layout: places(),
         update: Box::new(move |releasing| {
-            let mut update = places().release_update(releasing, schema::Ending::Release);
-            update.extend(join.iter().cloned());
-            update
+            takeover_update(&waiter, max_count, &options, details.as_ref(), releasing)
         }),
         cleanup: target.cleanup(&places(), &lock_id),
         finish: Box::new(move |document, request| {
@@ -366,28 +366,17 @@ fn joined(
     lock_id: String,
     request: Sent<clock::Instant>,
 ) -> Result<Option<Joined>> {
-    let stored_count = document.get(MAX_COUNT).and_then(read_i64);
-    if stored_count != Some(i64::from(max_count)) {
-        let stored = document
-            .get(MAX_COUNT)
-            .map_or_else(|| "none".to_owned(), ToString::to_string);
-        return Err(lease::max_count_mismatch(&target.name, &stored, max_count));
-    }
-    let holders: Vec<&Document> = document
-        .get_array(HOLDERS)
-        .map(|holders| holders.iter().filter_map(Bson::as_document).collect())
-        .unwrap_or_default();
-    let Some(ours) = holders
-        .iter()
-        .find(|holder| holder.get_str(EMBEDDED_ID) == Ok(lock_id.as_str()))
-    else {
-        return Ok(None);
+    let place = match read_join_reply(document, &lock_id, max_count) {
+        JoinReply::OtherCount(stored) => {
+            return Err(lease::max_count_mismatch(&target.name, &stored, max_count));
+        }
+        JoinReply::Full => return Ok(None),
+        JoinReply::Joined(place) => place,
     };
-    let token = ours.get(FENCING_TOKEN).and_then(read_i64);
     let Some(lease) = target.hold(runtime, LockKind::Semaphore, &places(), lock_id, request) else {
         return Ok(None);
     };
-    let Some(token) = token else {
+    let Some(token) = place.token else {
         // Cannot happen on a conforming server; dropping the lease releases it.
         return Err(Error::UnexpectedReply(
             "the acquired semaphore place has no numeric fencingToken".to_owned(),
@@ -395,24 +384,87 @@ fn joined(
     };
     Ok(Some(Joined {
         guard: LockGuard::new(lease, FencingToken::new(token)),
-        places_left: holders.len() < usize::try_from(max_count).unwrap_or(usize::MAX),
+        places_left: place.places_left,
     }))
+}
+
+/// What an attempt (or a transfer) learns from the semaphore document it returned.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum JoinReply {
+    /// The document records another `maxCount` (shown as stored, or "none").
+    OtherCount(String),
+    /// Our lease is not among the holders: every place is taken.
+    Full,
+    /// Our lease is among the holders.
+    Joined(Place),
+}
+
+/// A place our lease holds: its fencing token (`None` if unreadable), and whether places are
+/// left beside it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) token: Option<i64>,
+    pub(crate) places_left: bool,
+}
+
+/// Reads the reply to an attempt of `lock_id` on a semaphore of `max_count` places.
+pub(crate) fn read_join_reply(document: &Document, lock_id: &str, max_count: u32) -> JoinReply {
+    if document.get(MAX_COUNT).and_then(read_i64) != Some(i64::from(max_count)) {
+        let stored = document
+            .get(MAX_COUNT)
+            .map_or_else(|| "none".to_owned(), ToString::to_string);
+        return JoinReply::OtherCount(stored);
+    }
+    let holders: Vec<&Document> = document
+        .get_array(HOLDERS)
+        .map(|holders| holders.iter().filter_map(Bson::as_document).collect())
+        .unwrap_or_default();
+    match holders
+        .iter()
+        .find(|holder| holder.get_str(EMBEDDED_ID) == Ok(lock_id))
+    {
+        None => JoinReply::Full,
+        Some(ours) => JoinReply::Joined(Place {
+            token: ours.get(FENCING_TOKEN).and_then(read_i64),
+            places_left: holders.len() < usize::try_from(max_count).unwrap_or(usize::MAX),
+        }),
+    }
+}
+
+/// The pipeline of a release of the place `releasing` that hands it to the local waiter
+/// `lock_id` (see `lease::handoff`): that holder's lease leaves the holders, and the same
+/// pipeline as an attempt admits this one.
+pub(crate) fn takeover_update(
+    lock_id: &str,
+    max_count: u32,
+    options: &LockOptions,
+    details: Option<&Document>,
+    releasing: &str,
+) -> Vec<Document> {
+    let mut update = places().release_update(releasing, schema::Ending::Release);
+    update.extend(join_update(lock_id, max_count, options, details));
+    update
 }
 
 /// The pipeline of an attempt: drop ended leases; record `max_count` on first use; if the stored
 /// count is ours, a place is free and our lease is not there yet (a transfer sent again after
 /// it applied), take the next fencing token and append our lease.
-fn join_update(lock: &Target, max_count: u32, lock_id: &str) -> Vec<Document> {
+pub(crate) fn join_update(
+    lock_id: &str,
+    max_count: u32,
+    options: &LockOptions,
+    details: Option<&Document>,
+) -> Vec<Document> {
     let max_count = i64::from(max_count);
     let admitted = format!("${ADMITTED}");
     let mut lease = doc! {
         EMBEDDED_ID: lock_id,
-        EXPIRES_AT: schema::lease_end(lock.options.expiry_millis()),
+        EXPIRES_AT: schema::lease_end(options.expiry_millis()),
         ACQUIRED_AT: "$$NOW",
         schema::RENEWED_AT: "$$NOW",
         FENCING_TOKEN: format!("${FENCING_TOKEN}"),
     };
-    if let Some(details) = &lock.details {
+    if let Some(details) = details {
         lease.insert(DETAILS, schema::literal(details));
     }
     vec![
@@ -436,7 +488,7 @@ fn join_update(lock: &Target, max_count: u32, lock_id: &str) -> Vec<Document> {
             format!("${HOLDERS}"),
         ] } } },
         doc! { "$unset": ADMITTED },
-        schema::retain(lock.options.expiry_millis()),
+        schema::retain(options.expiry_millis()),
     ]
 }
 
@@ -447,3 +499,41 @@ impl ReadHolders for MongoDistributedSemaphore {
 }
 
 crate::traits::impl_distributed_lock!(MongoDistributedSemaphore);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_join_reply_reads_the_count_the_place_and_the_room_left() {
+        let holder = |id: &str, token: i64| doc! { EMBEDDED_ID: id, FENCING_TOKEN: token };
+        let document = doc! {
+            MAX_COUNT: 2_i64,
+            HOLDERS: [holder("a", 7), holder("b", 8)],
+        };
+        assert_eq!(
+            read_join_reply(&document, "b", 2),
+            JoinReply::Joined(Place {
+                token: Some(8),
+                places_left: false,
+            })
+        );
+        assert_eq!(read_join_reply(&document, "c", 2), JoinReply::Full);
+        assert_eq!(
+            read_join_reply(&document, "a", 3),
+            JoinReply::OtherCount("2".to_owned())
+        );
+        let first = doc! { MAX_COUNT: 3_i64, HOLDERS: [holder("a", 1)] };
+        assert_eq!(
+            read_join_reply(&first, "a", 3),
+            JoinReply::Joined(Place {
+                token: Some(1),
+                places_left: true,
+            })
+        );
+        assert_eq!(
+            read_join_reply(&doc! {}, "a", 3),
+            JoinReply::OtherCount("none".to_owned())
+        );
+    }
+}

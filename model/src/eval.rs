@@ -1,8 +1,9 @@
 //! A small evaluator of the MongoDB query filters, aggregation expressions and update pipelines
 //! the lock sends, so that the model applies the crate's own commands to its model document.
 //!
-//! It covers what the exclusive lock's commands and the fence use, with MongoDB's semantics for
-//! them: BSON comparison order across types (a missing field sorts below everything), query
+//! It covers what the exclusive lock's and the semaphore's commands and the fence use, with
+//! MongoDB's semantics for them (a query path through an array of documents, `$filter`, `$size`,
+//! `$concatArrays` for a semaphore's `holders`): BSON comparison order across types (a missing field sorts below everything), query
 //! comparisons that match only values of a comparable type ("type bracketing"), `$$NOW` fixed for
 //! the whole command, `$$REMOVE`. Anything else is refused with a panic naming it, so that a
 //! change in the crate's commands cannot be evaluated silently wrong.
@@ -25,8 +26,45 @@ pub fn matches(filter: &Document, document: &Document, now: DateTime) -> bool {
             .any(|each| matches(sub_document(each), document, now)),
         "$expr" => truthy(&evaluate(condition, document, now)),
         operator if operator.starts_with('$') => panic!("query operator {operator} not modelled"),
-        path => field_matches(&lookup(document, path), condition),
+        path => match through_array(document, path) {
+            // MongoDB's implicit traversal: a path through an array of documents matches when
+            // one element's value does, for the equality conditions the crate sends there
+            // (https://www.mongodb.com/docs/manual/tutorial/query-array-of-documents/).
+            Some(values) => {
+                assert!(
+                    equality(condition),
+                    "only equality is modelled through an array ({path})"
+                );
+                values.iter().any(|value| field_matches(value, condition))
+            }
+            None => field_matches(&lookup(document, path), condition),
+        },
     })
+}
+
+/// The values at `path` in each element of the array its first part names, if it names one.
+fn through_array(document: &Document, path: &str) -> Option<Vec<Value>> {
+    let (first, rest) = path.split_once('.')?;
+    let Some(Bson::Array(items)) = document.get(first) else {
+        return None;
+    };
+    Some(
+        items
+            .iter()
+            .filter_map(Bson::as_document)
+            .map(|item| lookup(item, rest))
+            .collect(),
+    )
+}
+
+/// Whether a query condition is a value or `$eq`/`$in` only.
+fn equality(condition: &Bson) -> bool {
+    match condition {
+        Bson::Document(operators) if operators.keys().all(|key| key.starts_with('$')) => {
+            operators.keys().all(|key| key == "$eq" || key == "$in")
+        }
+        _ => true,
+    }
 }
 
 fn field_matches(value: &Value, condition: &Bson) -> bool {
@@ -338,6 +376,39 @@ fn operator_expression(
                     .collect(),
             ))
         }
+        "$filter" => {
+            let form = sub_document(argument);
+            let name = form.get_str("as").expect("as");
+            let cond = form.get("cond").expect("cond");
+            let input = evaluate(form.get("input").expect("input"), document, now);
+            let Some(Bson::Array(items)) = input else {
+                panic!("$filter over {input:?} not modelled");
+            };
+            Some(Bson::Array(
+                items
+                    .into_iter()
+                    .filter(|item| truthy(&evaluate(&bind(cond, name, item), document, now)))
+                    .collect(),
+            ))
+        }
+        "$size" => match evaluate(argument, document, now) {
+            Some(Bson::Array(items)) => Some(Bson::Int32(
+                i32::try_from(items.len()).expect("a small array"),
+            )),
+            other => panic!("$size of {other:?}: MongoDB fails the command"),
+        },
+        // Null or missing if any argument is; otherwise the arrays one after the other.
+        "$concatArrays" => {
+            let mut joined = Vec::new();
+            for value in arguments() {
+                match value {
+                    Some(Bson::Array(items)) => joined.extend(items),
+                    None | Some(Bson::Null) => return Some(Bson::Null),
+                    Some(other) => panic!("$concatArrays of {other}: MongoDB fails the command"),
+                }
+            }
+            Some(Bson::Array(joined))
+        }
         "$type" => Some(Bson::String(
             match evaluate(argument, document, now) {
                 None => "missing",
@@ -541,6 +612,57 @@ mod tests {
         assert_eq!(ended.get("lockId"), None);
         assert_eq!(ended.get_datetime("expiresAt"), Ok(&now));
         assert_eq!(ended.get_i64("fencingToken"), Ok(7));
+    }
+
+    #[test]
+    fn a_query_path_through_an_array_matches_when_one_element_does() {
+        let stored = doc! { "_id": "s", "m": [{ "id": "a" }, { "id": "b" }] };
+        let now = at(0);
+        assert!(matches(&doc! { "m.id": "b" }, &stored, now));
+        assert!(!matches(&doc! { "m.id": "c" }, &stored, now));
+        assert!(matches(
+            &doc! { "m.id": { "$in": ["c", "a"] } },
+            &stored,
+            now
+        ));
+        assert!(!matches(&doc! { "m.id": { "$in": ["c"] } }, &stored, now));
+        let empty = doc! { "_id": "s", "m": [] };
+        assert!(!matches(&doc! { "m.id": "a" }, &empty, now));
+    }
+
+    #[test]
+    fn filter_keeps_the_items_its_condition_holds_for() {
+        let stored = doc! { "m": [{ "id": "a", "n": 1_i64 }, { "id": "b", "n": 5_i64 }] };
+        let kept = evaluate(
+            &Bson::from(doc! { "$filter": {
+                "input": "$m",
+                "as": "x",
+                "cond": { "$gt": ["$$x.n", 2_i64] },
+            } }),
+            &stored,
+            at(0),
+        );
+        assert_eq!(kept, Some(Bson::from(vec![doc! { "id": "b", "n": 5_i64 }])));
+    }
+
+    #[test]
+    fn size_counts_and_concat_arrays_joins() {
+        let stored = doc! { "m": [1_i64, 2_i64] };
+        let size = evaluate(&Bson::from(doc! { "$size": "$m" }), &stored, at(0));
+        assert_eq!(size, Some(Bson::Int32(2)));
+        let joined = evaluate(
+            &Bson::from(doc! { "$concatArrays": ["$m", [3_i64]] }),
+            &stored,
+            at(0),
+        );
+        assert_eq!(joined, Some(Bson::from(vec![1_i64, 2, 3])));
+        // Null if an argument is missing (https://www.mongodb.com/docs/manual/reference/operator/aggregation/concatArrays/).
+        let missing = evaluate(
+            &Bson::from(doc! { "$concatArrays": ["$nothing", [3_i64]] }),
+            &stored,
+            at(0),
+        );
+        assert_eq!(missing, Some(Bson::Null));
     }
 
     #[test]

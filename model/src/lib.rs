@@ -1,5 +1,5 @@
-//! A model of distributed-lock-mongodb's lease protocol for an exclusive lock, checked
-//! exhaustively with [`stateright`]: acquire, renew, release, the in-process transfer, the
+//! A model of distributed-lock-mongodb's lease protocol for an exclusive lock and a semaphore,
+//! checked exhaustively with [`stateright`]: acquire, renew, release, the in-process transfer, the
 //! cleanup after an unknown outcome, a caller that stops waiting, a provider's shutdown; lost,
 //! delayed and duplicated messages; two routers whose clocks differ by `max_clock_skew`, and a
 //! router's clock that steps back or forward within what the lock assumes.

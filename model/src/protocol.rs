@@ -1,4 +1,5 @@
-//! The exclusive lock's lease protocol as a [`stateright`] model.
+//! The lease protocol of the exclusive lock, and of a semaphore ([`Config::places`]), as a
+//! [`stateright`] model.
 //!
 //! Three callers contend for one lock name: two tasks of one process (one family of locks, or two
 //! in [`Config::two_families_and_a_shutdown`]; either way a release can hand the lock to the other
@@ -214,6 +215,11 @@ pub struct Config {
     /// `db.distributed_locks.deleteOne({_id: "lock"})` in the shell): a lease ended early by
     /// someone who does not use the crate, and the fencing token's history gone with it.
     pub delete_by_hand: bool,
+    /// A semaphore of this many places instead of an exclusive lock
+    /// (`MongoDistributedSemaphore`): its leases are members of the document's `holders` array,
+    /// and every command is the semaphore's. Its callers store no details and have no
+    /// `min_hold` (a semaphore refuses one); no operator acts on it.
+    pub places: Option<u8>,
 }
 
 /// The other documents of the lock's collection, which only a purge reads: a lock whose lease
@@ -278,6 +284,7 @@ impl Default for Config {
             crash: false,
             purge: false,
             delete_by_hand: false,
+            places: None,
         }
     }
 }
@@ -505,6 +512,16 @@ impl Config {
         }
     }
 
+    /// A semaphore of two places and the three default callers (two of one process, so
+    /// releases hand places over), with routers whose clocks differ, slow replies and one fault:
+    /// at most two hold a place at once, in every interleaving.
+    pub fn a_semaphore_of_two_places() -> Config {
+        Config {
+            places: Some(2),
+            ..Config::default()
+        }
+    }
+
     /// Three callers, and at any moment router R0's clock steps forward by the whole
     /// `max_clock_skew`, to read what R1's does: the largest forward step the assumptions allow.
     /// A lease R0 wrote before the step ends earlier in real time by as much. At any moment too,
@@ -594,6 +611,18 @@ impl LeaseProtocol {
             !(config.delete_by_hand && config.callers.iter().any(|c| c.min_hold.is_some())),
             "a deletion by hand of a lock with a min_hold"
         );
+        // What the model keeps of a semaphore: no details, no window, no operator.
+        assert!(
+            config.places.is_none()
+                || !(config.force_release
+                    || config.delete_by_hand
+                    || config.purge
+                    || config
+                        .callers
+                        .iter()
+                        .any(|c| c.details || c.min_hold.is_some())),
+            "a semaphore with details, a min_hold or an operator"
+        );
         LeaseProtocol {
             options: config
                 .callers
@@ -621,6 +650,12 @@ impl LeaseProtocol {
     }
 
     fn build(&self, key: CommandKey) -> Command {
+        // (A fenced write and the purge are the same for every kind.)
+        if let Some(places) = self.config.places
+            && !matches!(key, CommandKey::Purge | CommandKey::Write(_))
+        {
+            return self.build_for_semaphore(key, u32::from(places));
+        }
         match key {
             CommandKey::Attempt { lock_id, client } => Command {
                 filter: code::attempt_filter(NAME),
@@ -680,6 +715,61 @@ impl LeaseProtocol {
                 update: vec![doc! { "$set": { DEFAULT_FENCE_FIELD: token } }],
             },
         }
+    }
+
+    /// The command `key` names for a semaphore of `places` places, as `semaphore.rs` and the
+    /// engine build it.
+    fn build_for_semaphore(&self, key: CommandKey, places: u32) -> Command {
+        let semaphore = |filter, update| Command { filter, update };
+        match key {
+            CommandKey::Attempt { lock_id, client } => semaphore(
+                code::attempt_filter(NAME),
+                code::semaphore::attempt_update(
+                    &lock_id_name(lock_id),
+                    places,
+                    self.options_of(client),
+                    None,
+                ),
+            ),
+            CommandKey::Renew { lock_id, client } => semaphore(
+                code::semaphore::renew_filter(NAME, &lock_id_name(lock_id)),
+                code::semaphore::renew_update(self.options_of(client), &lock_id_name(lock_id)),
+            ),
+            // A cleanup is a release: a semaphore keeps no window.
+            CommandKey::Release { lock_id, .. } => semaphore(
+                code::semaphore::release_filter(NAME, &lock_id_name(lock_id)),
+                code::semaphore::release_update(&lock_id_name(lock_id)),
+            ),
+            CommandKey::Transfer {
+                releasing,
+                waiter,
+                client,
+            } => {
+                let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
+                semaphore(
+                    code::semaphore::transfer_filter(NAME, &releasing, &waiter),
+                    code::semaphore::transfer_update(
+                        &waiter,
+                        places,
+                        self.options_of(client),
+                        &releasing,
+                        None,
+                    ),
+                )
+            }
+            CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
+        }
+    }
+
+    /// What an attempt or a transfer of `lock_id` reads from the document it returned: the
+    /// token it won, if it won.
+    fn won(&self, document: &Document, lock_id: u8) -> Option<i64> {
+        let won = match self.config.places {
+            None => code::attempt_won(document, &lock_id_name(lock_id)),
+            Some(places) => code::semaphore::won(document, &lock_id_name(lock_id), places.into())
+                .expect("the model's callers agree on the count"),
+        };
+        won.map(|token| token.expect("a numeric token"))
     }
 
     fn mistake(&self, mistake: Mistake) -> bool {
@@ -850,6 +940,65 @@ pub struct LockDocument {
     pub min_hold_until_ms: Option<i64>,
     /// Whose `details` are stored (the caller's index).
     pub details: Option<u8>,
+    /// A semaphore's `maxCount` and `holders` (`expiresAt` and `token` are then the document's
+    /// retention and its last token).
+    pub max_count: Option<i64>,
+    pub holders: Vec<Member>,
+}
+
+/// A lease among a semaphore's `holders`, as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Member {
+    pub lock_id: u8,
+    pub expires_at_ms: i64,
+    pub token: i64,
+}
+
+impl LockDocument {
+    /// Whether it stores the lease `lock_id`, live or not.
+    fn stores(&self, lock_id: u8) -> bool {
+        self.lock_id == Some(lock_id) || self.holders.iter().any(|m| m.lock_id == lock_id)
+    }
+
+    /// Whether it stores a lease, live or not.
+    fn stores_any(&self) -> bool {
+        self.lock_id.is_some() || !self.holders.is_empty()
+    }
+}
+
+/// The members of a semaphore document's `holders`.
+fn members(document: &Document) -> Vec<Member> {
+    let Ok(holders) = document.get_array("holders") else {
+        return Vec::new();
+    };
+    holders
+        .iter()
+        .map(|member| {
+            let member = member.as_document().expect("a member is a document");
+            Member {
+                lock_id: model_lock_id(member.get_str("id").expect("a member's id")),
+                expires_at_ms: member
+                    .get_datetime("expiresAt")
+                    .expect("a member's expiry")
+                    .timestamp_millis(),
+                token: token_of(member.get("fencingToken")).expect("a member's token"),
+            }
+        })
+        .collect()
+}
+
+/// A stored token.
+fn token_of(value: Option<&Bson>) -> Option<i64> {
+    value.map(|token| match token {
+        Bson::Int64(token) => *token,
+        Bson::Int32(token) => i64::from(*token),
+        other => panic!("token {other}"),
+    })
+}
+
+/// The model's number of a lock id (`L<n>`).
+fn model_lock_id(name: &str) -> u8 {
+    name[1..].parse().expect("a model lock id")
 }
 
 /// What a deletion by hand of the lock's document ended. The document's history is gone with
@@ -1136,25 +1285,33 @@ impl LeaseProtocol {
             if let Some(client) = lock.details {
                 document.insert("details", details_of(client));
             }
+            if let Some(max_count) = lock.max_count {
+                document.insert("maxCount", max_count);
+                let holders: Vec<Document> = lock
+                    .holders
+                    .iter()
+                    .map(|member| {
+                        doc! {
+                            "id": lock_id_name(member.lock_id),
+                            "expiresAt": DateTime::from_millis(member.expires_at_ms),
+                            "fencingToken": member.token,
+                        }
+                    })
+                    .collect();
+                document.insert("holders", holders);
+            }
         }
         document
     }
 
     fn store(state: &mut State, document: &Document) {
         state.lock = Some(LockDocument {
-            lock_id: document
-                .get_str("lockId")
-                .ok()
-                .map(|name| name[1..].parse().expect("a model lock id")),
+            lock_id: document.get_str("lockId").ok().map(model_lock_id),
             expires_at_ms: document
                 .get_datetime("expiresAt")
                 .ok()
                 .map(|at| at.timestamp_millis()),
-            token: document.get("fencingToken").map(|token| match token {
-                Bson::Int64(token) => *token,
-                Bson::Int32(token) => i64::from(*token),
-                other => panic!("token {other}"),
-            }),
+            token: token_of(document.get("fencingToken")),
             min_hold_until_ms: document
                 .get_datetime("minHoldUntil")
                 .ok()
@@ -1163,6 +1320,11 @@ impl LeaseProtocol {
                 let owner = details.get_str("owner").expect("a model owner");
                 owner[1..].parse().expect("a model client")
             }),
+            max_count: document.get("maxCount").map(|count| match count {
+                Bson::Int64(count) => *count,
+                other => panic!("maxCount {other}"),
+            }),
+            holders: members(document),
         });
     }
 
@@ -1193,6 +1355,9 @@ impl LeaseProtocol {
         if expired_before && updated.get("lockId") != target.get("lockId") {
             state.taken_over = true;
         }
+        if self.config.places.is_some() {
+            Self::admitted(state, &target, &updated, now);
+        }
         // A lease written after a deletion by hand: its token starts over from `$$NOW`, by the
         // assumption on the routers' clocks no earlier than the deletion less their skew.
         if let Some(deletion) = state.deletion
@@ -1215,6 +1380,29 @@ impl LeaseProtocol {
         }
         Self::store(state, &updated);
         Some(updated)
+    }
+
+    /// A semaphore command turned `target` into `updated`: each lease it admitted must have a
+    /// token above every token admitted before (the semaphore's tokens increase in the order the
+    /// server admits its holders, who may hear of it in another order); an admission that
+    /// dropped an expired lease took a place over.
+    fn admitted(state: &mut State, target: &Document, updated: &Document, now: DateTime) {
+        let before = members(target);
+        let expired = before
+            .iter()
+            .any(|member| member.expires_at_ms <= now.timestamp_millis());
+        for member in members(updated) {
+            if before.iter().any(|old| old.lock_id == member.lock_id) {
+                continue;
+            }
+            state.taken_over |= expired;
+            state.tokens_increase &= state.max_token_held.is_none_or(|max| member.token > max);
+            state.max_token_held = Some(
+                state
+                    .max_token_held
+                    .map_or(member.token, |max| max.max(member.token)),
+            );
+        }
     }
 
     fn planted_token(&self, update: Vec<Document>) -> Vec<Document> {
@@ -1248,8 +1436,7 @@ impl LeaseProtocol {
                 let document = self
                     .update(state, router, &attempt.filter, &attempt.update, true)
                     .expect("an upsert always returns the document");
-                let won = code::attempt_won(&document, &lock_id_name(lock_id))
-                    .map(|token| token.expect("a numeric token"));
+                let won = self.won(&document, lock_id);
                 state.window_kept_an_attempt_out |= window_alone && won.is_none();
                 if won.is_some() {
                     self.check_details(state, details, replaced_details);
@@ -1278,14 +1465,14 @@ impl LeaseProtocol {
             } => {
                 let renew = self.command(CommandKey::Renew { lock_id, client });
                 let router = Self::router_of(state, client);
-                let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
+                let (ours, any) = state.lock.as_ref().map_or((false, false), |lock| {
+                    (lock.stores(lock_id), lock.stores_any())
+                });
                 let live = self
                     .update(state, router, &renew.filter, &renew.update, false)
                     .is_some();
-                if stored.is_some_and(|holder| holder != lock_id) {
-                    state.renewal_met_another = true;
-                }
-                if live && stored != Some(lock_id) {
+                state.renewal_met_another |= any && !ours;
+                if live && !ours {
                     state.touched_only_own = false;
                 }
                 state.send(Message::RenewReply {
@@ -1338,11 +1525,11 @@ impl LeaseProtocol {
                             .min_hold_until_ms
                             .is_some_and(|until| until > server_now)
                 });
-                let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
+                let ours = state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
                 let ended = self
                     .update(state, router, &release.filter, &release.update, false)
                     .is_some();
-                if ended && stored != Some(lock_id) {
+                if ended && !ours {
                     state.touched_only_own = false;
                 }
                 // However the crate chose to end it (`code::keeps_window`): a lease never handed to
@@ -1373,8 +1560,7 @@ impl LeaseProtocol {
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
                 let token = self
                     .update(state, router, &transfer.filter, &transfer.update, false)
-                    .and_then(|document| code::attempt_won(&document, &lock_id_name(lock_id)))
-                    .map(|token| token.expect("a numeric token"));
+                    .and_then(|document| self.won(&document, lock_id));
                 if token.is_some() {
                     self.check_details(state, details, replaced_details);
                     state.transfer_wrote_a_window |= state
@@ -1545,10 +1731,12 @@ impl LeaseProtocol {
         // A lease an operator ended before its winner heard of the win is exempt: by design its
         // holder believes it holds it until its first renewal's reply (fencing covers that).
         let ended_early = state.forced.is_some_and(|(forced, _)| forced == lock_id);
-        if state.max_token_held.is_some_and(|max| token <= max) && !ended_early {
+        let exclusive = self.config.places.is_none(); // (a semaphore's: at admission)
+        if exclusive && state.max_token_held.is_some_and(|max| token <= max) && !ended_early {
             state.tokens_increase = false;
         }
         match state.deletion {
+            _ if !exclusive => {}
             // The deleted lease, handed to its winner after the deletion: written after every
             // lease held before it, and compared with those only (the tokens since start over).
             Some(deletion) if ended_early => {
@@ -2259,11 +2447,12 @@ type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 pub const SAFETY: [Condition; 10] = [
     // Except the holder of a lease an operator ended, until its next renewal's reply (the
     // property below): by design, a forced release does not ask the holder.
-    ("mutual exclusion", |_, state| {
+    // A semaphore's: at most `max_count` holders at once.
+    ("mutual exclusion", |model, state| {
         (0..state.clients.len())
             .filter(|&client| state.believes_it_holds(client) && !state.ended_by_operator(client))
             .count()
-            <= 1
+            <= model.config.places.map_or(1, usize::from)
     }),
     (
         "a holder whose lease an operator ended hears of it at its next renewal",
@@ -2496,6 +2685,25 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
             None => String::new(),
         };
         let stored = match &after.lock {
+            Some(LockDocument {
+                max_count: Some(_),
+                holders,
+                token,
+                ..
+            }) => {
+                let places: Vec<String> = holders
+                    .iter()
+                    .map(|member| {
+                        format!(
+                            "L{} until {} ms, token {}",
+                            member.lock_id,
+                            member.expires_at_ms - EPOCH_MS,
+                            member.token
+                        )
+                    })
+                    .collect();
+                format!("stored: [{}], last token {token:?}", places.join("; "))
+            }
             Some(LockDocument {
                 lock_id: Some(lock_id),
                 expires_at_ms: Some(expires_at),

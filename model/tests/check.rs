@@ -180,6 +180,20 @@ fn a_router_clock_that_steps_forward() {
 }
 
 #[test]
+fn a_semaphore_of_two_places_among_three_callers() {
+    verify(
+        "a semaphore of two places",
+        Config::a_semaphore_of_two_places(),
+        &[
+            "a release hands the lock to a local waiter",
+            "a lease is taken over after it ended",
+            "a renewal reaches the server after another took the lock",
+            "a stale fenced write is refused",
+        ],
+    );
+}
+
+#[test]
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (
