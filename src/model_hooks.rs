@@ -182,6 +182,12 @@ pub mod semaphore {
         places().release_update(lock_id, schema::Ending::Release)
     }
 
+    /// The filter and update of an operator's forced release of the place `lock_id`
+    /// (`Provider::force_release_holder` with an entry of the semaphore's `holders()`).
+    pub fn force_release(name: &str, lock_id: &str) -> (Document, Vec<Document>) {
+        crate::lease::admin::force_release_lease_command(&places(), name, lock_id)
+    }
+
     /// The filter of a release that hands the place `releasing` to a local waiter's `waiter`.
     pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
         let places = places();

@@ -10,10 +10,26 @@
 use lease_model::protocol::{Config, broken, explore};
 
 fn main() {
-    let runs = [(
-        "a caller leaves, with one fault",
-        Config::a_caller_leaves_with_a_fault(),
-    )];
+    let runs = [
+        (
+            "a caller leaves, with one fault",
+            Config::a_caller_leaves_with_a_fault(),
+        ),
+        (
+            "a semaphore of two places, with slow replies",
+            Config {
+                slow_replies: true,
+                ..Config::a_semaphore_of_two_places()
+            },
+        ),
+        (
+            "an operator ends a semaphore place, with one fault",
+            Config {
+                faults: 1,
+                ..Config::an_operator_ends_a_semaphore_place()
+            },
+        ),
+    ];
     let mut failed = false;
     for (name, config) in runs {
         if let Some((property, path)) = broken(&explore(name, config)) {

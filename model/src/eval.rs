@@ -418,6 +418,7 @@ fn operator_expression(
                 Some(Bson::Int64(_)) => "long",
                 Some(Bson::Int32(_)) => "int",
                 Some(Bson::Null) => "null",
+                Some(Bson::Array(_)) => "array",
                 Some(other) => panic!("$type of {other} not modelled"),
             }
             .to_owned(),

@@ -218,7 +218,7 @@ pub struct Config {
     /// A semaphore of this many places instead of an exclusive lock
     /// (`MongoDistributedSemaphore`): its leases are members of the document's `holders` array,
     /// and every command is the semaphore's. Its callers store no details and have no
-    /// `min_hold` (a semaphore refuses one); no operator acts on it.
+    /// `min_hold` (a semaphore refuses one); an operator's forced release ends one place.
     pub places: Option<u8>,
 }
 
@@ -522,6 +522,20 @@ impl Config {
         }
     }
 
+    /// The semaphore of [`Self::a_semaphore_of_two_places`], and at any moment an operator ends
+    /// the first live place `holders()` shows (`Provider::force_release_holder`), without
+    /// network faults (with one, it has over five million states: `examples/long_runs.rs`): its
+    /// holder hears of it at its
+    /// next renewal, and until then the others still number at most `max_count`.
+    pub fn an_operator_ends_a_semaphore_place() -> Config {
+        Config {
+            places: Some(2),
+            faults: 0,
+            force_release: true,
+            ..Config::default()
+        }
+    }
+
     /// Three callers, and at any moment router R0's clock steps forward by the whole
     /// `max_clock_skew`, to read what R1's does: the largest forward step the assumptions allow.
     /// A lease R0 wrote before the step ends earlier in real time by as much. At any moment too,
@@ -611,11 +625,11 @@ impl LeaseProtocol {
             !(config.delete_by_hand && config.callers.iter().any(|c| c.min_hold.is_some())),
             "a deletion by hand of a lock with a min_hold"
         );
-        // What the model keeps of a semaphore: no details, no window, no operator.
+        // What the model keeps of a semaphore: no details, no window, no operator but a forced
+        // release of one place.
         assert!(
             config.places.is_none()
-                || !(config.force_release
-                    || config.delete_by_hand
+                || !(config.delete_by_hand
                     || config.purge
                     || config
                         .callers
@@ -1357,6 +1371,20 @@ impl LeaseProtocol {
         }
         if self.config.places.is_some() {
             Self::admitted(state, &target, &updated, now);
+        }
+        // A lease an operator ended that a duplicate of its own attempt wrote again (a request
+        // applied twice, which MongoDB's retryable writes prevent, but the model allows): live on
+        // the server once more, so its holder holds it, neither exempt nor owed a loss.
+        let forced_lease = state.forced.map(|(lock_id, _)| lock_id);
+        let stored = |document: &Document, lock_id: u8| {
+            document.get_str("lockId") == Ok(lock_id_name(lock_id).as_str())
+                || members(document).iter().any(|m| m.lock_id == lock_id)
+        };
+        if let Some(lock_id) = forced_lease
+            && !stored(&target, lock_id)
+            && stored(&updated, lock_id)
+        {
+            state.forced = None;
         }
         // A lease written after a deletion by hand: its token starts over from `$$NOW`, by the
         // assumption on the routers' clocks no earlier than the deletion less their skew.
@@ -2355,11 +2383,28 @@ impl Model for LeaseProtocol {
             }
             Action::ForceRelease => {
                 state.may_force_release = false;
-                let stored = state.lock.as_ref().and_then(|lock| lock.lock_id);
-                let (filter, update) = (
-                    code::force_release_filter(NAME),
-                    code::force_release_update(),
-                );
+                let (stored, (filter, update)) = match self.config.places {
+                    None => (
+                        state.lock.as_ref().and_then(|lock| lock.lock_id),
+                        (
+                            code::force_release_filter(NAME),
+                            code::force_release_update(),
+                        ),
+                    ),
+                    // The first live place `holders()` shows (by R0's clock), ended with
+                    // `force_release_holder`.
+                    Some(_) => {
+                        let now = self.server_now(&state, 0).timestamp_millis();
+                        let Some(lock_id) = state.lock.as_ref().and_then(|lock| {
+                            let live = lock.holders.iter().find(|m| m.expires_at_ms > now);
+                            live.map(|member| member.lock_id)
+                        }) else {
+                            return Some(state);
+                        };
+                        let command = code::semaphore::force_release(NAME, &lock_id_name(lock_id));
+                        (Some(lock_id), command)
+                    }
+                };
                 if let (Some(_), Some(lock_id)) =
                     (self.update(&mut state, 0, &filter, &update, false), stored)
                 {

@@ -194,6 +194,18 @@ fn a_semaphore_of_two_places_among_three_callers() {
 }
 
 #[test]
+fn an_operator_that_ends_a_semaphore_place() {
+    verify(
+        "an operator ends a semaphore place",
+        Config::an_operator_ends_a_semaphore_place(),
+        &[
+            "an operator ends a held lease",
+            "a release hands the lock to a local waiter",
+        ],
+    );
+}
+
+#[test]
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (

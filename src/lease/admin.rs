@@ -277,14 +277,23 @@ pub(crate) async fn force_release_lease(
     name: &str,
     lock_id: &str,
 ) -> Result<bool> {
+    let (filter, update) = force_release_lease_command(layout, name, lock_id);
+    let result = collection.update_one(filter, update).await?;
+    Ok(result.modified_count > 0)
+}
+
+/// The filter and update of [`force_release_lease`]: the lease's own release, in a document
+/// shaped like a lock document of its kind.
+pub(crate) fn force_release_lease_command(
+    layout: &Layout,
+    name: &str,
+    lock_id: &str,
+) -> (Document, Vec<Document>) {
     let mut filter = layout.release_filter(&name.into(), lock_id);
     if let Some(stored) = Stored::of_layout(layout) {
         filter.insert("$expr", stored.shape());
     }
-    let result = collection
-        .update_one(filter, layout.release_update(lock_id, Ending::Release))
-        .await?;
-    Ok(result.modified_count > 0)
+    (filter, layout.release_update(lock_id, Ending::Release))
 }
 
 /// Ends every lease of reader-writer lock `name` (its writer's, its readers', a waiting
