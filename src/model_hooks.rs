@@ -205,3 +205,78 @@ pub mod semaphore {
         code::takeover_update(waiter, max_count, options, details, releasing)
     }
 }
+
+/// A reader-writer lock's commands (`rw_lock/attempt.rs`): readers are members of the
+/// document's `readers` array, the writer's lease is embedded under `writer`, and a waiting
+/// writer's marker under `waitingWriter` holds new readers back. `reads` says which side.
+pub mod reader_writer {
+    use mongodb::bson::{Bson, Document};
+
+    use crate::LockOptions;
+    use crate::lease::schema::{self, Layout};
+    use crate::rw_lock::Mode;
+    use crate::rw_lock::attempt as code;
+
+    fn mode(reads: bool) -> Mode {
+        if reads { Mode::Read } else { Mode::Write }
+    }
+
+    fn layout(reads: bool) -> Layout {
+        code::layout(mode(reads))
+    }
+
+    /// The update pipeline of an attempt of `lock_id` (the filter is the exclusive lock's
+    /// [`attempt_filter`](super::attempt_filter)); a writer's places or renews its waiting
+    /// writer's `marker` while it waits (its callers wait for ever).
+    pub fn attempt_update(
+        lock_id: &str,
+        reads: bool,
+        options: &LockOptions,
+        marker: &str,
+    ) -> Vec<Document> {
+        if reads {
+            code::read_update(options, None, lock_id)
+        } else {
+            code::write_update(options, None, lock_id, marker, true)
+        }
+    }
+
+    /// What an attempt (or a transfer) of `lock_id` learns from the document it returned:
+    /// `Some(token)` if it holds the lock (a reader's token is `None`), `None` if not.
+    pub fn won(document: &Document, reads: bool, lock_id: &str) -> Option<Option<i64>> {
+        code::won(document, mode(reads), lock_id)
+    }
+
+    /// The filter of a renewal of the lease `lock_id`.
+    pub fn renew_filter(name: &str, lock_id: &str, reads: bool) -> Document {
+        layout(reads).renew_many_filter(&[Bson::from(name)], &[lock_id.to_owned()])
+    }
+
+    /// The update pipeline of a renewal of the lease `lock_id`.
+    pub fn renew_update(options: &LockOptions, lock_id: &str, reads: bool) -> Vec<Document> {
+        layout(reads).renew_update(options, &[lock_id.to_owned()])
+    }
+
+    /// The filter of a release of the lease `lock_id` (and of its cleanup).
+    pub fn release_filter(name: &str, lock_id: &str, reads: bool) -> Document {
+        layout(reads).release_filter(&Bson::from(name), lock_id)
+    }
+
+    /// The update pipeline of a release of the lease `lock_id` (a cleanup's is the same: a
+    /// reader-writer lock has no `min_hold`).
+    pub fn release_update(lock_id: &str, reads: bool) -> Vec<Document> {
+        layout(reads).release_update(lock_id, schema::Ending::Release)
+    }
+
+    /// The filter of a writer's release `releasing` that hands the lock to the local reader
+    /// `waiter`.
+    pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
+        let (from, to) = (layout(false), layout(true));
+        schema::transfer_filter(&Bson::from(name), &from, releasing, &to, &[waiter])
+    }
+
+    /// The update pipeline of that transfer, as the reader's takeover builds it.
+    pub fn transfer_update(waiter: &str, options: &LockOptions, releasing: &str) -> Vec<Document> {
+        code::read_takeover_update(waiter, options, None, releasing)
+    }
+}

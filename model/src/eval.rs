@@ -123,14 +123,9 @@ pub fn apply_pipeline(pipeline: &[Document], document: &Document, now: DateTime)
             "$set" | "$addFields" => {
                 let mut next = current.clone();
                 for (field, expression) in sub_document(argument) {
-                    assert!(!field.contains('.'), "dotted $set paths not modelled");
                     match evaluate(expression, &current, now) {
-                        Some(value) => {
-                            next.insert(field, value);
-                        }
-                        None => {
-                            next.remove(field);
-                        }
+                        Some(value) => set_path(&mut next, field, value),
+                        None => remove_path(&mut next, field),
                     }
                 }
                 next
@@ -149,13 +144,45 @@ pub fn apply_pipeline(pipeline: &[Document], document: &Document, now: DateTime)
                         .collect(),
                 };
                 for field in fields {
-                    next.remove(&field);
+                    remove_path(&mut next, &field);
                 }
                 next
             }
             other => panic!("pipeline stage {other} not modelled"),
         }
     })
+}
+
+/// Sets the field at `path` (dotted: inside embedded documents, created where missing).
+fn set_path(document: &mut Document, path: &str, value: Bson) {
+    match path.split_once('.') {
+        None => {
+            document.insert(path, value);
+        }
+        Some((first, rest)) => {
+            let inner = document
+                .entry(first.to_owned())
+                .or_insert_with(|| Bson::Document(Document::new()));
+            match inner {
+                Bson::Document(inner) => set_path(inner, rest, value),
+                other => panic!("setting {path} inside {other} is not modelled"),
+            }
+        }
+    }
+}
+
+/// Removes the field at `path` (dotted: inside embedded documents), if it is there.
+fn remove_path(document: &mut Document, path: &str) {
+    match path.split_once('.') {
+        None => {
+            document.remove(path);
+        }
+        Some((first, rest)) => match document.get_mut(first) {
+            Some(Bson::Document(inner)) => remove_path(inner, rest),
+            None => {}
+            Some(other) => panic!("removing {path} inside {other} is not modelled"),
+        },
+    }
 }
 
 /// Applies an update made of operators (only `$set` with constant values is modelled).
@@ -629,6 +656,23 @@ mod tests {
         assert!(!matches(&doc! { "m.id": { "$in": ["c"] } }, &stored, now));
         let empty = doc! { "_id": "s", "m": [] };
         assert!(!matches(&doc! { "m.id": "a" }, &empty, now));
+    }
+
+    #[test]
+    fn dotted_paths_set_and_unset_embedded_fields() {
+        let stored = doc! { "w": { "id": "a", "t": 3_i64 } };
+        let now = at(0);
+        let set = apply_pipeline(
+            &[doc! { "$set": { "w.e": "$$NOW", "x.y": 1_i64 } }],
+            &stored,
+            now,
+        );
+        assert_eq!(
+            set,
+            doc! { "w": { "id": "a", "t": 3_i64, "e": now }, "x": { "y": 1_i64 } }
+        );
+        let unset = apply_pipeline(&[doc! { "$unset": ["w.id", "w.e", "z.q"] }], &set, now);
+        assert_eq!(unset, doc! { "w": { "t": 3_i64 }, "x": { "y": 1_i64 } });
     }
 
     #[test]

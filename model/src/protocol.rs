@@ -175,6 +175,8 @@ pub struct Caller {
     /// long (by the server's clock), whatever it does. Callers of one lock may differ: each lock
     /// object has its own options, and a release hands the lock over with the waiter's.
     pub min_hold: Option<u8>,
+    /// In a reader-writer lock ([`Config::reader_writer`]), whether it reads (else it writes).
+    pub reads: bool,
 }
 
 /// What the checker explores.
@@ -220,6 +222,13 @@ pub struct Config {
     /// and every command is the semaphore's. Its callers store no details and have no
     /// `min_hold` (a semaphore refuses one); an operator's forced release ends one place.
     pub places: Option<u8>,
+    /// A reader-writer lock instead of an exclusive lock (`MongoDistributedReaderWriterLock`):
+    /// each caller reads or writes ([`Caller::reads`]); readers are members of the document's
+    /// `readers` array, the writer's lease is embedded under `writer`, and a waiting writer's
+    /// marker under `waitingWriter` holds new readers back. A writer's release hands the lock to
+    /// a local reader. Its callers store no details, have no `min_hold` (the lock refuses one),
+    /// wait for ever (a writer's marker is removed only by its win), and no operator acts on it.
+    pub reader_writer: bool,
 }
 
 /// The other documents of the lock's collection, which only a purge reads: a lock whose lease
@@ -255,6 +264,7 @@ impl Default for Config {
                     hold_ticks: LONG_HOLD_TICKS,
                     details: false,
                     min_hold: None,
+                    reads: false,
                 },
                 Caller {
                     process: 0,
@@ -262,6 +272,7 @@ impl Default for Config {
                     hold_ticks: 1,
                     details: false,
                     min_hold: None,
+                    reads: false,
                 },
                 Caller {
                     process: 1,
@@ -269,6 +280,7 @@ impl Default for Config {
                     hold_ticks: 1,
                     details: false,
                     min_hold: None,
+                    reads: false,
                 },
             ],
             faults: 1,
@@ -285,6 +297,7 @@ impl Default for Config {
             purge: false,
             delete_by_hand: false,
             places: None,
+            reader_writer: false,
         }
     }
 }
@@ -302,6 +315,7 @@ impl Config {
                     hold_ticks: LONG_HOLD_TICKS,
                     details: true,
                     min_hold: None,
+                    reads: false,
                 },
                 Caller {
                     process: 1,
@@ -309,6 +323,7 @@ impl Config {
                     hold_ticks: 1,
                     details: false,
                     min_hold: None,
+                    reads: false,
                 },
             ],
             slow_replies: true,
@@ -374,6 +389,7 @@ impl Config {
                     hold_ticks: LONG_HOLD_TICKS,
                     details: false,
                     min_hold: None,
+                    reads: false,
                 },
                 Caller {
                     process: 0,
@@ -381,6 +397,7 @@ impl Config {
                     hold_ticks: 1,
                     details: false,
                     min_hold: None,
+                    reads: false,
                 },
                 Caller {
                     process: 1,
@@ -388,6 +405,7 @@ impl Config {
                     hold_ticks: 1,
                     details: false,
                     min_hold: None,
+                    reads: false,
                 },
             ],
             faults: 0,
@@ -480,6 +498,7 @@ impl Config {
                     hold_ticks: 1,
                     details: false,
                     min_hold: Some(4),
+                    reads: false,
                 },
                 Caller {
                     process: 1,
@@ -487,6 +506,7 @@ impl Config {
                     hold_ticks: 1,
                     details: false,
                     min_hold: Some(4),
+                    reads: false,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -518,6 +538,22 @@ impl Config {
     pub fn a_semaphore_of_two_places() -> Config {
         Config {
             places: Some(2),
+            ..Config::default()
+        }
+    }
+
+    /// A reader-writer lock: a writer (the long holder) and a reader in process 0, so the
+    /// writer's release hands the lock to the reader, and a writer in process 1, whose marker
+    /// holds the reader back while it waits; routers whose clocks differ and one fault. No
+    /// writer holds beside anyone, in every interleaving.
+    pub fn a_reader_writer_lock() -> Config {
+        let mut callers = Config::default().callers;
+        callers[1].reads = true;
+        Config {
+            callers,
+            reader_writer: true,
+            write_max_delay: WRITE_MAX_DELAY,
+            horizon: 40,
             ..Config::default()
         }
     }
@@ -588,18 +624,14 @@ struct Command {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum CommandKey {
     /// An attempt of `client` with this lock id (its options, its details if any).
-    Attempt {
-        lock_id: u8,
-        client: u8,
-    },
+    Attempt { lock_id: u8, client: u8 },
     /// A renewal of `client`'s lease `lock_id`.
-    Renew {
-        lock_id: u8,
-        client: u8,
-    },
+    Renew { lock_id: u8, client: u8 },
+    /// A release (or cleanup) of `client`'s lease `lock_id`.
     Release {
         lock_id: u8,
         cleanup: bool,
+        client: u8,
     },
     /// A transfer from lease `releasing` to lease `waiter` of caller `client` (its options, its
     /// details if any).
@@ -624,6 +656,19 @@ impl LeaseProtocol {
         assert!(
             !(config.delete_by_hand && config.callers.iter().any(|c| c.min_hold.is_some())),
             "a deletion by hand of a lock with a min_hold"
+        );
+        assert!(
+            !config.reader_writer
+                || !(config.places.is_some()
+                    || config.force_release
+                    || config.delete_by_hand
+                    || config.purge
+                    || config.cancel
+                    || config
+                        .callers
+                        .iter()
+                        .any(|c| c.details || c.min_hold.is_some())),
+            "a reader-writer lock with details, a min_hold, a cancel or an operator"
         );
         // What the model keeps of a semaphore: no details, no window, no operator but a forced
         // release of one place.
@@ -665,10 +710,13 @@ impl LeaseProtocol {
 
     fn build(&self, key: CommandKey) -> Command {
         // (A fenced write and the purge are the same for every kind.)
-        if let Some(places) = self.config.places
-            && !matches!(key, CommandKey::Purge | CommandKey::Write(_))
-        {
-            return self.build_for_semaphore(key, u32::from(places));
+        if !matches!(key, CommandKey::Purge | CommandKey::Write(_)) {
+            if let Some(places) = self.config.places {
+                return self.build_for_semaphore(key, u32::from(places));
+            }
+            if self.config.reader_writer {
+                return self.build_for_reader_writer(key);
+            }
         }
         match key {
             CommandKey::Attempt { lock_id, client } => Command {
@@ -683,7 +731,9 @@ impl LeaseProtocol {
                 filter: code::renew_filter(NAME, &lock_id_name(lock_id)),
                 update: code::renew_update(self.options_of(client)),
             },
-            CommandKey::Release { lock_id, cleanup } => Command {
+            CommandKey::Release {
+                lock_id, cleanup, ..
+            } => Command {
                 filter: if self.mistake(Mistake::CleanupByName) {
                     code::attempt_filter(NAME)
                 } else {
@@ -775,15 +825,73 @@ impl LeaseProtocol {
         }
     }
 
-    /// What an attempt or a transfer of `lock_id` reads from the document it returned: the
-    /// token it won, if it won.
-    fn won(&self, document: &Document, lock_id: u8) -> Option<i64> {
+    /// The command `key` names for a reader-writer lock, as `rw_lock/attempt.rs` and the engine
+    /// build it.
+    fn build_for_reader_writer(&self, key: CommandKey) -> Command {
+        use code::reader_writer as rw;
+        let reads = |client: u8| self.config.callers[usize::from(client)].reads;
+        let command = |filter, update| Command { filter, update };
+        match key {
+            CommandKey::Attempt { lock_id, client } => command(
+                code::attempt_filter(NAME),
+                rw::attempt_update(
+                    &lock_id_name(lock_id),
+                    reads(client),
+                    self.options_of(client),
+                    &marker_of(client),
+                ),
+            ),
+            CommandKey::Renew { lock_id, client } => command(
+                rw::renew_filter(NAME, &lock_id_name(lock_id), reads(client)),
+                rw::renew_update(
+                    self.options_of(client),
+                    &lock_id_name(lock_id),
+                    reads(client),
+                ),
+            ),
+            // A cleanup is a release: a reader-writer lock keeps no window.
+            CommandKey::Release {
+                lock_id, client, ..
+            } => command(
+                rw::release_filter(NAME, &lock_id_name(lock_id), reads(client)),
+                rw::release_update(&lock_id_name(lock_id), reads(client)),
+            ),
+            // Only a writer's release hands over, and only to readers.
+            CommandKey::Transfer {
+                releasing,
+                waiter,
+                client,
+            } => {
+                let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
+                command(
+                    rw::transfer_filter(NAME, &releasing, &waiter),
+                    rw::transfer_update(&waiter, self.options_of(client), &releasing),
+                )
+            }
+            CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
+        }
+    }
+
+    /// What an attempt or a transfer of `client`'s `lock_id` reads from the document it
+    /// returned: the token it won, if it won (a reader's: 0, it has none).
+    fn won(&self, document: &Document, client: u8, lock_id: u8) -> Option<i64> {
+        let lock_id = &lock_id_name(lock_id);
         let won = match self.config.places {
-            None => code::attempt_won(document, &lock_id_name(lock_id)),
-            Some(places) => code::semaphore::won(document, &lock_id_name(lock_id), places.into())
+            _ if self.config.reader_writer => {
+                let reads = self.config.callers[usize::from(client)].reads;
+                code::reader_writer::won(document, reads, lock_id)
+                    .map(|token| if reads { Some(0) } else { token })
+            }
+            None => code::attempt_won(document, lock_id),
+            Some(places) => code::semaphore::won(document, lock_id, places.into())
                 .expect("the model's callers agree on the count"),
         };
         won.map(|token| token.expect("a numeric token"))
+    }
+
+    /// Whether `client` reads a reader-writer lock: it has no fencing token.
+    fn reads(&self, client: usize) -> bool {
+        self.config.reader_writer && self.config.callers[client].reads
     }
 
     fn mistake(&self, mistake: Mistake) -> bool {
@@ -958,6 +1066,27 @@ pub struct LockDocument {
     /// retention and its last token).
     pub max_count: Option<i64>,
     pub holders: Vec<Member>,
+    /// A reader-writer lock's leases (`expiresAt` is then the document's retention).
+    pub reader_writer: Option<ReaderWriter>,
+}
+
+/// A reader-writer lock's leases, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ReaderWriter {
+    /// The readers: each one's lock id and expiry.
+    pub readers: Vec<(u8, i64)>,
+    /// The `writer` field: a lease, or only the last token once its lease ended.
+    pub writer: Option<WriterField>,
+    /// The waiting writer's marker: its caller and expiry.
+    pub waiting: Option<(u8, i64)>,
+}
+
+/// A reader-writer lock's `writer` field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WriterField {
+    pub lock_id: Option<u8>,
+    pub expires_at_ms: Option<i64>,
+    pub token: Option<i64>,
 }
 
 /// A lease among a semaphore's `holders`, as stored.
@@ -971,12 +1100,21 @@ pub struct Member {
 impl LockDocument {
     /// Whether it stores the lease `lock_id`, live or not.
     fn stores(&self, lock_id: u8) -> bool {
-        self.lock_id == Some(lock_id) || self.holders.iter().any(|m| m.lock_id == lock_id)
+        self.lock_id == Some(lock_id)
+            || self.holders.iter().any(|m| m.lock_id == lock_id)
+            || self.reader_writer.as_ref().is_some_and(|rw| {
+                rw.readers.iter().any(|&(id, _)| id == lock_id)
+                    || rw.writer.is_some_and(|w| w.lock_id == Some(lock_id))
+            })
     }
 
     /// Whether it stores a lease, live or not.
     fn stores_any(&self) -> bool {
-        self.lock_id.is_some() || !self.holders.is_empty()
+        self.lock_id.is_some()
+            || !self.holders.is_empty()
+            || self.reader_writer.as_ref().is_some_and(|rw| {
+                !rw.readers.is_empty() || rw.writer.is_some_and(|w| w.lock_id.is_some())
+            })
     }
 }
 
@@ -1008,6 +1146,11 @@ fn token_of(value: Option<&Bson>) -> Option<i64> {
         Bson::Int32(token) => i64::from(*token),
         other => panic!("token {other}"),
     })
+}
+
+/// The waiting-writer marker of caller `client`'s wait (each caller waits once).
+fn marker_of(client: u8) -> String {
+    format!("M{client}")
 }
 
 /// The model's number of a lock id (`L<n>`).
@@ -1314,6 +1457,38 @@ impl LeaseProtocol {
                     .collect();
                 document.insert("holders", holders);
             }
+            if let Some(rw) = &lock.reader_writer {
+                let readers: Vec<Document> = rw
+                    .readers
+                    .iter()
+                    .map(|&(lock_id, expires_at)| {
+                        doc! {
+                            "id": lock_id_name(lock_id),
+                            "expiresAt": DateTime::from_millis(expires_at),
+                        }
+                    })
+                    .collect();
+                document.insert("readers", readers);
+                if let Some(writer) = rw.writer {
+                    let mut field = Document::new();
+                    if let Some(lock_id) = writer.lock_id {
+                        field.insert("id", lock_id_name(lock_id));
+                    }
+                    if let Some(expires_at) = writer.expires_at_ms {
+                        field.insert("expiresAt", DateTime::from_millis(expires_at));
+                    }
+                    if let Some(token) = writer.token {
+                        field.insert("fencingToken", token);
+                    }
+                    document.insert("writer", field);
+                }
+                if let Some((client, expires_at)) = rw.waiting {
+                    document.insert(
+                        "waitingWriter",
+                        doc! { "id": marker_of(client), "expiresAt": DateTime::from_millis(expires_at) },
+                    );
+                }
+            }
         }
         document
     }
@@ -1339,6 +1514,39 @@ impl LeaseProtocol {
                 other => panic!("maxCount {other}"),
             }),
             holders: members(document),
+            reader_writer: document
+                .get_array("readers")
+                .ok()
+                .map(|readers| ReaderWriter {
+                    readers: readers
+                        .iter()
+                        .map(|reader| {
+                            let reader = reader.as_document().expect("a reader is a document");
+                            let expires_at = reader.get_datetime("expiresAt").expect("an expiry");
+                            let id = reader.get_str("id").expect("a reader's id");
+                            (model_lock_id(id), expires_at.timestamp_millis())
+                        })
+                        .collect(),
+                    writer: document
+                        .get_document("writer")
+                        .ok()
+                        .map(|writer| WriterField {
+                            lock_id: writer.get_str("id").ok().map(model_lock_id),
+                            expires_at_ms: writer
+                                .get_datetime("expiresAt")
+                                .ok()
+                                .map(|at| at.timestamp_millis()),
+                            token: token_of(writer.get("fencingToken")),
+                        }),
+                    waiting: document.get_document("waitingWriter").ok().map(|marker| {
+                        let id = marker.get_str("id").expect("a marker's id");
+                        let expires_at = marker.get_datetime("expiresAt").expect("an expiry");
+                        (
+                            id[1..].parse().expect("a model client"),
+                            expires_at.timestamp_millis(),
+                        )
+                    }),
+                }),
         });
     }
 
@@ -1464,7 +1672,7 @@ impl LeaseProtocol {
                 let document = self
                     .update(state, router, &attempt.filter, &attempt.update, true)
                     .expect("an upsert always returns the document");
-                let won = self.won(&document, lock_id);
+                let won = self.won(&document, client, lock_id);
                 state.window_kept_an_attempt_out |= window_alone && won.is_none();
                 if won.is_some() {
                     self.check_details(state, details, replaced_details);
@@ -1544,7 +1752,11 @@ impl LeaseProtocol {
                 lock_id,
                 cleanup,
             } => {
-                let release = self.command(CommandKey::Release { lock_id, cleanup });
+                let release = self.command(CommandKey::Release {
+                    lock_id,
+                    cleanup,
+                    client,
+                });
                 let router = Self::router_of(state, client);
                 let server_now = self.server_now(state, router).timestamp_millis();
                 let in_window = state.lock.as_ref().is_some_and(|lock| {
@@ -1588,7 +1800,7 @@ impl LeaseProtocol {
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
                 let token = self
                     .update(state, router, &transfer.filter, &transfer.update, false)
-                    .and_then(|document| self.won(&document, lock_id));
+                    .and_then(|document| self.won(&document, waiter, lock_id));
                 if token.is_some() {
                     self.check_details(state, details, replaced_details);
                     state.transfer_wrote_a_window |= state
@@ -1759,7 +1971,8 @@ impl LeaseProtocol {
         // A lease an operator ended before its winner heard of the win is exempt: by design its
         // holder believes it holds it until its first renewal's reply (fencing covers that).
         let ended_early = state.forced.is_some_and(|(forced, _)| forced == lock_id);
-        let exclusive = self.config.places.is_none(); // (a semaphore's: at admission)
+        // (A semaphore's are checked at admission; a reader has none.)
+        let exclusive = self.config.places.is_none() && !self.reads(client);
         if exclusive && state.max_token_held.is_some_and(|max| token <= max) && !ended_early {
             state.tokens_increase = false;
         }
@@ -1818,11 +2031,14 @@ impl LeaseProtocol {
             renewing: None,
             since: now,
         });
-        // The holder writes to the protected resource at once, with its token.
-        state.send(Message::Write {
-            client: u8::try_from(client).expect("small"),
-            token,
-        });
+        // The holder writes to the protected resource at once, with its token (a reader has none
+        // and does not write).
+        if !self.reads(client) {
+            state.send(Message::Write {
+                client: u8::try_from(client).expect("small"),
+                token,
+            });
+        }
     }
 
     /// The holder presumes its lease lost: it stops, and its release goes out anyway.
@@ -2015,10 +2231,15 @@ impl LeaseProtocol {
     }
 
     /// The local waiter of `client`'s process a release would hand the lock to.
-    fn local_waiter(state: &State, client: usize) -> Option<usize> {
+    /// The first waiter of `client`'s process that its release may hand the lock to (of a
+    /// reader-writer lock: a reader, from a writer).
+    fn local_waiter(&self, state: &State, client: usize) -> Option<usize> {
         let process = state.clients[client].process;
+        let takes_over =
+            |other: usize| !self.config.reader_writer || (!self.reads(client) && self.reads(other));
         (0..state.clients.len()).find(|&other| {
             other != client
+                && takes_over(other)
                 && state.clients[other].process == process
                 && state.clients[other].queued
                 && state.clients[other].offer.is_none()
@@ -2035,7 +2256,8 @@ impl LeaseProtocol {
         };
         // Called only before the holder's deadline (`run_due` presumes a lease lost first): the
         // holder believes its lease live; whether it still is, the server's filter decides.
-        let waiter = Self::local_waiter(state, client)
+        let waiter = self
+            .local_waiter(state, client)
             .filter(|_| code::hands_over(&self.options[client], false, true));
         match waiter {
             Some(waiter) => {
@@ -2492,12 +2714,23 @@ type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 pub const SAFETY: [Condition; 10] = [
     // Except the holder of a lease an operator ended, until its next renewal's reply (the
     // property below): by design, a forced release does not ask the holder.
-    // A semaphore's: at most `max_count` holders at once.
+    // A semaphore's: at most `max_count` holders at once; a reader-writer lock's: readers, or
+    // one writer.
     ("mutual exclusion", |model, state| {
-        (0..state.clients.len())
-            .filter(|&client| state.believes_it_holds(client) && !state.ended_by_operator(client))
-            .count()
-            <= model.config.places.map_or(1, usize::from)
+        let holders = (0..state.clients.len())
+            .filter(|&client| state.believes_it_holds(client) && !state.ended_by_operator(client));
+        let (readers, writers) = holders.fold((0, 0), |(readers, writers), client| {
+            if model.reads(client) {
+                (readers + 1, writers)
+            } else {
+                (readers, writers + 1)
+            }
+        });
+        match model.config.places {
+            _ if model.config.reader_writer => writers == 0 || (writers == 1 && readers == 0),
+            Some(places) => writers <= usize::from(places),
+            None => writers <= 1,
+        }
     }),
     (
         "a holder whose lease an operator ended hears of it at its next renewal",
@@ -2730,6 +2963,35 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
             None => String::new(),
         };
         let stored = match &after.lock {
+            Some(LockDocument {
+                reader_writer: Some(rw),
+                ..
+            }) => {
+                let readers: Vec<String> = rw
+                    .readers
+                    .iter()
+                    .map(|(lock_id, until)| format!("L{lock_id} until {} ms", until - EPOCH_MS))
+                    .collect();
+                let writer = match rw.writer {
+                    Some(WriterField {
+                        lock_id: Some(lock_id),
+                        expires_at_ms: Some(until),
+                        token,
+                    }) => format!("L{lock_id} until {} ms, token {token:?}", until - EPOCH_MS),
+                    Some(WriterField { token, .. }) => format!("none, last token {token:?}"),
+                    None => "none".to_owned(),
+                };
+                let waiting = match rw.waiting {
+                    Some((client, until)) => {
+                        format!(", client {client} waits until {} ms", until - EPOCH_MS)
+                    }
+                    None => String::new(),
+                };
+                format!(
+                    "stored: readers [{}], writer {writer}{waiting}",
+                    readers.join("; ")
+                )
+            }
             Some(LockDocument {
                 max_count: Some(_),
                 holders,

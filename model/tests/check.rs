@@ -194,6 +194,19 @@ fn a_semaphore_of_two_places_among_three_callers() {
 }
 
 #[test]
+fn a_reader_writer_lock_with_a_writer_and_a_reader_in_one_process_and_a_writer_in_another() {
+    verify(
+        "a reader-writer lock",
+        Config::a_reader_writer_lock(),
+        &[
+            "a release hands the lock to a local waiter",
+            "a renewal reaches the server after another took the lock",
+            "a stale fenced write is refused",
+        ],
+    );
+}
+
+#[test]
 fn an_operator_that_ends_a_semaphore_place() {
     verify(
         "an operator ends a semaphore place",

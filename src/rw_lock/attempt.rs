@@ -59,13 +59,12 @@ pub(super) fn read_takeover(
     runtime: Handle,
     lock_id: String,
 ) -> Takeover<ReadGuard> {
-    let join = read_update(&target, &lock_id);
+    let (options, details) = (target.options.clone(), target.details.clone());
+    let reader = lock_id.clone();
     Takeover {
         layout: layout(Mode::Read),
         update: Box::new(move |releasing| {
-            let mut update = vec![end_writer(releasing)];
-            update.extend(join.iter().cloned());
-            update
+            read_takeover_update(&reader, &options, details.as_ref(), releasing)
         }),
         cleanup: target.cleanup(&layout(Mode::Read), &lock_id),
         finish: Box::new(move |document, request| {
@@ -84,6 +83,19 @@ pub(super) fn read_takeover(
     }
 }
 
+/// The pipeline of a writer's release `releasing` that hands the lock to the local reader
+/// `lock_id`: the writer's lease ends, and a read attempt's pipeline admits the reader.
+pub(crate) fn read_takeover_update(
+    lock_id: &str,
+    options: &LockOptions,
+    details: Option<&Document>,
+    releasing: &str,
+) -> Vec<Document> {
+    let mut update = vec![end_writer(releasing)];
+    update.extend(read_update(options, details, lock_id));
+    update
+}
+
 /// Ends the writer's lease `releasing`, if it is still the writer's, keeping only its fencing
 /// token (as [`drop_expired`] does with a writer whose lease ended).
 pub(super) fn end_writer(releasing: &str) -> Document {
@@ -96,7 +108,7 @@ pub(super) fn end_writer(releasing: &str) -> Document {
 }
 
 /// Where a reader's or the writer's lease lives in the document.
-pub(super) fn layout(mode: Mode) -> Layout {
+pub(crate) fn layout(mode: Mode) -> Layout {
     match mode {
         Mode::Read => Layout::Members(READERS.to_owned()),
         Mode::Write => Layout::Writer,
@@ -105,7 +117,7 @@ pub(super) fn layout(mode: Mode) -> Layout {
 
 /// Whether the document returned by an attempt holds our lease `lock_id`, and if so with which
 /// fencing token (readers have none).
-pub(super) fn won(document: &Document, mode: Mode, lock_id: &str) -> Option<Option<i64>> {
+pub(crate) fn won(document: &Document, mode: Mode, lock_id: &str) -> Option<Option<i64>> {
     match mode {
         Mode::Read => holds_read(document, lock_id).then_some(None),
         Mode::Write => {
@@ -128,14 +140,14 @@ pub(super) fn holds_read(document: &Document, lock_id: &str) -> bool {
 
 /// The lease of a new holder: `{id, expiresAt, acquiredAt, renewedAt, details}` (an
 /// expression).
-pub(super) fn new_lease(lock: &Target, lock_id: &str) -> Document {
+fn new_lease(options: &LockOptions, details: Option<&Document>, lock_id: &str) -> Document {
     let mut lease = doc! {
         EMBEDDED_ID: lock_id,
-        EXPIRES_AT: lease_end(lock.options.expiry_millis()),
+        EXPIRES_AT: lease_end(options.expiry_millis()),
         ACQUIRED_AT: "$$NOW",
         RENEWED_AT: "$$NOW",
     };
-    if let Some(details) = &lock.details {
+    if let Some(details) = details {
         lease.insert(DETAILS, literal(details));
     }
     lease
@@ -165,17 +177,22 @@ pub(super) fn drop_expired() -> Document {
 /// A read attempt: join the readers unless a writer holds the lock or waits for it (a missing or
 /// ended lease compares below `$$NOW`), or this reader is among them already (a transfer sent
 /// again after it applied).
-pub(super) fn read_update(lock: &Target, lock_id: &str) -> Vec<Document> {
+pub(crate) fn read_update(
+    options: &LockOptions,
+    details: Option<&Document>,
+    lock_id: &str,
+) -> Vec<Document> {
     let may_read = doc! { "$and": [
         { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
         { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
         { "$eq": [{ "$in": [lock_id, member_ids(READERS)] }, false] },
     ] };
-    let join = doc! { "$concatArrays": [format!("${READERS}"), [new_lease(lock, lock_id)]] };
+    let lease = new_lease(options, details, lock_id);
+    let join = doc! { "$concatArrays": [format!("${READERS}"), [lease]] };
     vec![
         drop_expired(),
         doc! { "$set": { READERS: { "$cond": [may_read, join, format!("${READERS}")] } } },
-        retain(lock.options.expiry_millis()),
+        retain(options.expiry_millis()),
     ]
 }
 
@@ -183,8 +200,9 @@ pub(super) fn read_update(lock: &Target, lock_id: &str) -> Vec<Document> {
 /// no live writer and no other writer's live marker is there, with the next fencing token,
 /// removing the marker; otherwise, if `waits`, place or renew our marker (unless another
 /// writer's is live).
-pub(super) fn write_update(
-    lock: &Target,
+pub(crate) fn write_update(
+    options: &LockOptions,
+    details: Option<&Document>,
     lock_id: &str,
     marker_id: &str,
     waits: bool,
@@ -197,7 +215,7 @@ pub(super) fn write_update(
         { "$eq": [{ "$size": format!("${READERS}") }, 0] },
         marker_is_ours_or_absent.clone(),
     ] };
-    let mut writer = new_lease(lock, lock_id);
+    let mut writer = new_lease(options, details, lock_id);
     writer.insert(
         FENCING_TOKEN,
         next_fencing_token(&format!("{WRITER}.{FENCING_TOKEN}")),
@@ -206,9 +224,16 @@ pub(super) fn write_update(
     let marker_when_busy: Bson = if waits {
         let ours = doc! {
             EMBEDDED_ID: marker_id,
-            EXPIRES_AT: lease_end(marker_lease_millis(&lock.options)),
+            EXPIRES_AT: lease_end(marker_lease_millis(options)),
         };
-        doc! { "$cond": [marker_is_ours_or_absent, ours, keep_marker] }.into()
+        // Not when the writer is this very attempt's lease (the attempt applied again): its
+        // wait is over, and a marker left now would hold every reader and writer back until it
+        // expired.
+        let placed = doc! { "$and": [
+            marker_is_ours_or_absent,
+            { "$ne": [format!("${WRITER}.{EMBEDDED_ID}"), lock_id] },
+        ] };
+        doc! { "$cond": [placed, ours, keep_marker] }.into()
     } else {
         keep_marker
     };
@@ -221,11 +246,7 @@ pub(super) fn write_update(
             WAITING_WRITER: { "$cond": [&is_free, "$$REMOVE", marker_when_busy] },
         } },
         doc! { "$unset": WRITE_IS_FREE },
-        retain(
-            lock.options
-                .expiry_millis()
-                .max(marker_lease_millis(&lock.options)),
-        ),
+        retain(options.expiry_millis().max(marker_lease_millis(options))),
     ]
 }
 

@@ -18,7 +18,7 @@ use crate::lease::{Problem, Target, admin};
 use crate::{Error, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result};
 use futures::future::BoxFuture;
 
-mod attempt;
+pub(crate) mod attempt;
 mod read_guard;
 mod waiting_writer;
 
@@ -93,7 +93,7 @@ pub struct MongoDistributedReaderWriterLock {
 
 /// Read or write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Read,
     Write,
 }
@@ -360,7 +360,7 @@ impl MongoDistributedReaderWriterLock {
     async fn read_within(&self, wait: Wait) -> Result<Option<ReadGuard>> {
         let target = &self.target;
         let read = |runtime: &Handle, lock_id: String| {
-            let update = read_update(target, &lock_id);
+            let update = read_update(&target.options, target.details.as_ref(), &lock_id);
             let attempt = attempt(
                 Arc::clone(target),
                 runtime.clone(),
@@ -402,7 +402,8 @@ impl MongoDistributedReaderWriterLock {
             if waits {
                 marker.placed.store(true, Ordering::Relaxed);
             }
-            let update = write_update(target, &lock_id, &marker.id, waits);
+            let (options, details) = (&target.options, target.details.as_ref());
+            let update = write_update(options, details, &lock_id, &marker.id, waits);
             let attempt = attempt(
                 Arc::clone(target),
                 runtime.clone(),

@@ -714,3 +714,44 @@ async fn a_writer_queued_behind_a_local_reader_keeps_its_marker_and_goes_first()
         .unwrap();
     read.release().await.unwrap();
 }
+
+/// A write attempt applied a second time after it won (a request the network or a retry
+/// delivered twice) leaves no waiting-writer marker: its wait is over, and a marker left now
+/// would hold every reader and writer back until it expired. Found by the model checker
+/// (`model/`, a reader-writer lock with one fault): before, the second application placed the
+/// marker and everyone waited out its 2.6 s lease.
+#[tokio::test]
+async fn a_write_attempt_applied_twice_leaves_no_waiting_marker() {
+    use distributed_lock_mongodb::__model::{attempt_filter, reader_writer};
+    use mongodb::options::ReturnDocument;
+
+    let (lock, collection) = rw_lock(common::options(5_000, 1_000)).await;
+    let update = reader_writer::attempt_update("w-1", false, lock.options(), "marker-1");
+    for application in ["first", "second"] {
+        let document = collection
+            .find_one_and_update(attempt_filter(lock.name()), update.clone())
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await
+            .unwrap()
+            .expect("an upsert returns the document");
+        assert_eq!(
+            document.get_document("writer").unwrap().get_str("id"),
+            Ok("w-1"),
+            "{application}: {document}"
+        );
+        assert!(
+            !document.contains_key("waitingWriter"),
+            "{application}: {document}"
+        );
+    }
+    // A reader gets in as soon as the writer is gone.
+    collection
+        .update_one(
+            doc! { "_id": lock.name() },
+            reader_writer::release_update("w-1", false),
+        )
+        .await
+        .unwrap();
+    assert!(lock.try_acquire_read().await.unwrap().is_some());
+}
