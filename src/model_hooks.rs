@@ -280,3 +280,79 @@ pub mod reader_writer {
         code::read_takeover_update(waiter, options, None, releasing)
     }
 }
+
+/// A document lock's commands (`document_lock/`): its lease is embedded in an application
+/// document, under the lock field `field`.
+pub mod document_lock {
+    use mongodb::bson::{Bson, Document, doc};
+
+    use crate::LockOptions;
+    use crate::document_lock::{attempt, guard};
+    use crate::lease::schema::{self, EMBEDDED_ID, FENCING_TOKEN, Layout};
+    use crate::token::read_i64;
+
+    fn layout(field: &str) -> Layout {
+        Layout::Embedded(field.to_owned())
+    }
+
+    /// The filter of an attempt on the document `name` (the caller's filter `{_id: name}`):
+    /// matched only while it is unlocked.
+    pub fn attempt_filter(name: &str, field: &str) -> Document {
+        attempt::unlocked_filter(&doc! { "_id": name }, field)
+    }
+
+    /// The update of an attempt of `lock_id` (a `findAndModify` without upsert, returning the
+    /// document after the update).
+    pub fn attempt_update(lock_id: &str, options: &LockOptions, field: &str) -> Vec<Document> {
+        attempt::lock_update(field, lock_id, options)
+    }
+
+    /// The token an attempt of `lock_id` won, read from the document it returned (`None` if
+    /// its lease is not there, or has no numeric token).
+    pub fn won(document: &Document, lock_id: &str, field: &str) -> Option<i64> {
+        let lease = document.get_document(field).ok()?;
+        (lease.get_str(EMBEDDED_ID) == Ok(lock_id))
+            .then(|| lease.get(FENCING_TOKEN).and_then(read_i64))
+            .flatten()
+    }
+
+    /// The filter of a renewal of the lease `lock_id` on the document `name`.
+    pub fn renew_filter(name: &str, lock_id: &str, field: &str) -> Document {
+        layout(field).renew_many_filter(&[Bson::from(name)], &[lock_id.to_owned()])
+    }
+
+    /// The update pipeline of a renewal.
+    pub fn renew_update(options: &LockOptions, lock_id: &str, field: &str) -> Vec<Document> {
+        layout(field).renew_update(options, &[lock_id.to_owned()])
+    }
+
+    /// The filter of a release of the lease `lock_id` on the document `name` (a guard dropped
+    /// or a lost lease: the document is unlocked as it is).
+    pub fn release_filter(name: &str, lock_id: &str, field: &str) -> Document {
+        layout(field).release_filter(&Bson::from(name), lock_id)
+    }
+
+    /// The update pipeline of a release (and of a cleanup).
+    pub fn release_update(lock_id: &str, field: &str) -> Vec<Document> {
+        layout(field).release_update(lock_id, schema::Ending::Release)
+    }
+
+    /// The filter of the cleanup after an attempt of `lock_id` whose outcome is unknown: every
+    /// document carrying the lock id (sent as a multi-document update, `Target::embedded_cleanup`).
+    pub fn cleanup_filter(lock_id: &str, field: &str) -> Document {
+        layout(field).anywhere_filter(lock_id)
+    }
+
+    /// The filter of a holder's `commit` (and `checkpoint`, `replace`) of the document `name`:
+    /// its lease `lock_id` still live.
+    pub fn commit_filter(name: &str, lock_id: &str, field: &str) -> Document {
+        guard::live_filter(&layout(field), &Bson::from(name), lock_id)
+    }
+
+    /// The update of a `commit` of the caller's `update`: applied and unlocked in one write.
+    pub fn commit_update(update: Document, field: &str) -> Document {
+        let mut update = update;
+        guard::unlock_with(&mut update, field);
+        update
+    }
+}

@@ -185,13 +185,17 @@ fn remove_path(document: &mut Document, path: &str) {
     }
 }
 
-/// Applies an update made of operators (only `$set` with constant values is modelled).
+/// Applies an update made of operators (`$set` with constant values and `$unset`, dotted paths
+/// included).
 pub fn apply_operators(update: &Document, document: &Document) -> Document {
     let mut next = document.clone();
     for (operator, fields) in update {
-        assert_eq!(operator, "$set", "update operator {operator} not modelled");
         for (field, value) in sub_document(fields) {
-            next.insert(field, value.clone());
+            match operator.as_str() {
+                "$set" => set_path(&mut next, field, value.clone()),
+                "$unset" => remove_path(&mut next, field),
+                other => panic!("update operator {other} not modelled"),
+            }
         }
     }
     next

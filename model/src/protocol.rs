@@ -188,7 +188,7 @@ pub struct Config {
     pub faults: u8,
     /// How many ticks a request may stay in flight.
     pub max_delay: u8,
-    /// How many ticks a fenced write may stay in flight.
+    /// How many ticks a fenced write (or a document lock's commit) may stay in flight.
     pub write_max_delay: u8,
     /// Whether a reply may take a tick longer than the others.
     pub slow_replies: bool,
@@ -229,7 +229,16 @@ pub struct Config {
     /// a local reader. Its callers store no details, have no `min_hold` (the lock refuses one),
     /// wait for ever (a writer's marker is removed only by its win), and no operator acts on it.
     pub reader_writer: bool,
+    /// A document lock instead of an exclusive lock (`DocumentLock`): the lease is embedded in
+    /// the application's document under [`DOCUMENT_LOCK_FIELD`], and a holder ends it with a
+    /// `commit` of its work (`committedBy`: its token), in one update filtered on its live
+    /// lease. No transfers (a document lock hands nothing over); its callers store no details
+    /// and have no `min_hold`; no operator acts on it.
+    pub document_lock: bool,
 }
+
+/// The lock field of the model's document lock (the crate's default).
+pub const DOCUMENT_LOCK_FIELD: &str = "lock";
 
 /// The other documents of the lock's collection, which only a purge reads: a lock whose lease
 /// ended two days ago (`old`, which the purge deletes), and application documents whose
@@ -298,6 +307,7 @@ impl Default for Config {
             delete_by_hand: false,
             places: None,
             reader_writer: false,
+            document_lock: false,
         }
     }
 }
@@ -558,6 +568,29 @@ impl Config {
         }
     }
 
+    /// A document lock, the three default callers and one fault (a lost reply to an attempt
+    /// brings the cleanup by lock id): each holder commits its work into the document as it ends
+    /// its lease (its only write), and a commit applies only under its sender's live lease.
+    pub fn a_document_lock() -> Config {
+        Config {
+            document_lock: true,
+            ..Config::default()
+        }
+    }
+
+    /// The document lock of [`Self::a_document_lock`], whose commits may stay in flight four
+    /// ticks, long enough to arrive after their lease ended, without network faults (with one,
+    /// it has 2.6 million states, and the slow commits of three holders in a row outlast the
+    /// horizon).
+    pub fn a_document_lock_with_slow_commits() -> Config {
+        Config {
+            document_lock: true,
+            faults: 0,
+            write_max_delay: WRITE_MAX_DELAY,
+            ..Config::default()
+        }
+    }
+
     /// The semaphore of [`Self::a_semaphore_of_two_places`], and at any moment an operator ends
     /// the first live place `holders()` shows (`Provider::force_release_holder`), without
     /// network faults (with one, it has over five million states: `examples/long_runs.rs`): its
@@ -640,6 +673,8 @@ enum CommandKey {
         waiter: u8,
         client: u8,
     },
+    /// A document lock's `commit` of lease `lock_id`, writing its `token` as `committedBy`.
+    Commit { lock_id: u8, token: i64 },
     /// A fenced write of the protected resource with this token.
     Write(i64),
     /// The purge's delete.
@@ -669,6 +704,19 @@ impl LeaseProtocol {
                         .iter()
                         .any(|c| c.details || c.min_hold.is_some())),
             "a reader-writer lock with details, a min_hold, a cancel or an operator"
+        );
+        assert!(
+            !config.document_lock
+                || !(config.places.is_some()
+                    || config.reader_writer
+                    || config.force_release
+                    || config.delete_by_hand
+                    || config.purge
+                    || config
+                        .callers
+                        .iter()
+                        .any(|c| c.details || c.min_hold.is_some())),
+            "a document lock with details, a min_hold or an operator"
         );
         // What the model keeps of a semaphore: no details, no window, no operator but a forced
         // release of one place.
@@ -716,6 +764,9 @@ impl LeaseProtocol {
             }
             if self.config.reader_writer {
                 return self.build_for_reader_writer(key);
+            }
+            if self.config.document_lock {
+                return self.build_for_document_lock(key);
             }
         }
         match key {
@@ -778,6 +829,7 @@ impl LeaseProtocol {
                 filter: code::fenced_filter(doc! { "_id": "resource" }, token),
                 update: vec![doc! { "$set": { DEFAULT_FENCE_FIELD: token } }],
             },
+            CommandKey::Commit { .. } => unreachable!("a document lock's only"),
         }
     }
 
@@ -822,6 +874,7 @@ impl LeaseProtocol {
                 )
             }
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
+            CommandKey::Commit { .. } => unreachable!("a document lock's only"),
         }
     }
 
@@ -869,6 +922,46 @@ impl LeaseProtocol {
                 )
             }
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
+            CommandKey::Commit { .. } => unreachable!("a document lock's only"),
+        }
+    }
+
+    /// The command `key` names for a document lock, as `document_lock/` and the engine build it.
+    fn build_for_document_lock(&self, key: CommandKey) -> Command {
+        use code::document_lock as document;
+        let field = DOCUMENT_LOCK_FIELD;
+        let command = |filter, update| Command { filter, update };
+        match key {
+            CommandKey::Attempt { lock_id, client } => command(
+                document::attempt_filter(NAME, field),
+                document::attempt_update(&lock_id_name(lock_id), self.options_of(client), field),
+            ),
+            CommandKey::Renew { lock_id, client } => command(
+                document::renew_filter(NAME, &lock_id_name(lock_id), field),
+                document::renew_update(self.options_of(client), &lock_id_name(lock_id), field),
+            ),
+            // A holder's end without a commit (a lost lease, a guard dropped), or the cleanup
+            // after an attempt whose outcome is unknown (any document with the lock id).
+            CommandKey::Release {
+                lock_id, cleanup, ..
+            } => command(
+                if cleanup {
+                    document::cleanup_filter(&lock_id_name(lock_id), field)
+                } else {
+                    document::release_filter(NAME, &lock_id_name(lock_id), field)
+                },
+                document::release_update(&lock_id_name(lock_id), field),
+            ),
+            // An update of operators, not a pipeline: one element.
+            CommandKey::Commit { lock_id, token } => command(
+                document::commit_filter(NAME, &lock_id_name(lock_id), field),
+                vec![document::commit_update(
+                    doc! { "$set": { "committedBy": token } },
+                    field,
+                )],
+            ),
+            CommandKey::Transfer { .. } => unreachable!("a document lock hands nothing over"),
+            CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
         }
     }
 
@@ -877,6 +970,9 @@ impl LeaseProtocol {
     fn won(&self, document: &Document, client: u8, lock_id: u8) -> Option<i64> {
         let lock_id = &lock_id_name(lock_id);
         let won = match self.config.places {
+            _ if self.config.document_lock => {
+                code::document_lock::won(document, lock_id, DOCUMENT_LOCK_FIELD).map(Some)
+            }
             _ if self.config.reader_writer => {
                 let reads = self.config.callers[usize::from(client)].reads;
                 code::reader_writer::won(document, reads, lock_id)
@@ -1024,6 +1120,12 @@ pub enum Message {
         client: u8,
         token: i64,
     },
+    /// A document lock's holder commits its work, ending its lease `lock_id` in the same write.
+    Commit {
+        client: u8,
+        lock_id: u8,
+        token: i64,
+    },
 }
 
 impl Message {
@@ -1068,6 +1170,10 @@ pub struct LockDocument {
     pub holders: Vec<Member>,
     /// A reader-writer lock's leases (`expiresAt` is then the document's retention).
     pub reader_writer: Option<ReaderWriter>,
+    /// A document lock's lease (the `lock` field) and the token of the last commit
+    /// (`committedBy`).
+    pub embedded: Option<EmbeddedLease>,
+    pub committed_by: Option<i64>,
 }
 
 /// A reader-writer lock's leases, as stored.
@@ -1076,14 +1182,14 @@ pub struct ReaderWriter {
     /// The readers: each one's lock id and expiry.
     pub readers: Vec<(u8, i64)>,
     /// The `writer` field: a lease, or only the last token once its lease ended.
-    pub writer: Option<WriterField>,
+    pub writer: Option<EmbeddedLease>,
     /// The waiting writer's marker: its caller and expiry.
     pub waiting: Option<(u8, i64)>,
 }
 
-/// A reader-writer lock's `writer` field.
+/// A lease embedded in a field: a reader-writer lock's `writer`, a document lock's `lock`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct WriterField {
+pub struct EmbeddedLease {
     pub lock_id: Option<u8>,
     pub expires_at_ms: Option<i64>,
     pub token: Option<i64>,
@@ -1106,6 +1212,9 @@ impl LockDocument {
                 rw.readers.iter().any(|&(id, _)| id == lock_id)
                     || rw.writer.is_some_and(|w| w.lock_id == Some(lock_id))
             })
+            || self
+                .embedded
+                .is_some_and(|lease| lease.lock_id == Some(lock_id))
     }
 
     /// Whether it stores a lease, live or not.
@@ -1115,6 +1224,35 @@ impl LockDocument {
             || self.reader_writer.as_ref().is_some_and(|rw| {
                 !rw.readers.is_empty() || rw.writer.is_some_and(|w| w.lock_id.is_some())
             })
+            || self.embedded.is_some_and(|lease| lease.lock_id.is_some())
+    }
+}
+
+impl EmbeddedLease {
+    /// As stored: `{id, expiresAt, fencingToken}`, each if present.
+    fn stored(self) -> Document {
+        let mut field = Document::new();
+        if let Some(lock_id) = self.lock_id {
+            field.insert("id", lock_id_name(lock_id));
+        }
+        if let Some(expires_at) = self.expires_at_ms {
+            field.insert("expiresAt", DateTime::from_millis(expires_at));
+        }
+        if let Some(token) = self.token {
+            field.insert("fencingToken", token);
+        }
+        field
+    }
+
+    fn read(field: &Document) -> EmbeddedLease {
+        EmbeddedLease {
+            lock_id: field.get_str("id").ok().map(model_lock_id),
+            expires_at_ms: field
+                .get_datetime("expiresAt")
+                .ok()
+                .map(|at| at.timestamp_millis()),
+            token: token_of(field.get("fencingToken")),
+        }
     }
 }
 
@@ -1312,6 +1450,11 @@ pub struct State {
     pub window_kept_an_attempt_out: bool,
     /// For coverage: a transfer gave its waiter a lease with a `min_hold` window.
     pub transfer_wrote_a_window: bool,
+    /// False once a document lock's commit applied without its sender's live lease, or before a
+    /// commit with a newer token.
+    pub commits_while_held: bool,
+    /// For coverage: a commit was refused, its lease over.
+    pub commit_refused: bool,
 }
 
 impl State {
@@ -1470,17 +1613,7 @@ impl LeaseProtocol {
                     .collect();
                 document.insert("readers", readers);
                 if let Some(writer) = rw.writer {
-                    let mut field = Document::new();
-                    if let Some(lock_id) = writer.lock_id {
-                        field.insert("id", lock_id_name(lock_id));
-                    }
-                    if let Some(expires_at) = writer.expires_at_ms {
-                        field.insert("expiresAt", DateTime::from_millis(expires_at));
-                    }
-                    if let Some(token) = writer.token {
-                        field.insert("fencingToken", token);
-                    }
-                    document.insert("writer", field);
+                    document.insert("writer", writer.stored());
                 }
                 if let Some((client, expires_at)) = rw.waiting {
                     document.insert(
@@ -1488,6 +1621,12 @@ impl LeaseProtocol {
                         doc! { "id": marker_of(client), "expiresAt": DateTime::from_millis(expires_at) },
                     );
                 }
+            }
+            if let Some(lease) = lock.embedded {
+                document.insert(DOCUMENT_LOCK_FIELD, lease.stored());
+            }
+            if let Some(token) = lock.committed_by {
+                document.insert("committedBy", token);
             }
         }
         document
@@ -1530,14 +1669,7 @@ impl LeaseProtocol {
                     writer: document
                         .get_document("writer")
                         .ok()
-                        .map(|writer| WriterField {
-                            lock_id: writer.get_str("id").ok().map(model_lock_id),
-                            expires_at_ms: writer
-                                .get_datetime("expiresAt")
-                                .ok()
-                                .map(|at| at.timestamp_millis()),
-                            token: token_of(writer.get("fencingToken")),
-                        }),
+                        .map(EmbeddedLease::read),
                     waiting: document.get_document("waitingWriter").ok().map(|marker| {
                         let id = marker.get_str("id").expect("a marker's id");
                         let expires_at = marker.get_datetime("expiresAt").expect("an expiry");
@@ -1547,6 +1679,11 @@ impl LeaseProtocol {
                         )
                     }),
                 }),
+            embedded: document
+                .get_document(DOCUMENT_LOCK_FIELD)
+                .ok()
+                .map(EmbeddedLease::read),
+            committed_by: token_of(document.get("committedBy")),
         });
     }
 
@@ -1576,6 +1713,23 @@ impl LeaseProtocol {
                 .is_ok_and(|expires_at| *expires_at <= now);
         if expired_before && updated.get("lockId") != target.get("lockId") {
             state.taken_over = true;
+        }
+        if self.config.document_lock {
+            let lease = |document: &Document| {
+                document
+                    .get_document(DOCUMENT_LOCK_FIELD)
+                    .ok()
+                    .map(EmbeddedLease::read)
+            };
+            let (before, after) = (lease(&target), lease(&updated));
+            let expired = before.is_some_and(|lease| {
+                lease.lock_id.is_some()
+                    && lease
+                        .expires_at_ms
+                        .is_some_and(|until| until <= now.timestamp_millis())
+            });
+            state.taken_over |= expired
+                && after.and_then(|lease| lease.lock_id) != before.and_then(|lease| lease.lock_id);
         }
         if self.config.places.is_some() {
             Self::admitted(state, &target, &updated, now);
@@ -1669,10 +1823,12 @@ impl LeaseProtocol {
                                 until > self.server_now(state, router).timestamp_millis()
                             })
                     });
-                let document = self
-                    .update(state, router, &attempt.filter, &attempt.update, true)
-                    .expect("an upsert always returns the document");
-                let won = self.won(&document, client, lock_id);
+                // (A document lock's attempt is no upsert: it matches an unlocked document or
+                // nothing, and then the lock is busy.)
+                let upsert = !self.config.document_lock;
+                let won = self
+                    .update(state, router, &attempt.filter, &attempt.update, upsert)
+                    .and_then(|document| self.won(&document, client, lock_id));
                 state.window_kept_an_attempt_out |= window_alone && won.is_none();
                 if won.is_some() {
                     self.check_details(state, details, replaced_details);
@@ -1868,6 +2024,39 @@ impl LeaseProtocol {
                     self.hold(state, waiter, lock_id, token, sent);
                 }
             }
+            Message::Commit {
+                client,
+                lock_id,
+                token,
+            } => {
+                let commit = self.command(CommandKey::Commit { lock_id, token });
+                let router = Self::router_of(state, client);
+                let now = self.server_now(state, router);
+                let document = Self::stored(state);
+                // What the filter is for: the sender's own lease, live by this router's clock; and
+                // then each commit comes after the previous holder's, in token order.
+                let held = state
+                    .lock
+                    .as_ref()
+                    .and_then(|lock| lock.embedded)
+                    .is_some_and(|lease| {
+                        lease.lock_id == Some(lock_id)
+                            && lease
+                                .expires_at_ms
+                                .is_some_and(|until| until > now.timestamp_millis())
+                    });
+                if eval::matches(&commit.filter, &document, now) {
+                    let in_order = state
+                        .lock
+                        .as_ref()
+                        .and_then(|lock| lock.committed_by)
+                        .is_none_or(|before| before < token);
+                    state.commits_while_held &= held && in_order;
+                    Self::store(state, &eval::apply_operators(&commit.update[0], &document));
+                } else {
+                    state.commit_refused |= !held;
+                }
+            }
             Message::Write { client: _, token } => {
                 let resource = match state.resource {
                     Some(stored) => doc! { "_id": "resource", DEFAULT_FENCE_FIELD: stored },
@@ -2032,8 +2221,8 @@ impl LeaseProtocol {
             since: now,
         });
         // The holder writes to the protected resource at once, with its token (a reader has none
-        // and does not write).
-        if !self.reads(client) {
+        // and does not write; a document lock's holder writes with its commit).
+        if !self.reads(client) && !self.config.document_lock {
             state.send(Message::Write {
                 client: u8::try_from(client).expect("small"),
                 token,
@@ -2124,7 +2313,8 @@ impl LeaseProtocol {
                 }
             }
             // A lost release leaves the lease to its expiry; a lost write is just not applied.
-            Message::Release { .. } | Message::Write { .. } => {}
+            // A lost commit too: the lease ends at its expiry, the work is not written.
+            Message::Release { .. } | Message::Write { .. } | Message::Commit { .. } => {}
         }
     }
 
@@ -2235,8 +2425,11 @@ impl LeaseProtocol {
     /// reader-writer lock: a reader, from a writer).
     fn local_waiter(&self, state: &State, client: usize) -> Option<usize> {
         let process = state.clients[client].process;
-        let takes_over =
-            |other: usize| !self.config.reader_writer || (!self.reads(client) && self.reads(other));
+        let takes_over = |other: usize| match () {
+            () if self.config.document_lock => false,
+            () if self.config.reader_writer => !self.reads(client) && self.reads(other),
+            () => true,
+        };
         (0..state.clients.len()).find(|&other| {
             other != client
                 && takes_over(other)
@@ -2301,6 +2494,12 @@ impl LeaseProtocol {
                     sent,
                 });
             }
+            // A document lock's holder commits its work, which ends its lease.
+            None if self.config.document_lock => state.send(Message::Commit {
+                client: u8::try_from(client).expect("small"),
+                lock_id: hold.lock_id,
+                token: hold.token,
+            }),
             None => state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id: hold.lock_id,
@@ -2424,7 +2623,19 @@ impl LeaseProtocol {
         };
         State {
             now: 0,
-            lock: None,
+            // A document lock's document is the application's: there before anyone locks it.
+            lock: self.config.document_lock.then(|| LockDocument {
+                lock_id: None,
+                expires_at_ms: None,
+                token: None,
+                min_hold_until_ms: None,
+                details: None,
+                max_count: None,
+                holders: Vec::new(),
+                reader_writer: None,
+                embedded: None,
+                committed_by: None,
+            }),
             resource: None,
             clients: self.config.callers.iter().map(client).collect(),
             network: Vec::new(),
@@ -2481,6 +2692,8 @@ impl LeaseProtocol {
             others_deleted: [false; 3],
             window_kept_an_attempt_out: false,
             transfer_wrote_a_window: false,
+            commits_while_held: true,
+            commit_refused: false,
         }
     }
 }
@@ -2504,7 +2717,7 @@ impl Model for LeaseProtocol {
                     actions.push(Action::Deliver { index, slow: true });
                 }
                 let max_delay = match in_flight.message {
-                    Message::Write { .. } => self.config.write_max_delay,
+                    Message::Write { .. } | Message::Commit { .. } => self.config.write_max_delay,
                     _ => self.config.max_delay,
                 };
                 overdue |= in_flight.age >= max_delay;
@@ -2711,7 +2924,7 @@ impl Model for LeaseProtocol {
 type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 
 /// What every state must keep, in the order [`broken`] looks for a counterexample.
-pub const SAFETY: [Condition; 10] = [
+pub const SAFETY: [Condition; 11] = [
     // Except the holder of a lease an operator ended, until its next renewal's reply (the
     // property below): by design, a forced release does not ask the holder.
     // A semaphore's: at most `max_count` holders at once; a reader-writer lock's: readers, or
@@ -2763,6 +2976,10 @@ pub const SAFETY: [Condition; 10] = [
         "a purge deletes no document that is not a lock's",
         |_, state| !state.others_deleted[1] && !state.others_deleted[2],
     ),
+    (
+        "a commit applies only under its sender's live lease, in token order",
+        |_, state| state.commits_while_held,
+    ),
     (BOOKKEEPING, |_, state| state.granted_only_when_asked),
 ];
 
@@ -2771,7 +2988,7 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 13] = [
+pub const COVERAGE: [Condition; 14] = [
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -2820,6 +3037,9 @@ pub const COVERAGE: [Condition; 13] = [
         "a token after a deletion by hand is below an earlier one",
         |_, state| state.token_went_back,
     ),
+    ("a commit is refused after its lease ended", |_, state| {
+        state.commit_refused
+    }),
 ];
 
 /// Whether `lease` is lost `at` (asked of a copy: the state is only read).
@@ -2964,6 +3184,22 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
         };
         let stored = match &after.lock {
             Some(LockDocument {
+                embedded,
+                committed_by,
+                ..
+            }) if embedded.is_some() || committed_by.is_some() => {
+                let lease = match embedded {
+                    Some(EmbeddedLease {
+                        lock_id: Some(lock_id),
+                        expires_at_ms: Some(until),
+                        token,
+                    }) => format!("L{lock_id} until {} ms, token {token:?}", until - EPOCH_MS),
+                    Some(EmbeddedLease { token, .. }) => format!("unlocked, last token {token:?}"),
+                    None => "unlocked".to_owned(),
+                };
+                format!("stored: {lease}, committed by {committed_by:?}")
+            }
+            Some(LockDocument {
                 reader_writer: Some(rw),
                 ..
             }) => {
@@ -2973,12 +3209,12 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
                     .map(|(lock_id, until)| format!("L{lock_id} until {} ms", until - EPOCH_MS))
                     .collect();
                 let writer = match rw.writer {
-                    Some(WriterField {
+                    Some(EmbeddedLease {
                         lock_id: Some(lock_id),
                         expires_at_ms: Some(until),
                         token,
                     }) => format!("L{lock_id} until {} ms, token {token:?}", until - EPOCH_MS),
-                    Some(WriterField { token, .. }) => format!("none, last token {token:?}"),
+                    Some(EmbeddedLease { token, .. }) => format!("none, last token {token:?}"),
                     None => "none".to_owned(),
                 };
                 let waiting = match rw.waiting {

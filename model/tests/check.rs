@@ -207,6 +207,28 @@ fn a_reader_writer_lock_with_a_writer_and_a_reader_in_one_process_and_a_writer_i
 }
 
 #[test]
+fn a_document_lock_whose_holders_commit_their_work() {
+    verify(
+        "a document lock",
+        Config::a_document_lock(),
+        &[
+            "a lease is taken over after it ended",
+            "a renewal reaches the server after another took the lock",
+            "a commit is refused after its lease ended",
+        ],
+    );
+}
+
+#[test]
+fn a_document_lock_whose_commits_are_slow() {
+    verify(
+        "a document lock with slow commits",
+        Config::a_document_lock_with_slow_commits(),
+        &["a commit is refused after its lease ended"],
+    );
+}
+
+#[test]
 fn an_operator_that_ends_a_semaphore_place() {
     verify(
         "an operator ends a semaphore place",

@@ -12,7 +12,7 @@ use crate::fencing::exists_on_primary;
 use crate::lease::Sent;
 use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, lease_end, next_fencing_token};
 use crate::token::read_i64;
-use crate::{Error, FencingToken, Result};
+use crate::{Error, FencingToken, LockOptions, Result};
 
 use super::DocumentGuard;
 use super::Documents;
@@ -62,6 +62,24 @@ where
     }
 }
 
+/// The filter of an attempt: the caller's `filter`, and a lease in `field` that has ended (or
+/// none).
+pub(crate) fn unlocked_filter(filter: &Document, field: &str) -> Document {
+    let expires_at = format!("${field}.{EXPIRES_AT}");
+    let unlocked =
+        doc! { "$expr": { "$lte": [{ "$ifNull": [&expires_at, Bson::Null] }, "$$NOW"] } };
+    doc! { "$and": [filter.clone(), unlocked] }
+}
+
+/// The update of an attempt: our lease `lock_id` in `field`, with the next fencing token.
+pub(crate) fn lock_update(field: &str, lock_id: &str, options: &LockOptions) -> Vec<Document> {
+    vec![doc! { "$set": { field: {
+        EMBEDDED_ID: lock_id,
+        EXPIRES_AT: lease_end(options.expiry_millis()),
+        FENCING_TOKEN: next_fencing_token(&format!("{field}.{FENCING_TOKEN}")),
+    } } }]
+}
+
 /// The `findAndModify` that locks one unlocked document matching `filter`.
 pub(super) async fn lock_unlocked_match<T>(
     target: &Arc<Documents>,
@@ -74,17 +92,12 @@ where
 {
     let field = &target.field;
     let lock_id = lock_id.to_owned();
-    let expires_at = format!("${field}.{EXPIRES_AT}");
-    let unlocked =
-        doc! { "$expr": { "$lte": [{ "$ifNull": [&expires_at, Bson::Null] }, "$$NOW"] } };
-    let update = vec![doc! { "$set": { field.as_str(): {
-        EMBEDDED_ID: &lock_id,
-        EXPIRES_AT: lease_end(target.lock.options.expiry_millis()),
-        FENCING_TOKEN: next_fencing_token(&format!("{field}.{FENCING_TOKEN}")),
-    } } }];
+    let update = lock_update(field, &lock_id, &target.lock.options);
     let request = Sent::now(clock::now());
-    let filter = doc! { "$and": [filter.clone(), unlocked] };
-    let locked = target.lock.lock_one(filter, update).await?;
+    let locked = target
+        .lock
+        .lock_one(unlocked_filter(filter, field), update)
+        .await?;
     let Some(document) = locked else {
         return Ok(None);
     };

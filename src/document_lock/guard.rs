@@ -13,7 +13,7 @@ use crate::error::Operation;
 use crate::fencing::check_operators;
 use crate::lease::acquire::Granted;
 use crate::lease::held::HeldLease;
-use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN};
+use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout};
 use crate::{Error, FencingToken, LostSignal, Result};
 
 use super::{Documents, to_document};
@@ -113,16 +113,7 @@ impl<T> DocumentGuard<T> {
         if let Err(error) = check_operators(&update, field) {
             return Err(self.unlock_after(error));
         }
-        let unset = doc! {
-            format!("{field}.{EMBEDDED_ID}"): "",
-            format!("{field}.{EXPIRES_AT}"): "",
-        };
-        match update.get_document_mut("$unset") {
-            Ok(existing) => existing.extend(unset),
-            Err(_) => {
-                update.insert("$unset", unset);
-            }
-        }
+        unlock_with(&mut update, field);
         self.finish(Ending::Update(update)).await
     }
 
@@ -171,12 +162,7 @@ impl<T> DocumentGuard<T> {
 
     /// Matches the document while this holder's lease on it is live.
     fn live_filter(&self, lock_id: &str) -> Document {
-        let layout = &self.target.layout;
-        doc! {
-            "_id": self.id.clone(),
-            layout.lock_id_path(): lock_id,
-            "$expr": layout.live(),
-        }
+        live_filter(&self.target.layout, &self.id, lock_id)
     }
 
     /// Replaces the document with `new_document` and unlocks it, in one write filtered on this
@@ -303,6 +289,31 @@ impl<T> Granted for DocumentGuard<T> {
 
     fn undelivered(self) {
         self.lease.undelivered();
+    }
+}
+
+/// Matches the document `id` while the lease `lock_id`, stored as `layout` says, is live on it:
+/// the filter of every write of a holder (`commit`, `checkpoint`, `replace`).
+pub(crate) fn live_filter(layout: &Layout, id: &Bson, lock_id: &str) -> Document {
+    doc! {
+        "_id": id.clone(),
+        layout.lock_id_path(): lock_id,
+        "$expr": layout.live(),
+    }
+}
+
+/// Adds to `update` the unlock of `field`'s lease (its id and expiry go; its token stays): a
+/// commit's update.
+pub(crate) fn unlock_with(update: &mut Document, field: &str) {
+    let unset = doc! {
+        format!("{field}.{EMBEDDED_ID}"): "",
+        format!("{field}.{EXPIRES_AT}"): "",
+    };
+    match update.get_document_mut("$unset") {
+        Ok(existing) => existing.extend(unset),
+        Err(_) => {
+            update.insert("$unset", unset);
+        }
     }
 }
 

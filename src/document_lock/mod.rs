@@ -19,8 +19,8 @@ use crate::lease::{Problem, Target, admin};
 use crate::{Error, LockOptions, LockStatus, LockWatch, Result};
 use futures::future::BoxFuture;
 
-mod attempt;
-mod guard;
+pub(crate) mod attempt;
+pub(crate) mod guard;
 
 use attempt::attempt;
 pub use guard::DocumentGuard;

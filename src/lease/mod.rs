@@ -65,7 +65,7 @@ pub(crate) mod hooks {
 
 use std::sync::Arc;
 
-use mongodb::bson::{Bson, Document, doc};
+use mongodb::bson::{Bson, Document};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
@@ -389,7 +389,7 @@ impl Target {
     pub(crate) fn embedded_cleanup(&self, layout: &Layout, lock_id: &str) -> Undo {
         Undo {
             collection: self.collection.clone(),
-            filter: doc! { layout.lock_id_path(): lock_id },
+            filter: layout.anywhere_filter(lock_id),
             update: layout.release_update(lock_id, schema::Ending::Cleanup),
             write_concern: self.options.write_concern().clone(),
             patience: self.options.expiry(),

@@ -373,6 +373,13 @@ impl Layout {
         }
     }
 
+    /// Matches whichever document holds the lease `lock_id`, live or not: the filter of the
+    /// cleanup after a document lock's attempt whose outcome is unknown (its filter may match
+    /// many documents, and which one it locked is unknown).
+    pub(crate) fn anywhere_filter(&self, lock_id: &str) -> Document {
+        doc! { self.lock_id_path(): lock_id }
+    }
+
     /// Matches our lease whether or not it is still live: releasing an expired lease is
     /// harmless, and the lock id keeps us away from anyone else's.
     pub(crate) fn release_filter(&self, id: &Bson, lock_id: &str) -> Document {
