@@ -188,6 +188,12 @@ pub mod semaphore {
         crate::lease::admin::force_release_lease_command(&places(), name, lock_id)
     }
 
+    /// The filter and update (of operators, not a pipeline) of an operator's forced release of
+    /// every place (`force_release_all`).
+    pub fn force_release_all(name: &str) -> (Document, Document) {
+        crate::lease::admin::force_release_semaphore_command(name)
+    }
+
     /// The filter of a release that hands the place `releasing` to a local waiter's `waiter`.
     pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {
         let places = places();
@@ -266,6 +272,12 @@ pub mod reader_writer {
     /// reader-writer lock has no `min_hold`).
     pub fn release_update(lock_id: &str, reads: bool) -> Vec<Document> {
         layout(reads).release_update(lock_id, schema::Ending::Release)
+    }
+
+    /// The filter and update pipeline of an operator's forced release of every lease
+    /// (`force_release_all`: the writer's, the readers', a waiting writer's marker).
+    pub fn force_release_all(name: &str) -> (Document, Vec<Document>) {
+        crate::lease::admin::force_release_reader_writer_command(name)
     }
 
     /// The filter of a writer's release `releasing` that hands the lock to the local reader

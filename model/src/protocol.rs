@@ -217,6 +217,10 @@ pub struct Config {
     /// `db.distributed_locks.deleteOne({_id: "lock"})` in the shell): a lease ended early by
     /// someone who does not use the crate, and the fencing token's history gone with it.
     pub delete_by_hand: bool,
+    /// Whether the operator's forced release ([`Config::force_release`]) of a semaphore ends
+    /// every place (`force_release_all`) rather than one (`force_release_holder`). A
+    /// reader-writer lock's always ends every lease.
+    pub force_release_all: bool,
     /// A semaphore of this many places instead of an exclusive lock
     /// (`MongoDistributedSemaphore`): its leases are members of the document's `holders` array,
     /// and every command is the semaphore's. Its callers store no details and have no
@@ -227,7 +231,8 @@ pub struct Config {
     /// `readers` array, the writer's lease is embedded under `writer`, and a waiting writer's
     /// marker under `waitingWriter` holds new readers back. A writer's release hands the lock to
     /// a local reader. Its callers store no details, have no `min_hold` (the lock refuses one),
-    /// wait for ever (a writer's marker is removed only by its win), and no operator acts on it.
+    /// wait for ever (a writer's marker is removed only by its win); an operator's forced release
+    /// ends every lease.
     pub reader_writer: bool,
     /// A document lock instead of an exclusive lock (`DocumentLock`): the lease is embedded in
     /// the application's document under [`DOCUMENT_LOCK_FIELD`], and a holder ends it with a
@@ -305,6 +310,7 @@ impl Default for Config {
             crash: false,
             purge: false,
             delete_by_hand: false,
+            force_release_all: false,
             places: None,
             reader_writer: false,
             document_lock: false,
@@ -568,6 +574,27 @@ impl Config {
         }
     }
 
+    /// The reader-writer lock of [`Self::a_reader_writer_lock`], and at any moment an operator
+    /// ends every lease of it (`force_release_all`), without network faults: each holder hears
+    /// of it at its next renewal.
+    pub fn an_operator_ends_a_reader_writer_lock() -> Config {
+        Config {
+            faults: 0,
+            force_release: true,
+            horizon: 30,
+            ..Config::a_reader_writer_lock()
+        }
+    }
+
+    /// The semaphore of [`Self::a_semaphore_of_two_places`], and at any moment an operator
+    /// ends every place (`force_release_all`), without network faults.
+    pub fn an_operator_ends_every_semaphore_place() -> Config {
+        Config {
+            force_release_all: true,
+            ..Config::an_operator_ends_a_semaphore_place()
+        }
+    }
+
     /// A document lock, the three default callers and one fault (a lost reply to an attempt
     /// brings the cleanup by lock id): each holder commits its work into the document as it ends
     /// its lease (its only write), and a commit applies only under its sender's live lease.
@@ -695,7 +722,6 @@ impl LeaseProtocol {
         assert!(
             !config.reader_writer
                 || !(config.places.is_some()
-                    || config.force_release
                     || config.delete_by_hand
                     || config.purge
                     || config.cancel
@@ -1380,7 +1406,7 @@ pub struct State {
     pub may_force_release: bool,
     /// The lease an operator ended (by a forced release, or by deleting the lock's document),
     /// and when.
-    pub forced: Option<(u8, At)>,
+    pub forced: Vec<(u8, At)>,
     pub may_delete: bool,
     /// After a deletion by hand, what it ended.
     pub deletion: Option<Deletion>,
@@ -1477,8 +1503,8 @@ impl State {
     /// hand (it hears of it at its next renewal).
     fn ended_by_operator(&self, client: usize) -> bool {
         matches!(
-            (&self.clients[client].phase, self.forced),
-            (Phase::Holding(hold), Some((forced, _))) if hold.lock_id == forced
+            &self.clients[client].phase,
+            Phase::Holding(hold) if self.forced.iter().any(|&(forced, _)| hold.lock_id == forced)
         )
     }
 
@@ -1737,17 +1763,9 @@ impl LeaseProtocol {
         // A lease an operator ended that a duplicate of its own attempt wrote again (a request
         // applied twice, which MongoDB's retryable writes prevent, but the model allows): live on
         // the server once more, so its holder holds it, neither exempt nor owed a loss.
-        let forced_lease = state.forced.map(|(lock_id, _)| lock_id);
-        let stored = |document: &Document, lock_id: u8| {
-            document.get_str("lockId") == Ok(lock_id_name(lock_id).as_str())
-                || members(document).iter().any(|m| m.lock_id == lock_id)
-        };
-        if let Some(lock_id) = forced_lease
-            && !stored(&target, lock_id)
-            && stored(&updated, lock_id)
-        {
-            state.forced = None;
-        }
+        let stored_before: Vec<bool> = (state.forced.iter())
+            .map(|&(lock_id, _)| state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id)))
+            .collect();
         // A lease written after a deletion by hand: its token starts over from `$$NOW`, by the
         // assumption on the routers' clocks no earlier than the deletion less their skew.
         if let Some(deletion) = state.deletion
@@ -1769,6 +1787,12 @@ impl LeaseProtocol {
             state.acquired_at.entry(lock_id).or_insert(written);
         }
         Self::store(state, &updated);
+        let mut before = stored_before.into_iter();
+        state.forced.retain(|&(lock_id, _)| {
+            let written_again = !before.next().unwrap_or(true)
+                && state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
+            !written_again
+        });
         Some(updated)
     }
 
@@ -1793,6 +1817,24 @@ impl LeaseProtocol {
                     .map_or(member.token, |max| max.max(member.token)),
             );
         }
+    }
+
+    /// Runs an update of operators (`update`, not a pipeline) on the lock document: whether
+    /// `filter` matched.
+    fn apply_operators(
+        &self,
+        state: &mut State,
+        router: u8,
+        filter: &Document,
+        update: &Document,
+    ) -> bool {
+        let now = self.server_now(state, router);
+        let document = Self::stored(state);
+        let matched = state.lock.is_some() && eval::matches(filter, &document, now);
+        if matched {
+            Self::store(state, &eval::apply_operators(update, &document));
+        }
+        matched
     }
 
     fn planted_token(&self, update: Vec<Document>) -> Vec<Document> {
@@ -1897,7 +1939,8 @@ impl LeaseProtocol {
                 // Sent after an operator ended this lease: its reply must have told the holder.
                 if state
                     .forced
-                    .is_some_and(|(forced, at)| forced == lock_id && sent.at() > at)
+                    .iter()
+                    .any(|&(forced, at)| forced == lock_id && sent.at() > at)
                     && state.believes_it_holds(client)
                 {
                     state.told_promptly = false;
@@ -2032,7 +2075,6 @@ impl LeaseProtocol {
                 let commit = self.command(CommandKey::Commit { lock_id, token });
                 let router = Self::router_of(state, client);
                 let now = self.server_now(state, router);
-                let document = Self::stored(state);
                 // What the filter is for: the sender's own lease, live by this router's clock; and
                 // then each commit comes after the previous holder's, in token order.
                 let held = state
@@ -2045,14 +2087,10 @@ impl LeaseProtocol {
                                 .expires_at_ms
                                 .is_some_and(|until| until > now.timestamp_millis())
                     });
-                if eval::matches(&commit.filter, &document, now) {
-                    let in_order = state
-                        .lock
-                        .as_ref()
-                        .and_then(|lock| lock.committed_by)
-                        .is_none_or(|before| before < token);
+                let before = state.lock.as_ref().and_then(|lock| lock.committed_by);
+                if self.apply_operators(state, router, &commit.filter, &commit.update[0]) {
+                    let in_order = before.is_none_or(|before| before < token);
                     state.commits_while_held &= held && in_order;
-                    Self::store(state, &eval::apply_operators(&commit.update[0], &document));
                 } else {
                     state.commit_refused |= !held;
                 }
@@ -2159,7 +2197,7 @@ impl LeaseProtocol {
     ) {
         // A lease an operator ended before its winner heard of the win is exempt: by design its
         // holder believes it holds it until its first renewal's reply (fencing covers that).
-        let ended_early = state.forced.is_some_and(|(forced, _)| forced == lock_id);
+        let ended_early = state.forced.iter().any(|&(forced, _)| forced == lock_id);
         // (A semaphore's are checked at admission; a reader has none.)
         let exclusive = self.config.places.is_none() && !self.reads(client);
         if exclusive && state.max_token_held.is_some_and(|max| token <= max) && !ended_early {
@@ -2661,7 +2699,7 @@ impl LeaseProtocol {
             may_pause: self.config.pause.is_some(),
             paused_until: None,
             may_force_release: self.config.force_release,
-            forced: None,
+            forced: Vec::new(),
             max_token_held: None,
             tokens_increase: true,
             stale_writes_refused: true,
@@ -2818,35 +2856,67 @@ impl Model for LeaseProtocol {
             }
             Action::ForceRelease => {
                 state.may_force_release = false;
-                let (stored, (filter, update)) = match self.config.places {
-                    None => (
-                        state.lock.as_ref().and_then(|lock| lock.lock_id),
-                        (
+                let now = self.server_now(&state, 0).timestamp_millis();
+                let lock = state.lock.clone();
+                let live_places: Vec<u8> = (lock.iter())
+                    .flat_map(|lock| lock.holders.iter())
+                    .filter(|member| member.expires_at_ms > now)
+                    .map(|member| member.lock_id)
+                    .collect();
+                let at = state.at();
+                let ended: Vec<u8> = match self.config.places {
+                    _ if self.config.reader_writer => {
+                        // `force_release_all`: the writer's lease and every reader's.
+                        let (filter, update) = code::reader_writer::force_release_all(NAME);
+                        let rw = lock.as_ref().and_then(|lock| lock.reader_writer.clone());
+                        let leases = rw.map(|rw| {
+                            let writer = rw.writer.and_then(|writer| writer.lock_id);
+                            let readers = rw.readers.into_iter().map(|(lock_id, _)| lock_id);
+                            writer.into_iter().chain(readers).collect()
+                        });
+                        (self.update(&mut state, 0, &filter, &update, false))
+                            .and(leases)
+                            .unwrap_or_default()
+                    }
+                    None => {
+                        let (filter, update) = (
                             code::force_release_filter(NAME),
                             code::force_release_update(),
-                        ),
-                    ),
+                        );
+                        let stored = lock.as_ref().and_then(|lock| lock.lock_id);
+                        (self.update(&mut state, 0, &filter, &update, false))
+                            .and(stored)
+                            .into_iter()
+                            .collect()
+                    }
+                    // `force_release_all`: every place.
+                    Some(_) if self.config.force_release_all => {
+                        let (filter, update) = code::semaphore::force_release_all(NAME);
+                        if self.apply_operators(&mut state, 0, &filter, &update) {
+                            live_places
+                        } else {
+                            Vec::new()
+                        }
+                    }
                     // The first live place `holders()` shows (by R0's clock), ended with
                     // `force_release_holder`.
-                    Some(_) => {
-                        let now = self.server_now(&state, 0).timestamp_millis();
-                        let Some(lock_id) = state.lock.as_ref().and_then(|lock| {
-                            let live = lock.holders.iter().find(|m| m.expires_at_ms > now);
-                            live.map(|member| member.lock_id)
-                        }) else {
-                            return Some(state);
-                        };
-                        let command = code::semaphore::force_release(NAME, &lock_id_name(lock_id));
-                        (Some(lock_id), command)
-                    }
+                    Some(_) => match live_places.first() {
+                        Some(&lock_id) => {
+                            let (filter, update) =
+                                code::semaphore::force_release(NAME, &lock_id_name(lock_id));
+                            (self.update(&mut state, 0, &filter, &update, false))
+                                .map(|_| lock_id)
+                                .into_iter()
+                                .collect()
+                        }
+                        None => Vec::new(),
+                    },
                 };
-                if let (Some(_), Some(lock_id)) =
-                    (self.update(&mut state, 0, &filter, &update, false), stored)
-                {
-                    state.forced = Some((lock_id, state.at()));
-                    state.operator_ended_a_held_lease =
-                        (0..state.clients.len()).any(|client| state.ended_by_operator(client));
-                }
+                state
+                    .forced
+                    .extend(ended.into_iter().map(|lock_id| (lock_id, at)));
+                state.operator_ended_a_held_lease =
+                    (0..state.clients.len()).any(|client| state.ended_by_operator(client));
             }
             Action::DeleteByHand => {
                 state.may_delete = false;
@@ -2856,7 +2926,7 @@ impl Model for LeaseProtocol {
                     if let Some(lock_id) = lock.lock_id
                         && lock.expires_at_ms.is_some_and(|until| until > now)
                     {
-                        state.forced = Some((lock_id, state.at()));
+                        state.forced.push((lock_id, state.at()));
                         state.operator_ended_a_held_lease =
                             (0..state.clients.len()).any(|client| state.ended_by_operator(client));
                     }
@@ -3167,16 +3237,21 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
                 "an operator purges the collection: deleted {:?} of the others",
                 after.others_deleted
             ),
-            Action::DeleteByHand => match after.forced {
+            Action::DeleteByHand => match after.forced.first() {
                 Some((lock_id, _)) => {
                     format!("an operator deletes the lock's document by hand, holding L{lock_id}")
                 }
                 None => "an operator deletes the lock's document by hand".to_owned(),
             },
-            Action::ForceRelease => match after.forced {
-                Some((lock_id, _)) => format!("an operator forces the release of L{lock_id}"),
-                None => "an operator forces a release: no lease to end".to_owned(),
-            },
+            Action::ForceRelease if after.forced.is_empty() => {
+                "an operator forces a release: no lease to end".to_owned()
+            }
+            Action::ForceRelease => {
+                let ended: Vec<String> = (after.forced.iter())
+                    .map(|(lock_id, _)| format!("L{lock_id}"))
+                    .collect();
+                format!("an operator forces the release of {}", ended.join(", "))
+            }
         };
         let window = match after.lock.as_ref().and_then(|lock| lock.min_hold_until_ms) {
             Some(until) => format!(", window until {} ms", until - EPOCH_MS),

@@ -229,6 +229,24 @@ fn a_document_lock_whose_commits_are_slow() {
 }
 
 #[test]
+fn an_operator_that_ends_every_lease_of_a_reader_writer_lock() {
+    verify(
+        "an operator ends a reader-writer lock",
+        Config::an_operator_ends_a_reader_writer_lock(),
+        &["an operator ends a held lease"],
+    );
+}
+
+#[test]
+fn an_operator_that_ends_every_semaphore_place() {
+    verify(
+        "an operator ends every semaphore place",
+        Config::an_operator_ends_every_semaphore_place(),
+        &["an operator ends a held lease"],
+    );
+}
+
+#[test]
 fn an_operator_that_ends_a_semaphore_place() {
     verify(
         "an operator ends a semaphore place",

@@ -302,6 +302,12 @@ pub(crate) async fn force_release_reader_writer(
     collection: &Collection<Document>,
     name: &str,
 ) -> Result<bool> {
+    let (filter, update) = force_release_reader_writer_command(name);
+    Ok(collection.update_one(filter, update).await?.modified_count > 0)
+}
+
+/// The filter and update pipeline of [`force_release_reader_writer`].
+pub(crate) fn force_release_reader_writer_command(name: &str) -> (Document, Vec<Document>) {
     let filter = doc! {
         ID: name,
         "$expr": { "$and": [reader_writer_held(), Stored::ReaderWriter.shape()] },
@@ -312,7 +318,7 @@ pub(crate) async fn force_release_reader_writer(
         WRITER: token_only,
         WAITING_WRITER: "$$REMOVE",
     } }];
-    Ok(collection.update_one(filter, update).await?.modified_count > 0)
+    (filter, update)
 }
 
 /// Ends every lease of semaphore `name`, keeping its fencing token: whether any was live.
@@ -320,12 +326,17 @@ pub(crate) async fn force_release_semaphore(
     collection: &Collection<Document>,
     name: &str,
 ) -> Result<bool> {
+    let (filter, update) = force_release_semaphore_command(name);
+    Ok(collection.update_one(filter, update).await?.modified_count > 0)
+}
+
+/// The filter and update (of operators) of [`force_release_semaphore`].
+pub(crate) fn force_release_semaphore_command(name: &str) -> (Document, Document) {
     let filter = doc! {
         ID: name,
         "$expr": { "$and": [semaphore_held(), Stored::Semaphore.shape()] },
     };
-    let update = doc! { "$set": { HOLDERS: [] } };
-    Ok(collection.update_one(filter, update).await?.modified_count > 0)
+    (filter, doc! { "$set": { HOLDERS: [] } })
 }
 
 /// The filter of the lock documents of `kinds` whose last lease ended more than [`RETENTION`]
