@@ -280,6 +280,12 @@ pub mod reader_writer {
         crate::lease::admin::force_release_reader_writer_command(name)
     }
 
+    /// The filter and update (of operators) that remove the waiting writer `marker`'s marker,
+    /// once its wait ended without the lock (`WaitingWriter::remove`).
+    pub fn remove_marker(name: &str, marker: &str) -> (Document, Document) {
+        crate::rw_lock::waiting_writer::removal(name, marker)
+    }
+
     /// The filter of a writer's release `releasing` that hands the lock to the local reader
     /// `waiter`.
     pub fn transfer_filter(name: &str, releasing: &str, waiter: &str) -> Document {

@@ -231,8 +231,8 @@ pub struct Config {
     /// `readers` array, the writer's lease is embedded under `writer`, and a waiting writer's
     /// marker under `waitingWriter` holds new readers back. A writer's release hands the lock to
     /// a local reader. Its callers store no details, have no `min_hold` (the lock refuses one),
-    /// wait for ever (a writer's marker is removed only by its win); an operator's forced release
-    /// ends every lease.
+    /// wait until served unless one stops waiting ([`Config::cancel`]: a writer's marker is
+    /// removed then, else by its win); an operator's forced release ends every lease.
     pub reader_writer: bool,
     /// A document lock instead of an exclusive lock (`DocumentLock`): the lease is embedded in
     /// the application's document under [`DOCUMENT_LOCK_FIELD`], and a holder ends it with a
@@ -574,6 +574,17 @@ impl Config {
         }
     }
 
+    /// The reader-writer lock of [`Self::a_reader_writer_lock`], one of whose callers stops
+    /// waiting during an attempt, without network faults: a writer that leaves removes its
+    /// waiting marker (`WaitingWriter::remove`), so the reader is not held back by it.
+    pub fn a_writer_stops_waiting() -> Config {
+        Config {
+            faults: 0,
+            cancel: true,
+            ..Config::a_reader_writer_lock()
+        }
+    }
+
     /// The reader-writer lock of [`Self::a_reader_writer_lock`], and at any moment an operator
     /// ends every lease of it (`force_release_all`), without network faults: each holder hears
     /// of it at its next renewal.
@@ -683,8 +694,9 @@ struct Command {
 /// Which [`Command`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum CommandKey {
-    /// An attempt of `client` with this lock id (its options, its details if any).
-    Attempt { lock_id: u8, client: u8 },
+    /// An attempt of `client` with this lock id (its options, its details if any; a
+    /// reader-writer lock's writer, its wait's marker).
+    Attempt { lock_id: u8, client: u8, marker: u8 },
     /// A renewal of `client`'s lease `lock_id`.
     Renew { lock_id: u8, client: u8 },
     /// A release (or cleanup) of `client`'s lease `lock_id`.
@@ -724,12 +736,12 @@ impl LeaseProtocol {
                 || !(config.places.is_some()
                     || config.delete_by_hand
                     || config.purge
-                    || config.cancel
+                    || !config.shut_down.is_empty()
                     || config
                         .callers
                         .iter()
                         .any(|c| c.details || c.min_hold.is_some())),
-            "a reader-writer lock with details, a min_hold, a cancel or an operator"
+            "a reader-writer lock with details, a min_hold, a shutdown or an operator"
         );
         assert!(
             !config.document_lock
@@ -796,7 +808,9 @@ impl LeaseProtocol {
             }
         }
         match key {
-            CommandKey::Attempt { lock_id, client } => Command {
+            CommandKey::Attempt {
+                lock_id, client, ..
+            } => Command {
                 filter: code::attempt_filter(NAME),
                 update: self.planted_token(code::attempt_update(
                     &lock_id_name(lock_id),
@@ -864,7 +878,9 @@ impl LeaseProtocol {
     fn build_for_semaphore(&self, key: CommandKey, places: u32) -> Command {
         let semaphore = |filter, update| Command { filter, update };
         match key {
-            CommandKey::Attempt { lock_id, client } => semaphore(
+            CommandKey::Attempt {
+                lock_id, client, ..
+            } => semaphore(
                 code::attempt_filter(NAME),
                 code::semaphore::attempt_update(
                     &lock_id_name(lock_id),
@@ -911,13 +927,17 @@ impl LeaseProtocol {
         let reads = |client: u8| self.config.callers[usize::from(client)].reads;
         let command = |filter, update| Command { filter, update };
         match key {
-            CommandKey::Attempt { lock_id, client } => command(
+            CommandKey::Attempt {
+                lock_id,
+                client,
+                marker,
+            } => command(
                 code::attempt_filter(NAME),
                 rw::attempt_update(
                     &lock_id_name(lock_id),
                     reads(client),
                     self.options_of(client),
-                    &marker_of(client),
+                    &marker_of(marker),
                 ),
             ),
             CommandKey::Renew { lock_id, client } => command(
@@ -958,7 +978,9 @@ impl LeaseProtocol {
         let field = DOCUMENT_LOCK_FIELD;
         let command = |filter, update| Command { filter, update };
         match key {
-            CommandKey::Attempt { lock_id, client } => command(
+            CommandKey::Attempt {
+                lock_id, client, ..
+            } => command(
                 document::attempt_filter(NAME, field),
                 document::attempt_update(&lock_id_name(lock_id), self.options_of(client), field),
             ),
@@ -1060,6 +1082,12 @@ pub struct Client {
     /// The lock id a release in flight is handing the lock over to it with (it keeps polling
     /// meanwhile, as the crate's waiters do).
     pub offer: Option<u8>,
+    /// A reader-writer lock's writer that waits: the lock id of its wait's first attempt, which
+    /// names its waiting marker (a new wait, a new marker, as the crate's `WaitingWriter`).
+    pub wait: Option<u8>,
+    /// The marker of a wait its writer's caller left, removed once the attempt it left in
+    /// flight has its outcome (that attempt keeps the crate's `WaitingWriter` alive).
+    pub removal_after: Option<u8>,
 }
 
 /// What a caller is doing.
@@ -1096,10 +1124,12 @@ pub struct Hold {
 /// A message in flight.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Message {
+    /// An attempt; a reader-writer lock's writer sends its wait's `marker` (else 0).
     Attempt {
         client: u8,
         lock_id: u8,
         sent: u8,
+        marker: u8,
     },
     AttemptReply {
         client: u8,
@@ -1142,16 +1172,11 @@ pub enum Message {
         token: Option<i64>,
     },
     /// A fenced write to the protected resource.
-    Write {
-        client: u8,
-        token: i64,
-    },
+    Write { client: u8, token: i64 },
+    /// A reader-writer lock's writer whose wait ended without the lock removes its marker.
+    RemoveMarker { client: u8, marker: u8 },
     /// A document lock's holder commits its work, ending its lease `lock_id` in the same write.
-    Commit {
-        client: u8,
-        lock_id: u8,
-        token: i64,
-    },
+    Commit { client: u8, lock_id: u8, token: i64 },
 }
 
 impl Message {
@@ -1312,9 +1337,9 @@ fn token_of(value: Option<&Bson>) -> Option<i64> {
     })
 }
 
-/// The waiting-writer marker of caller `client`'s wait (each caller waits once).
-fn marker_of(client: u8) -> String {
-    format!("M{client}")
+/// The waiting-writer marker of the wait whose first attempt had lock id `wait`.
+fn marker_of(wait: u8) -> String {
+    format!("M{wait}")
 }
 
 /// The model's number of a lock id (`L<n>`).
@@ -1852,9 +1877,14 @@ impl LeaseProtocol {
                 client,
                 lock_id,
                 sent: _,
+                marker,
             } => {
                 let details = self.details_of(client);
-                let attempt = self.command(CommandKey::Attempt { lock_id, client });
+                let attempt = self.command(CommandKey::Attempt {
+                    lock_id,
+                    client,
+                    marker,
+                });
                 let router = Self::router_of(state, client);
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
                 // (A coverage flag: kept false without a window, so that it splits no states.)
@@ -2095,6 +2125,11 @@ impl LeaseProtocol {
                     state.commit_refused |= !held;
                 }
             }
+            Message::RemoveMarker { client, marker } => {
+                let (filter, update) = code::reader_writer::remove_marker(NAME, &marker_of(marker));
+                let router = Self::router_of(state, client);
+                self.apply_operators(state, router, &filter, &update);
+            }
             Message::Write { client: _, token } => {
                 let resource = match state.resource {
                     Some(stored) => doc! { "_id": "resource", DEFAULT_FENCE_FIELD: stored },
@@ -2144,6 +2179,12 @@ impl LeaseProtocol {
             (_, Some((abandoned, attempt))) if *abandoned == lock_id => {
                 let answered = (attempt.answered(reply, settled), attempt.request());
                 caller.abandoned = None;
+                if let Some(marker) = caller.removal_after.take() {
+                    state.send(Message::RemoveMarker {
+                        client: u8::try_from(client).expect("small"),
+                        marker,
+                    });
+                }
                 answered
             }
             _ => return,
@@ -2250,6 +2291,7 @@ impl LeaseProtocol {
         let caller = &mut state.clients[client];
         caller.rounds = rounds.unwrap_or(0);
         caller.queued = false;
+        caller.wait = None; // (a writer's marker went with its win)
         caller.phase = Phase::Holding(Hold {
             lock_id,
             token,
@@ -2352,7 +2394,11 @@ impl LeaseProtocol {
             }
             // A lost release leaves the lease to its expiry; a lost write is just not applied.
             // A lost commit too: the lease ends at its expiry, the work is not written.
-            Message::Release { .. } | Message::Write { .. } | Message::Commit { .. } => {}
+            // A lost marker removal leaves the marker to its expiry.
+            Message::Release { .. }
+            | Message::Write { .. }
+            | Message::Commit { .. }
+            | Message::RemoveMarker { .. } => {}
         }
     }
 
@@ -2384,10 +2430,16 @@ impl LeaseProtocol {
                         }],
                         Some(self.settle_by(at)),
                     );
+                    let marker = if self.config.reader_writer && !self.reads(client) {
+                        *state.clients[client].wait.get_or_insert(lock_id)
+                    } else {
+                        0
+                    };
                     state.send(Message::Attempt {
                         client: id,
                         lock_id,
                         sent: now,
+                        marker,
                     });
                 }
                 Phase::Attempting { attempt, .. } if at >= attempt.reply_limit() => {
@@ -2438,6 +2490,12 @@ impl LeaseProtocol {
         caller.abandoned = Some((lock_id, attempt));
         if why != Leave::Transferred {
             caller.phase = Phase::Idle { at: now + 1 };
+        }
+        // A writer whose caller left ends its wait: its marker is removed (`WaitingWriter`'s
+        // drop) once the attempt in flight, which keeps the marker too, has its outcome; a
+        // writer whose reply did not come waits on, marker and all.
+        if matches!(why, Leave::Cancelled | Leave::ShutDown) {
+            caller.removal_after = caller.wait.take();
         }
         if step.undo {
             state.send(Message::Release {
@@ -2658,6 +2716,8 @@ impl LeaseProtocol {
             queued: false,
             abandoned: None,
             offer: None,
+            wait: None,
+            removal_after: None,
         };
         State {
             now: 0,

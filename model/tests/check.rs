@@ -229,6 +229,15 @@ fn a_document_lock_whose_commits_are_slow() {
 }
 
 #[test]
+fn a_writer_that_stops_waiting_removes_its_marker() {
+    verify(
+        "a writer stops waiting",
+        Config::a_writer_stops_waiting(),
+        &["a lease won after its caller left is released"],
+    );
+}
+
+#[test]
 fn an_operator_that_ends_every_lease_of_a_reader_writer_lock() {
     verify(
         "an operator ends a reader-writer lock",

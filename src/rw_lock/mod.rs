@@ -20,7 +20,7 @@ use futures::future::BoxFuture;
 
 pub(crate) mod attempt;
 mod read_guard;
-mod waiting_writer;
+pub(crate) mod waiting_writer;
 
 use attempt::{attempt, layout, read_takeover, read_update, write_update};
 pub use read_guard::ReadGuard;
@@ -390,12 +390,15 @@ impl MongoDistributedReaderWriterLock {
         let Ok(runtime) = Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
-        let marker = WaitingWriter {
+        // Each attempt in flight keeps the marker too: should the caller stop waiting (its
+        // future dropped), the marker is removed once the last attempt's outcome is in, so that
+        // an attempt applied after the removal cannot place it again.
+        let marker = Arc::new(WaitingWriter {
             target: Arc::clone(target),
             runtime,
             id: new_lock_id(),
             placed: AtomicBool::new(false),
-        };
+        });
         let write = |runtime: &Handle, lock_id: String| {
             // Only a writer with time left to wait holds readers back.
             let waits = !wait.is_over();
@@ -411,11 +414,13 @@ impl MongoDistributedReaderWriterLock {
                 lock_id.clone(),
                 update,
             );
+            let in_flight = Arc::clone(&marker);
             Attempt {
                 cleanup: target.cleanup(&layout(Mode::Write), &lock_id),
                 work: async move {
-                    let won = attempt.await?;
-                    Ok(won.map(|(lease, token)| LockGuard::new(lease, token)))
+                    let won = attempt.await;
+                    drop(in_flight);
+                    Ok(won?.map(|(lease, token)| LockGuard::new(lease, token)))
                 },
             }
         };

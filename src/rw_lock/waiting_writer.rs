@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use mongodb::bson::doc;
+use mongodb::bson::{Document, doc};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
@@ -27,13 +27,12 @@ impl WaitingWriter {
             return None;
         }
         let collection = self.target.collection.clone();
-        let filter =
-            doc! { ID: &self.target.name, format!("{WAITING_WRITER}.{EMBEDDED_ID}"): &self.id };
+        let (filter, update) = removal(&self.target.name, &self.id);
         let write_concern = self.target.options.write_concern().clone();
         let name = self.target.name.clone();
         Some(self.runtime.spawn(async move {
             let removed = collection
-                .update_one(filter, doc! { "$unset": { WAITING_WRITER: "" } })
+                .update_one(filter, update)
                 .write_concern(write_concern)
                 .await;
             if let Err(error) = removed {
@@ -45,6 +44,13 @@ impl WaitingWriter {
             }
         }))
     }
+}
+
+/// The filter and update (of operators) that remove the waiting writer `id`'s marker from
+/// reader-writer lock `name`, if it is still there.
+pub(crate) fn removal(name: &str, id: &str) -> (Document, Document) {
+    let filter = doc! { ID: name, format!("{WAITING_WRITER}.{EMBEDDED_ID}"): id };
+    (filter, doc! { "$unset": { WAITING_WRITER: "" } })
 }
 
 impl Drop for WaitingWriter {

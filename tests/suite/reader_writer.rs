@@ -755,3 +755,66 @@ async fn a_write_attempt_applied_twice_leaves_no_waiting_marker() {
         .unwrap();
     assert!(lock.try_acquire_read().await.unwrap().is_some());
 }
+
+/// A writer whose caller stops waiting while an attempt of its is still on its way to the
+/// server leaves no waiting marker behind: the marker is removed once that attempt's outcome is
+/// in, so the attempt, applied after the caller left, cannot place it again. Found by the model
+/// checker (`model/`, a writer that stops waiting): before, the removal went out at once, the
+/// late attempt placed the marker again (the lock was busy), and every reader and writer waited
+/// out its lease. Here the attempt is held back 1.5 s by the proxy while another writer holds
+/// the lock; once the marker is gone it must stay gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_stops_waiting_with_an_attempt_in_flight_leaves_no_marker() {
+    use common::proxy::{Action, Rule};
+
+    let (lock, collection) = rw_lock(common::options(5_000, 1_000)).await;
+    let holder = lock.acquire_write().await.unwrap();
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let proxied =
+        MongoDistributedReaderWriterLock::new(lock.name(), &client.database(common::DATABASE))
+            .with_collection(collection.name())
+            .with_options(lock.options().clone());
+    let waiting = tokio::spawn(async move { proxied.acquire_write().await.map(drop) });
+    let marker = || async {
+        stored(&collection, &lock)
+            .await
+            .contains_key("waitingWriter")
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), marker).await,
+        "the waiting writer placed its marker"
+    );
+    let delayed = proxy.add_rule(
+        Rule::new("findAndModify", Action::Delay(Duration::from_millis(1_500)))
+            .on(collection.name()),
+    );
+    assert!(
+        common::eventually(Duration::from_secs(10), || async {
+            proxy.hits(delayed) == 1
+        })
+        .await,
+        "the writer's next attempt is held back"
+    );
+    waiting.abort();
+    // Present until the held-back attempt's outcome, then gone for good (its lease is 2.6 s:
+    // watching for 3 s after it went covers a marker placed again).
+    let started = Instant::now();
+    let mut gone_since = None;
+    while gone_since.is_none_or(|since: Instant| since.elapsed() < Duration::from_secs(3)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the marker never went"
+        );
+        match (marker().await, gone_since) {
+            (true, Some(since)) => panic!(
+                "the marker came back {:?} after it was removed",
+                since.elapsed()
+            ),
+            (false, None) => gone_since = Some(Instant::now()),
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.release().await.unwrap();
+    assert!(lock.try_acquire_read().await.unwrap().is_some());
+}
