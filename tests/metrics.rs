@@ -277,6 +277,51 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
     assert!(kept.is_lost());
     drop((gone, kept));
 
+    // A renewal that hangs is given up, counted as failed, and its lease renewed on another
+    // connection; a lease whose renewals all hang is lost at its deadline. (Kill the
+    // mutation-testing survivors "`RenewalLoop::give_up` does nothing" and
+    // "`RenewalLoop::expire_overdue` does nothing": RELIABILITY.md, "Mutation testing".)
+    let (proxy, client) = common::proxy::proxied_client().await;
+    let proxied = Provider::new(&client.database(common::DATABASE))
+        .with_collection(locks.as_str())
+        .with_options(common::options(2_000, 500));
+    let hung = proxied.create_lock("hung").acquire().await.unwrap();
+    let hang = proxy.add_rule(
+        common::proxy::Rule::new("findAndModify", common::proxy::Action::Hang).on(&locks),
+    );
+    let given_up = common::eventually(Duration::from_secs(10), || async {
+        counter(
+            &snapshot(&snapshots),
+            "distributed_lock_renewal_commands_total",
+            &[("kind", "exclusive"), ("outcome", "error")],
+        ) >= 1
+    })
+    .await;
+    assert!(
+        given_up,
+        "the hung renewal ({} hung) was given up",
+        proxy.hits(hang)
+    );
+    assert!(!hung.is_lost(), "renewed on another connection");
+    hung.release().await.unwrap();
+    let cut = proxied.create_lock("cut").acquire().await.unwrap();
+    proxy.set(common::proxy::Fault::Blackhole);
+    tokio::time::timeout(Duration::from_secs(10), cut.lost().wait())
+        .await
+        .expect("lost at its deadline");
+    // The renewal loop reports why when it finds the deadline passed.
+    let reported = common::eventually(Duration::from_secs(10), || async {
+        counter(
+            &snapshot(&snapshots),
+            "distributed_lock_losses_total",
+            &[("kind", "exclusive"), ("reason", "deadline")],
+        ) == 1
+    })
+    .await;
+    assert!(reported, "the loss at the deadline reported");
+    proxy.set(common::proxy::Fault::Pass);
+    drop(cut);
+
     let entries = snapshot(&snapshots);
     for kind in ["exclusive", "read", "write", "semaphore", "document"] {
         assert!(
@@ -310,8 +355,8 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
             ACQUISITIONS,
             &[("kind", "exclusive"), ("outcome", "acquired")]
         ),
-        5,
-        "\"exclusive\" twice, \"warned\", \"gone\" and \"capped\""
+        7,
+        "\"exclusive\" twice, \"warned\", \"gone\", \"capped\", \"hung\" and \"cut\""
     );
     assert_eq!(
         counter(
@@ -339,6 +384,15 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
             &[("kind", "exclusive"), ("reason", "gone")]
         ),
         1
+    );
+    assert_eq!(
+        counter(
+            &entries,
+            losses,
+            &[("kind", "exclusive"), ("reason", "deadline")]
+        ),
+        1,
+        "the lease whose renewals all hung"
     );
     assert_eq!(
         counter(

@@ -109,6 +109,11 @@ impl LeaseState {
         self.lease().lost_at(clock::now())
     }
 
+    /// When its loss is due to be reported (see [`Lease::report_loss_at`]).
+    pub(crate) fn report_loss_at(&self) -> Option<Instant> {
+        self.lease().report_loss_at(clock::now())
+    }
+
     /// When the lease wants its next renewal (see [`Lease::renew_by`]).
     pub(crate) fn renew_by(&self, options: &LockOptions) -> Option<Instant> {
         self.lease().renew_by(options)

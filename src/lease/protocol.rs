@@ -167,6 +167,18 @@ impl<I: Moment> Lease<I> {
         }
     }
 
+    /// When its loss is due to be reported: its deadline while held, `now` once the deadline has
+    /// passed unreported (`None` once the loss was reported, or the lease released, or without
+    /// a deadline). What the renewal loop wakes up for: a loss whose deadline passed while it
+    /// was busy with something else is still reported.
+    pub fn report_loss_at(&mut self, now: I) -> Option<I> {
+        match self.settle(now) {
+            Phase::Held { lost_at } => lost_at,
+            Phase::Lost { announced: false } => Some(now),
+            Phase::Lost { announced: true } | Phase::Released => None,
+        }
+    }
+
     /// The server confirmed the lease in reply to `request`, and the reply arrived `now`: the
     /// deadline moves to the request's send plus the lease's lifetime (never back, never past
     /// the end of the hold), but only if it has not passed: a lease whose deadline passed is lost
@@ -802,6 +814,24 @@ mod tests {
         assert!(!lease.confirmed(&options, Sent::now(Ms(790)), Ms(810)));
         assert!(lease.mark_lost(), "the first report of the loss");
         assert!(!lease.mark_lost());
+    }
+
+    #[test]
+    fn a_loss_is_due_to_be_reported_until_it_is_reported() {
+        let options = options();
+        let mut lease = Lease::won(&options, Sent::now(Ms(0)), Ms(10));
+        assert_eq!(lease.report_loss_at(Ms(10)), Some(Ms(800)), "its deadline");
+        // Past the deadline (the loop looked away), the loss is due at once, and stays due
+        // until reported: its deadline alone (`lost_at`) is gone by then.
+        assert_eq!(lease.lost_at(Ms(900)), None);
+        assert_eq!(lease.report_loss_at(Ms(900)), Some(Ms(900)));
+        assert_eq!(lease.report_loss_at(Ms(950)), Some(Ms(950)));
+        assert!(lease.mark_lost());
+        assert_eq!(lease.report_loss_at(Ms(1_000)), None, "reported");
+        let mut released = Lease::won(&options, Sent::now(Ms(0)), Ms(10));
+        released.mark_released(Ms(20));
+        assert_eq!(released.report_loss_at(Ms(900)), None);
+        assert_eq!(Lease::<Ms>::unbounded().report_loss_at(Ms(900)), None);
     }
 
     #[test]

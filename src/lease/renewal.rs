@@ -240,9 +240,10 @@ impl RenewalLoop {
         loop {
             let (overdue_at, renew_due) = {
                 let leases = self.leases.lock();
+                // (A deadline that passed while the loop was busy elsewhere counts as due now.)
                 let overdue_at = leases
                     .values()
-                    .filter_map(|lease| lease.state.lost_at())
+                    .filter_map(|lease| lease.state.report_loss_at())
                     .min();
                 (overdue_at, leases.values().any(renewable))
             };

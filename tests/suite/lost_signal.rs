@@ -125,3 +125,47 @@ async fn latency_the_lease_can_absorb_never_loses_the_lock() {
     proxy.set(Fault::Pass);
     guard.release().await.unwrap();
 }
+
+/// A renewal that fails is retried a quarter of a cadence later, not a whole cadence later: with
+/// a cadence of more than half the lease's lifetime, the next round would come too late and the
+/// lease would be lost. Kills the mutation-testing survivor "`RenewalLoop::retry_soon` does
+/// nothing" (RELIABILITY.md, "Mutation testing").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_renewal_is_retried_before_the_next_cadence() {
+    use common::proxy::{Action, Rule};
+
+    // expiry 8 s, cadence 4 s, skew 800 ms, margin 80 ms: the lease's lifetime is 7.12 s, so
+    // the round at 8 s is too late; the retry 1 s after the failed round at 4 s is not.
+    let (proxy, client) = proxy::proxied_client().await;
+    let collection_name = common::unique("locks");
+    let lock =
+        MongoDistributedLock::new(common::unique("retry"), &client.database(common::DATABASE))
+            .with_collection(collection_name.as_str())
+            .with_options(common::options(8_000, 4_000));
+    let guard = lock.acquire().await.unwrap();
+    let acquired = Instant::now();
+    let refused = proxy.add_rule(
+        Rule::new(
+            "findAndModify",
+            Action::Reply(proxy::replies::command_error(2, "BadValue")),
+        )
+        .on(&collection_name),
+    );
+    assert!(
+        common::eventually(Duration::from_secs(10), || async {
+            proxy.hits(refused) == 1
+        })
+        .await,
+        "the first renewal went out and was refused"
+    );
+    tokio::time::sleep(
+        (acquired + Duration::from_secs(9)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    assert!(
+        !guard.is_lost(),
+        "the refused renewal was retried in time: {:?} after the acquisition",
+        acquired.elapsed()
+    );
+    guard.release().await.unwrap();
+}
