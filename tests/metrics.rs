@@ -302,6 +302,8 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
         "the hung renewal ({} hung) was given up",
         proxy.hits(hang)
     );
+    // Renewed on other connections since: held for three more seconds (lease lifetime 1.78 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!hung.is_lost(), "renewed on another connection");
     hung.release().await.unwrap();
     let cut = proxied.create_lock("cut").acquire().await.unwrap();
