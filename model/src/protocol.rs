@@ -549,8 +549,9 @@ impl Config {
     }
 
     /// A semaphore of two places and the three default callers (two of one process, so
-    /// releases hand places over), with routers whose clocks differ, slow replies and one fault:
-    /// at most two hold a place at once, in every interleaving.
+    /// releases hand places over), with routers whose clocks differ and one fault (with slow
+    /// replies too, it has over nine million states: `examples/long_runs.rs`): at most two hold
+    /// a place at once, in every interleaving.
     pub fn a_semaphore_of_two_places() -> Config {
         Config {
             places: Some(2),
