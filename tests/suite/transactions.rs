@@ -547,3 +547,67 @@ async fn a_commit_whose_outcome_stays_unknown_is_reported_as_unknown() {
         "the first commit was applied: the writes are there"
     );
 }
+
+/// A renewal command of exactly 32 leases (the size of a split command) that runs out of its
+/// time limit behind one document is split into single commands, like a larger one's commands
+/// of 32: sent again as one command of 32, it would be held back again, and the other 31 leases
+/// would be lost. Kills the mutation-testing survivor "`count > SPLIT_COMMAND_LEASES` becomes
+/// `>=`" (RELIABILITY.md, "Mutation testing"), which the 200-lease test above cannot see.
+/// 33 documents: the loop renews one of them (the second locked, whose round was planned
+/// before the others joined it) in a command of its own, so the held-back command carries 32
+/// (seen on 2026-11-28). Should that grouping change, the test still checks that the
+/// neighbours of a held-back document keep their leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_renewal_of_exactly_32_leases_is_split_into_singles() {
+    const LEASES: usize = 33;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let database = common::database().await;
+    let jobs = database.collection::<Document>(&common::unique("jobs"));
+    let documents: Vec<Document> = (0..LEASES)
+        .map(|i| doc! { "_id": format!("job-{i:02}"), "status": "pending" })
+        .collect();
+    jobs.insert_many(documents).await.unwrap();
+    // expiry 10 s, cadence 2 s, skew 1 s: a lease is relied on for 8.9 s after a renewal's
+    // send, and a renewal command gets a third of that on the server. The command of 32 held
+    // back from about 2 s to 5 s, the singles then renew the others long before 8.9 s.
+    let locks = DocumentLock::new(&jobs).with_options(common::options(10_000, 2_000));
+    let mut guards = Vec::new();
+    for i in 0..LEASES {
+        guards.push(
+            locks
+                .lock(doc! { "_id": format!("job-{i:02}") })
+                .await
+                .unwrap(),
+        );
+    }
+    // A round renews the 32 together from now on (each acquisition joins the round planned for
+    // the others): let one go by, so the next is one command of 32.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let acquired = std::time::Instant::now();
+    let client = common::client().await;
+    let other_jobs = client
+        .database(common::DATABASE)
+        .collection::<Document>(jobs.name());
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    other_jobs
+        .update_one(
+            doc! { "_id": "job-00" },
+            doc! { "$set": { "note": "busy" } },
+        )
+        .session(&mut session)
+        .await
+        .unwrap();
+    // Past the first lease's lifetime (8.9 s after its last renewal before the transaction).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let lost: Vec<usize> = (0..LEASES).filter(|i| guards[*i].is_lost()).collect();
+    session.abort_transaction().await.unwrap();
+    assert!(
+        lost.iter().all(|i| *i == 0),
+        "the other documents kept being renewed, {:?} after the last acquisition: lost {lost:?}",
+        acquired.elapsed()
+    );
+    for guard in guards.into_iter().skip(1) {
+        guard.release().await.unwrap();
+    }
+}
