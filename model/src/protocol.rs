@@ -1,4 +1,4 @@
-//! The lease protocol of the exclusive lock, and of a semaphore ([`Config::places`]), as a
+//! The lease protocol of the exclusive lock, and of the other kinds ([`Kind`]), as a
 //! [`stateright`] model.
 //!
 //! Three callers contend for one lock name: two tasks of one process (one family of locks, or two
@@ -175,7 +175,7 @@ pub struct Caller {
     /// long (by the server's clock), whatever it does. Callers of one lock may differ: each lock
     /// object has its own options, and a release hands the lock over with the waiter's.
     pub min_hold: Option<u8>,
-    /// In a reader-writer lock ([`Config::reader_writer`]), whether it reads (else it writes).
+    /// In a reader-writer lock ([`Kind::ReaderWriter`]), whether it reads (else it writes).
     pub reads: bool,
 }
 
@@ -211,7 +211,7 @@ pub struct Config {
     /// and what reaches it is lost.
     pub crash: bool,
     /// Whether an operator may purge the collection, once, at any moment (`purge_expired`
-    /// through router R0). Beside the lock's document the collection holds [`OTHERS`].
+    /// through router R0). Beside the lock's document the collection holds [`others`].
     pub purge: bool,
     /// Whether an operator may delete the lock's document by hand, once, at any moment (say
     /// `db.distributed_locks.deleteOne({_id: "lock"})` in the shell): a lease ended early by
@@ -221,25 +221,32 @@ pub struct Config {
     /// every place (`force_release_all`) rather than one (`force_release_holder`). A
     /// reader-writer lock's always ends every lease.
     pub force_release_all: bool,
-    /// A semaphore of this many places instead of an exclusive lock
-    /// (`MongoDistributedSemaphore`): its leases are members of the document's `holders` array,
-    /// and every command is the semaphore's. Its callers store no details and have no
-    /// `min_hold` (a semaphore refuses one); an operator's forced release ends one place.
-    pub places: Option<u8>,
-    /// A reader-writer lock instead of an exclusive lock (`MongoDistributedReaderWriterLock`):
-    /// each caller reads or writes ([`Caller::reads`]); readers are members of the document's
-    /// `readers` array, the writer's lease is embedded under `writer`, and a waiting writer's
-    /// marker under `waitingWriter` holds new readers back. A writer's release hands the lock to
-    /// a local reader. Its callers store no details, have no `min_hold` (the lock refuses one),
-    /// wait until served unless one stops waiting ([`Config::cancel`]: a writer's marker is
-    /// removed then, else by its win); an operator's forced release ends every lease.
-    pub reader_writer: bool,
-    /// A document lock instead of an exclusive lock (`DocumentLock`): the lease is embedded in
-    /// the application's document under [`DOCUMENT_LOCK_FIELD`], and a holder ends it with a
-    /// `commit` of its work (`committedBy`: its token), in one update filtered on its live
-    /// lease. No transfers (a document lock hands nothing over); its callers store no details
-    /// and have no `min_hold`; no operator acts on it.
-    pub document_lock: bool,
+    /// Which kind of lock the callers share: an exclusive lock, or another kind's commands.
+    pub kind: Kind,
+}
+
+/// Which kind of lock the model runs. Every kind but the exclusive lock keeps no details and no
+/// `min_hold` (the crate refuses one), and no operator deletes its document or purges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `MongoDistributedLock`.
+    Exclusive,
+    /// A semaphore of this many places (`MongoDistributedSemaphore`): its leases are members of
+    /// the document's `holders` array. An operator's forced release ends one place, or every
+    /// one ([`Config::force_release_all`]).
+    Semaphore(u8),
+    /// `MongoDistributedReaderWriterLock`: each caller reads or writes ([`Caller::reads`]);
+    /// readers are members of the document's `readers` array, the writer's lease is embedded
+    /// under `writer`, and a waiting writer's marker under `waitingWriter` holds new readers
+    /// back. A writer's release hands the lock to a local reader. Callers wait until served
+    /// unless one stops waiting ([`Config::cancel`]: a writer's marker is removed then, else by
+    /// its win); an operator's forced release ends every lease; no shutdown.
+    ReaderWriter,
+    /// `DocumentLock`: the lease is embedded in the application's document under
+    /// [`DOCUMENT_LOCK_FIELD`], and a holder ends it with a `commit` of its work
+    /// (`committedBy`: its token), in one update filtered on its live lease. No transfers (a
+    /// document lock hands nothing over), no forced release.
+    Document,
 }
 
 /// The lock field of the model's document lock (the crate's default).
@@ -311,9 +318,7 @@ impl Default for Config {
             purge: false,
             delete_by_hand: false,
             force_release_all: false,
-            places: None,
-            reader_writer: false,
-            document_lock: false,
+            kind: Kind::Exclusive,
         }
     }
 }
@@ -554,7 +559,7 @@ impl Config {
     /// a place at once, in every interleaving.
     pub fn a_semaphore_of_two_places() -> Config {
         Config {
-            places: Some(2),
+            kind: Kind::Semaphore(2),
             ..Config::default()
         }
     }
@@ -568,7 +573,7 @@ impl Config {
         callers[1].reads = true;
         Config {
             callers,
-            reader_writer: true,
+            kind: Kind::ReaderWriter,
             write_max_delay: WRITE_MAX_DELAY,
             horizon: 40,
             ..Config::default()
@@ -612,7 +617,7 @@ impl Config {
     /// its lease (its only write), and a commit applies only under its sender's live lease.
     pub fn a_document_lock() -> Config {
         Config {
-            document_lock: true,
+            kind: Kind::Document,
             ..Config::default()
         }
     }
@@ -623,7 +628,7 @@ impl Config {
     /// horizon).
     pub fn a_document_lock_with_slow_commits() -> Config {
         Config {
-            document_lock: true,
+            kind: Kind::Document,
             faults: 0,
             write_max_delay: WRITE_MAX_DELAY,
             ..Config::default()
@@ -637,7 +642,7 @@ impl Config {
     /// next renewal, and until then the others still number at most `max_count`.
     pub fn an_operator_ends_a_semaphore_place() -> Config {
         Config {
-            places: Some(2),
+            kind: Kind::Semaphore(2),
             faults: 0,
             force_release: true,
             ..Config::default()
@@ -732,43 +737,20 @@ impl LeaseProtocol {
             !(config.delete_by_hand && config.callers.iter().any(|c| c.min_hold.is_some())),
             "a deletion by hand of a lock with a min_hold"
         );
-        assert!(
-            !config.reader_writer
-                || !(config.places.is_some()
-                    || config.delete_by_hand
-                    || config.purge
-                    || !config.shut_down.is_empty()
-                    || config
-                        .callers
-                        .iter()
-                        .any(|c| c.details || c.min_hold.is_some())),
-            "a reader-writer lock with details, a min_hold, a shutdown or an operator"
-        );
-        assert!(
-            !config.document_lock
-                || !(config.places.is_some()
-                    || config.reader_writer
-                    || config.force_release
-                    || config.delete_by_hand
-                    || config.purge
-                    || config
-                        .callers
-                        .iter()
-                        .any(|c| c.details || c.min_hold.is_some())),
-            "a document lock with details, a min_hold or an operator"
-        );
-        // What the model keeps of a semaphore: no details, no window, no operator but a forced
-        // release of one place.
-        assert!(
-            config.places.is_none()
-                || !(config.delete_by_hand
-                    || config.purge
-                    || config
-                        .callers
-                        .iter()
-                        .any(|c| c.details || c.min_hold.is_some())),
-            "a semaphore with details, a min_hold or an operator"
-        );
+        // What the model keeps of the other kinds: no details, no window, no deletion or purge;
+        // no shutdown of a reader-writer lock, no forced release of a document lock.
+        if config.kind != Kind::Exclusive {
+            let unkept = config.delete_by_hand
+                || config.purge
+                || (config.callers.iter()).any(|c| c.details || c.min_hold.is_some())
+                || (config.kind == Kind::ReaderWriter && !config.shut_down.is_empty())
+                || (config.kind == Kind::Document && config.force_release);
+            assert!(
+                !unkept,
+                "{:?} with what the model does not keep of it",
+                config.kind
+            );
+        }
         LeaseProtocol {
             options: config
                 .callers
@@ -798,14 +780,11 @@ impl LeaseProtocol {
     fn build(&self, key: CommandKey) -> Command {
         // (A fenced write and the purge are the same for every kind.)
         if !matches!(key, CommandKey::Purge | CommandKey::Write(_)) {
-            if let Some(places) = self.config.places {
-                return self.build_for_semaphore(key, u32::from(places));
-            }
-            if self.config.reader_writer {
-                return self.build_for_reader_writer(key);
-            }
-            if self.config.document_lock {
-                return self.build_for_document_lock(key);
+            match self.config.kind {
+                Kind::Exclusive => {}
+                Kind::Semaphore(places) => return self.build_for_semaphore(key, places.into()),
+                Kind::ReaderWriter => return self.build_for_reader_writer(key),
+                Kind::Document => return self.build_for_document_lock(key),
             }
         }
         match key {
@@ -1018,25 +997,25 @@ impl LeaseProtocol {
     /// returned: the token it won, if it won (a reader's: 0, it has none).
     fn won(&self, document: &Document, client: u8, lock_id: u8) -> Option<i64> {
         let lock_id = &lock_id_name(lock_id);
-        let won = match self.config.places {
-            _ if self.config.document_lock => {
-                code::document_lock::won(document, lock_id, DOCUMENT_LOCK_FIELD).map(Some)
-            }
-            _ if self.config.reader_writer => {
+        let won = match self.config.kind {
+            Kind::Exclusive => code::attempt_won(document, lock_id),
+            Kind::Semaphore(places) => code::semaphore::won(document, lock_id, places.into())
+                .expect("the model's callers agree on the count"),
+            Kind::ReaderWriter => {
                 let reads = self.config.callers[usize::from(client)].reads;
                 code::reader_writer::won(document, reads, lock_id)
                     .map(|token| if reads { Some(0) } else { token })
             }
-            None => code::attempt_won(document, lock_id),
-            Some(places) => code::semaphore::won(document, lock_id, places.into())
-                .expect("the model's callers agree on the count"),
+            Kind::Document => {
+                code::document_lock::won(document, lock_id, DOCUMENT_LOCK_FIELD).map(Some)
+            }
         };
         won.map(|token| token.expect("a numeric token"))
     }
 
     /// Whether `client` reads a reader-writer lock: it has no fencing token.
     fn reads(&self, client: usize) -> bool {
-        self.config.reader_writer && self.config.callers[client].reads
+        self.config.kind == Kind::ReaderWriter && self.config.callers[client].reads
     }
 
     fn mistake(&self, mistake: Mistake) -> bool {
@@ -1766,7 +1745,7 @@ impl LeaseProtocol {
         if expired_before && updated.get("lockId") != target.get("lockId") {
             state.taken_over = true;
         }
-        if self.config.document_lock {
+        if self.config.kind == Kind::Document {
             let lease = |document: &Document| {
                 document
                     .get_document(DOCUMENT_LOCK_FIELD)
@@ -1783,7 +1762,7 @@ impl LeaseProtocol {
             state.taken_over |= expired
                 && after.and_then(|lease| lease.lock_id) != before.and_then(|lease| lease.lock_id);
         }
-        if self.config.places.is_some() {
+        if matches!(self.config.kind, Kind::Semaphore(_)) {
             Self::admitted(state, &target, &updated, now);
         }
         // A lease an operator ended that a duplicate of its own attempt wrote again (a request
@@ -1898,7 +1877,7 @@ impl LeaseProtocol {
                     });
                 // (A document lock's attempt is no upsert: it matches an unlocked document or
                 // nothing, and then the lock is busy.)
-                let upsert = !self.config.document_lock;
+                let upsert = self.config.kind != Kind::Document;
                 let won = self
                     .update(state, router, &attempt.filter, &attempt.update, upsert)
                     .and_then(|document| self.won(&document, client, lock_id));
@@ -2241,7 +2220,7 @@ impl LeaseProtocol {
         // holder believes it holds it until its first renewal's reply (fencing covers that).
         let ended_early = state.forced.iter().any(|&(forced, _)| forced == lock_id);
         // (A semaphore's are checked at admission; a reader has none.)
-        let exclusive = self.config.places.is_none() && !self.reads(client);
+        let exclusive = !matches!(self.config.kind, Kind::Semaphore(_)) && !self.reads(client);
         if exclusive && state.max_token_held.is_some_and(|max| token <= max) && !ended_early {
             state.tokens_increase = false;
         }
@@ -2303,7 +2282,7 @@ impl LeaseProtocol {
         });
         // The holder writes to the protected resource at once, with its token (a reader has none
         // and does not write; a document lock's holder writes with its commit).
-        if !self.reads(client) && !self.config.document_lock {
+        if !self.reads(client) && self.config.kind != Kind::Document {
             state.send(Message::Write {
                 client: u8::try_from(client).expect("small"),
                 token,
@@ -2431,7 +2410,7 @@ impl LeaseProtocol {
                         }],
                         Some(self.settle_by(at)),
                     );
-                    let marker = if self.config.reader_writer && !self.reads(client) {
+                    let marker = if self.config.kind == Kind::ReaderWriter && !self.reads(client) {
                         *state.clients[client].wait.get_or_insert(lock_id)
                     } else {
                         0
@@ -2522,10 +2501,10 @@ impl LeaseProtocol {
     /// reader-writer lock: a reader, from a writer).
     fn local_waiter(&self, state: &State, client: usize) -> Option<usize> {
         let process = state.clients[client].process;
-        let takes_over = |other: usize| match () {
-            () if self.config.document_lock => false,
-            () if self.config.reader_writer => !self.reads(client) && self.reads(other),
-            () => true,
+        let takes_over = |other: usize| match self.config.kind {
+            Kind::Exclusive | Kind::Semaphore(_) => true,
+            Kind::ReaderWriter => !self.reads(client) && self.reads(other),
+            Kind::Document => false,
         };
         (0..state.clients.len()).find(|&other| {
             other != client
@@ -2592,7 +2571,7 @@ impl LeaseProtocol {
                 });
             }
             // A document lock's holder commits its work, which ends its lease.
-            None if self.config.document_lock => state.send(Message::Commit {
+            None if self.config.kind == Kind::Document => state.send(Message::Commit {
                 client: u8::try_from(client).expect("small"),
                 lock_id: hold.lock_id,
                 token: hold.token,
@@ -2723,7 +2702,7 @@ impl LeaseProtocol {
         State {
             now: 0,
             // A document lock's document is the application's: there before anyone locks it.
-            lock: self.config.document_lock.then(|| LockDocument {
+            lock: (self.config.kind == Kind::Document).then(|| LockDocument {
                 lock_id: None,
                 expires_at_ms: None,
                 token: None,
@@ -2925,8 +2904,8 @@ impl Model for LeaseProtocol {
                     .map(|member| member.lock_id)
                     .collect();
                 let at = state.at();
-                let ended: Vec<u8> = match self.config.places {
-                    _ if self.config.reader_writer => {
+                let ended: Vec<u8> = match self.config.kind {
+                    Kind::ReaderWriter => {
                         // `force_release_all`: the writer's lease and every reader's.
                         let (filter, update) = code::reader_writer::force_release_all(NAME);
                         let rw = lock.as_ref().and_then(|lock| lock.reader_writer.clone());
@@ -2939,7 +2918,7 @@ impl Model for LeaseProtocol {
                             .and(leases)
                             .unwrap_or_default()
                     }
-                    None => {
+                    Kind::Exclusive | Kind::Document => {
                         let (filter, update) = (
                             code::force_release_filter(NAME),
                             code::force_release_update(),
@@ -2951,7 +2930,7 @@ impl Model for LeaseProtocol {
                             .collect()
                     }
                     // `force_release_all`: every place.
-                    Some(_) if self.config.force_release_all => {
+                    Kind::Semaphore(_) if self.config.force_release_all => {
                         let (filter, update) = code::semaphore::force_release_all(NAME);
                         if self.apply_operators(&mut state, 0, &filter, &update) {
                             live_places
@@ -2961,7 +2940,7 @@ impl Model for LeaseProtocol {
                     }
                     // The first live place `holders()` shows (by R0's clock), ended with
                     // `force_release_holder`.
-                    Some(_) => match live_places.first() {
+                    Kind::Semaphore(_) => match live_places.first() {
                         Some(&lock_id) => {
                             let (filter, update) =
                                 code::semaphore::force_release(NAME, &lock_id_name(lock_id));
@@ -3070,10 +3049,10 @@ pub const SAFETY: [Condition; 11] = [
                 (readers, writers + 1)
             }
         });
-        match model.config.places {
-            _ if model.config.reader_writer => writers == 0 || (writers == 1 && readers == 0),
-            Some(places) => writers <= usize::from(places),
-            None => writers <= 1,
+        match model.config.kind {
+            Kind::ReaderWriter => writers == 0 || (writers == 1 && readers == 0),
+            Kind::Semaphore(places) => writers <= usize::from(places),
+            Kind::Exclusive | Kind::Document => writers <= 1,
         }
     }),
     (
