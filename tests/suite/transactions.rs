@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::proxy::{self, Action, Fault, Rule, replies};
-use distributed_lock_mongodb::{DocumentLock, Error, LockOptions, MongoDistributedLock, Provider};
+use distributed_lock_mongodb::{
+    DocumentGuard, DocumentLock, Error, LockOptions, MongoDistributedLock, Provider,
+};
 use mongodb::bson::{Document, doc};
 use mongodb::{Client, Collection};
 
@@ -395,30 +397,30 @@ async fn an_application_transaction_on_one_locked_document_does_not_stall_the_ot
     }
 }
 
-/// When a renewal of many leases runs out of its time limit behind one document, its leases are
-/// renewed again in commands of at most 32, then alone only for the command that ran out of time
-/// again: a few dozen commands, not one per lease (which, for thousands of locks, would be a
-/// burst of thousands of commands every time an application transaction touches one of them).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_held_back_by_one_document_is_split_into_a_few_commands_not_one_per_lease() {
-    const LEASES: usize = 200;
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let (database, commands) = common::counting_database().await;
+/// `count` application documents `job-000`, `job-001`, … in a new collection of `database`,
+/// each locked with a document lock of `options`, in order.
+async fn locked_jobs(
+    database: &mongodb::Database,
+    count: usize,
+    options: LockOptions,
+) -> (Collection<Document>, Vec<DocumentGuard<Document>>) {
     let jobs = database.collection::<Document>(&common::unique("jobs"));
-    let documents: Vec<Document> = (0..LEASES)
+    let documents: Vec<Document> = (0..count)
         .map(|i| doc! { "_id": format!("job-{i:03}"), "status": "pending" })
         .collect();
     jobs.insert_many(documents).await.unwrap();
-    // expiry 20 s, cadence 2 s: each stage of renewals is given about 5.6 s on the server, and
-    // the singles of the last stage as much again. On a loaded machine the embedded server runs
-    // the stages' commands one after another and takes seconds for them: with expiry 6 s, and
-    // even 12 s, the neighbours of the held-back document were sometimes confirmed too late.
-    let locks = DocumentLock::new(&jobs).with_options(common::options(20_000, 2_000));
+    let locks = DocumentLock::new(&jobs).with_options(options);
     let mut guards = Vec::new();
-    for i in 0..LEASES {
+    for i in 0..count {
         let id = format!("job-{i:03}");
         guards.push(locks.lock(doc! { "_id": id }).await.unwrap());
     }
+    (jobs, guards)
+}
+
+/// A transaction of another client that wrote `job-000` of `jobs`, left open: MongoDB holds
+/// back every other write of that document (a renewal's included) until it ends.
+async fn hold_back_first_job(jobs: &Collection<Document>) -> mongodb::ClientSession {
     let client = common::client().await;
     let other_jobs = client
         .database(common::DATABASE)
@@ -433,6 +435,24 @@ async fn a_renewal_held_back_by_one_document_is_split_into_a_few_commands_not_on
         .session(&mut session)
         .await
         .unwrap();
+    session
+}
+
+/// When a renewal of many leases runs out of its time limit behind one document, its leases are
+/// renewed again in commands of at most 32, then alone only for the command that ran out of time
+/// again: a few dozen commands, not one per lease (which, for thousands of locks, would be a
+/// burst of thousands of commands every time an application transaction touches one of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_held_back_by_one_document_is_split_into_a_few_commands_not_one_per_lease() {
+    const LEASES: usize = 200;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (database, commands) = common::counting_database().await;
+    // expiry 20 s, cadence 2 s: each stage of renewals is given about 5.6 s on the server, and
+    // the singles of the last stage as much again. On a loaded machine the embedded server runs
+    // the stages' commands one after another and takes seconds for them: with expiry 6 s, and
+    // even 12 s, the neighbours of the held-back document were sometimes confirmed too late.
+    let (jobs, guards) = locked_jobs(&database, LEASES, common::options(20_000, 2_000)).await;
+    let mut session = hold_back_first_job(&jobs).await;
     let renewals = || commands.count("update") + commands.count("findAndModify");
     let before = renewals();
     // A cadence, two stages that run out of time and the singles: about 14 s.
@@ -561,43 +581,16 @@ async fn a_commit_whose_outcome_stays_unknown_is_reported_as_unknown() {
 async fn a_held_back_renewal_of_exactly_32_leases_is_split_into_singles() {
     const LEASES: usize = 33;
     let _alone = ONE_AT_A_TIME.lock().await;
-    let database = common::database().await;
-    let jobs = database.collection::<Document>(&common::unique("jobs"));
-    let documents: Vec<Document> = (0..LEASES)
-        .map(|i| doc! { "_id": format!("job-{i:02}"), "status": "pending" })
-        .collect();
-    jobs.insert_many(documents).await.unwrap();
     // expiry 10 s, cadence 2 s, skew 1 s: a lease is relied on for 8.9 s after a renewal's
     // send, and a renewal command gets a third of that on the server. The command of 32 held
     // back from about 2 s to 5 s, the singles then renew the others long before 8.9 s.
-    let locks = DocumentLock::new(&jobs).with_options(common::options(10_000, 2_000));
-    let mut guards = Vec::new();
-    for i in 0..LEASES {
-        guards.push(
-            locks
-                .lock(doc! { "_id": format!("job-{i:02}") })
-                .await
-                .unwrap(),
-        );
-    }
+    let database = common::database().await;
+    let (jobs, guards) = locked_jobs(&database, LEASES, common::options(10_000, 2_000)).await;
     // A round renews the 32 together from now on (each acquisition joins the round planned for
     // the others): let one go by, so the next is one command of 32.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let acquired = std::time::Instant::now();
-    let client = common::client().await;
-    let other_jobs = client
-        .database(common::DATABASE)
-        .collection::<Document>(jobs.name());
-    let mut session = client.start_session().await.unwrap();
-    session.start_transaction().await.unwrap();
-    other_jobs
-        .update_one(
-            doc! { "_id": "job-00" },
-            doc! { "$set": { "note": "busy" } },
-        )
-        .session(&mut session)
-        .await
-        .unwrap();
+    let mut session = hold_back_first_job(&jobs).await;
     // Past the first lease's lifetime (8.9 s after its last renewal before the transaction).
     tokio::time::sleep(Duration::from_secs(12)).await;
     let lost: Vec<usize> = (0..LEASES).filter(|i| guards[*i].is_lost()).collect();
