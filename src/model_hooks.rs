@@ -367,6 +367,14 @@ pub mod document_lock {
         guard::live_filter(&layout(field), &Bson::from(name), lock_id)
     }
 
+    /// The document a `replace` by the holder of `token` writes in place of the document:
+    /// the caller's `new_document`, whose lock field keeps only the token.
+    pub fn replacement(new_document: Document, field: &str, token: i64) -> Document {
+        let mut replacement = new_document;
+        guard::keep_only_token(&mut replacement, field, crate::FencingToken::new(token));
+        replacement
+    }
+
     /// The update of a `commit` of the caller's `update`: applied and unlocked in one write.
     pub fn commit_update(update: Document, field: &str) -> Document {
         let mut update = update;

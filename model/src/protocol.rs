@@ -177,6 +177,13 @@ pub struct Caller {
     pub min_hold: Option<u8>,
     /// In a reader-writer lock ([`Kind::ReaderWriter`]), whether it reads (else it writes).
     pub reads: bool,
+    /// In a document lock ([`Kind::Document`]), whether it writes a `checkpoint` of its work
+    /// as it starts holding (`checkpointedBy`: its token), which keeps its lease.
+    pub checkpoints: bool,
+    /// In a document lock, whether it ends its hold with a `replace` of the whole document
+    /// (`committedBy`: its token, and the lock field keeps only the token) rather than a
+    /// `commit`.
+    pub replaces: bool,
 }
 
 /// What the checker explores.
@@ -286,6 +293,8 @@ impl Default for Config {
                     details: false,
                     min_hold: None,
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
                 Caller {
                     process: 0,
@@ -294,6 +303,8 @@ impl Default for Config {
                     details: false,
                     min_hold: None,
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
                 Caller {
                     process: 1,
@@ -302,6 +313,8 @@ impl Default for Config {
                     details: false,
                     min_hold: None,
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
             ],
             faults: 1,
@@ -337,6 +350,8 @@ impl Config {
                     details: true,
                     min_hold: None,
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
                 Caller {
                     process: 1,
@@ -345,6 +360,8 @@ impl Config {
                     details: false,
                     min_hold: None,
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
             ],
             slow_replies: true,
@@ -411,6 +428,8 @@ impl Config {
                     details: false,
                     min_hold: None,
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
                 Caller {
                     process: 0,
@@ -419,6 +438,8 @@ impl Config {
                     details: false,
                     min_hold: None,
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
                 Caller {
                     process: 1,
@@ -427,6 +448,8 @@ impl Config {
                     details: false,
                     min_hold: None,
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
             ],
             faults: 0,
@@ -520,6 +543,8 @@ impl Config {
                     details: false,
                     min_hold: Some(4),
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
                 Caller {
                     process: 1,
@@ -528,6 +553,8 @@ impl Config {
                     details: false,
                     min_hold: Some(4),
                     reads: false,
+                    checkpoints: false,
+                    replaces: false,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -635,6 +662,26 @@ impl Config {
         }
     }
 
+    /// The document lock of [`Self::a_document_lock`], one fault, whose holders write their
+    /// work every way a `DocumentGuard` can: the long holder of process 0 checkpoints as it
+    /// starts holding and commits as it ends, its neighbour replaces the whole document, the
+    /// caller of process 1 checkpoints and replaces. A checkpoint is on its way while its
+    /// sender holds (it may arrive after the sender's end, or after its lease ended), and the
+    /// token a replace leaves is the one the next holder's must follow.
+    pub fn a_document_lock_that_checkpoints_and_replaces() -> Config {
+        let mut config = Config::a_document_lock();
+        for (caller, (checkpoints, replaces)) in
+            config
+                .callers
+                .iter_mut()
+                .zip([(true, false), (false, true), (true, true)])
+        {
+            caller.checkpoints = checkpoints;
+            caller.replaces = replaces;
+        }
+        config
+    }
+
     /// The semaphore of [`Self::a_semaphore_of_two_places`], and at any moment an operator ends
     /// the first live place `holders()` shows (`Provider::force_release_holder`), without
     /// network faults (with one, it has over five million states: `examples/long_runs.rs`): its
@@ -718,8 +765,16 @@ enum CommandKey {
         waiter: u8,
         client: u8,
     },
-    /// A document lock's `commit` of lease `lock_id`, writing its `token` as `committedBy`.
-    Commit { lock_id: u8, token: i64 },
+    /// A document lock's `commit` of lease `lock_id`, writing its `token` as `committedBy`;
+    /// with `replace`, a `replace` of the whole document by one that says so.
+    Commit {
+        lock_id: u8,
+        token: i64,
+        replace: bool,
+    },
+    /// A document lock's `checkpoint` under lease `lock_id`, writing its `token` as
+    /// `checkpointedBy`.
+    Checkpoint { lock_id: u8, token: i64 },
     /// A fenced write of the protected resource with this token.
     Write(i64),
     /// The purge's delete.
@@ -849,7 +904,9 @@ impl LeaseProtocol {
                 filter: code::fenced_filter(doc! { "_id": "resource" }, token),
                 update: vec![doc! { "$set": { DEFAULT_FENCE_FIELD: token } }],
             },
-            CommandKey::Commit { .. } => unreachable!("a document lock's only"),
+            CommandKey::Commit { .. } | CommandKey::Checkpoint { .. } => {
+                unreachable!("a document lock's only")
+            }
         }
     }
 
@@ -896,7 +953,9 @@ impl LeaseProtocol {
                 )
             }
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
-            CommandKey::Commit { .. } => unreachable!("a document lock's only"),
+            CommandKey::Commit { .. } | CommandKey::Checkpoint { .. } => {
+                unreachable!("a document lock's only")
+            }
         }
     }
 
@@ -948,7 +1007,9 @@ impl LeaseProtocol {
                 )
             }
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
-            CommandKey::Commit { .. } => unreachable!("a document lock's only"),
+            CommandKey::Commit { .. } | CommandKey::Checkpoint { .. } => {
+                unreachable!("a document lock's only")
+            }
         }
     }
 
@@ -981,12 +1042,34 @@ impl LeaseProtocol {
                 document::release_update(&lock_id_name(lock_id), field),
             ),
             // An update of operators, not a pipeline: one element.
-            CommandKey::Commit { lock_id, token } => command(
+            CommandKey::Commit {
+                lock_id,
+                token,
+                replace: false,
+            } => command(
                 document::commit_filter(NAME, &lock_id_name(lock_id), field),
                 vec![document::commit_update(
                     doc! { "$set": { "committedBy": token } },
                     field,
                 )],
+            ),
+            // A whole document (its `_id` is the filter's): one element.
+            CommandKey::Commit {
+                lock_id,
+                token,
+                replace: true,
+            } => command(
+                document::commit_filter(NAME, &lock_id_name(lock_id), field),
+                vec![document::replacement(
+                    doc! { "committedBy": token },
+                    field,
+                    token,
+                )],
+            ),
+            // The same filter: `checkpoint` and `commit` share `write_while_held`.
+            CommandKey::Checkpoint { lock_id, token } => command(
+                document::commit_filter(NAME, &lock_id_name(lock_id), field),
+                vec![doc! { "$set": { "checkpointedBy": token } }],
             ),
             CommandKey::Transfer { .. } => unreachable!("a document lock hands nothing over"),
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
@@ -1155,8 +1238,16 @@ pub enum Message {
     Write { client: u8, token: i64 },
     /// A reader-writer lock's writer whose wait ended without the lock removes its marker.
     RemoveMarker { client: u8, marker: u8 },
-    /// A document lock's holder commits its work, ending its lease `lock_id` in the same write.
-    Commit { client: u8, lock_id: u8, token: i64 },
+    /// A document lock's holder commits its work (or replaces the document with it), ending its
+    /// lease `lock_id` in the same write.
+    Commit {
+        client: u8,
+        lock_id: u8,
+        token: i64,
+        replace: bool,
+    },
+    /// A document lock's holder writes a checkpoint of its work, keeping its lease `lock_id`.
+    Checkpoint { client: u8, lock_id: u8, token: i64 },
 }
 
 impl Message {
@@ -1481,11 +1572,14 @@ pub struct State {
     pub window_kept_an_attempt_out: bool,
     /// For coverage: a transfer gave its waiter a lease with a `min_hold` window.
     pub transfer_wrote_a_window: bool,
-    /// False once a document lock's commit applied without its sender's live lease, or before a
-    /// commit with a newer token.
+    /// False once a document lock holder's write (`commit`, `replace`, `checkpoint`) applied
+    /// without its sender's live lease, or after a commit with a newer token.
     pub commits_while_held: bool,
-    /// For coverage: a commit was refused, its lease over.
+    /// For coverage: a holder's write was refused, its lease over.
     pub commit_refused: bool,
+    /// For coverage: a `replace` applied; a `checkpoint` applied.
+    pub replaced: bool,
+    pub checkpointed: bool,
 }
 
 impl State {
@@ -1850,6 +1944,71 @@ impl LeaseProtocol {
         }
     }
 
+    /// Applies a document lock holder's write of its work (`commit`, `replace`, `checkpoint`)
+    /// of `client`'s lease `lock_id`, whose token is `token`.
+    fn deliver_holder_write(
+        &self,
+        state: &mut State,
+        client: u8,
+        lock_id: u8,
+        token: i64,
+        key: CommandKey,
+    ) {
+        let write = self.command(key);
+        let router = Self::router_of(state, client);
+        let now = self.server_now(state, router);
+        // What the filter is for: the sender's own lease, live by this router's clock; and then
+        // each holder's writes come after the previous holder's commit, in token order.
+        let held = state
+            .lock
+            .as_ref()
+            .and_then(|lock| lock.embedded)
+            .is_some_and(|lease| {
+                lease.lock_id == Some(lock_id)
+                    && lease
+                        .expires_at_ms
+                        .is_some_and(|until| until > now.timestamp_millis())
+            });
+        let before = state.lock.as_ref().and_then(|lock| lock.committed_by);
+        let applied = match key {
+            CommandKey::Commit { replace: true, .. } => {
+                self.replace(state, router, &write.filter, &write.update[0])
+            }
+            _ => self.apply_operators(state, router, &write.filter, &write.update[0]),
+        };
+        if applied {
+            let in_order = before.is_none_or(|before| before < token);
+            state.commits_while_held &= held && in_order;
+            match key {
+                CommandKey::Commit { replace: true, .. } => state.replaced = true,
+                CommandKey::Checkpoint { .. } => state.checkpointed = true,
+                _ => {}
+            }
+        } else {
+            state.commit_refused |= !held;
+        }
+    }
+
+    /// Runs a `replace` (`replaceOne`) of the lock document: `replacement`, with the stored
+    /// `_id`, if `filter` matched.
+    fn replace(
+        &self,
+        state: &mut State,
+        router: u8,
+        filter: &Document,
+        replacement: &Document,
+    ) -> bool {
+        let now = self.server_now(state, router);
+        let document = Self::stored(state);
+        let matched = state.lock.is_some() && eval::matches(filter, &document, now);
+        if matched {
+            let mut replaced = doc! { "_id": document.get("_id").cloned().unwrap_or(Bson::Null) };
+            replaced.extend(replacement.clone());
+            Self::store(state, &replaced);
+        }
+        matched
+    }
+
     /// Applies a message that reached its destination.
     fn deliver(&self, state: &mut State, message: Message) {
         match message {
@@ -2081,29 +2240,22 @@ impl LeaseProtocol {
                 client,
                 lock_id,
                 token,
+                replace,
             } => {
-                let commit = self.command(CommandKey::Commit { lock_id, token });
-                let router = Self::router_of(state, client);
-                let now = self.server_now(state, router);
-                // What the filter is for: the sender's own lease, live by this router's clock; and
-                // then each commit comes after the previous holder's, in token order.
-                let held = state
-                    .lock
-                    .as_ref()
-                    .and_then(|lock| lock.embedded)
-                    .is_some_and(|lease| {
-                        lease.lock_id == Some(lock_id)
-                            && lease
-                                .expires_at_ms
-                                .is_some_and(|until| until > now.timestamp_millis())
-                    });
-                let before = state.lock.as_ref().and_then(|lock| lock.committed_by);
-                if self.apply_operators(state, router, &commit.filter, &commit.update[0]) {
-                    let in_order = before.is_none_or(|before| before < token);
-                    state.commits_while_held &= held && in_order;
-                } else {
-                    state.commit_refused |= !held;
-                }
+                let key = CommandKey::Commit {
+                    lock_id,
+                    token,
+                    replace,
+                };
+                self.deliver_holder_write(state, client, lock_id, token, key);
+            }
+            Message::Checkpoint {
+                client,
+                lock_id,
+                token,
+            } => {
+                let key = CommandKey::Checkpoint { lock_id, token };
+                self.deliver_holder_write(state, client, lock_id, token, key);
             }
             Message::RemoveMarker { client, marker } => {
                 let (filter, update) = code::reader_writer::remove_marker(NAME, &marker_of(marker));
@@ -2281,10 +2433,20 @@ impl LeaseProtocol {
             since: now,
         });
         // The holder writes to the protected resource at once, with its token (a reader has none
-        // and does not write; a document lock's holder writes with its commit).
-        if !self.reads(client) && self.config.kind != Kind::Document {
+        // and does not write; a document lock's holder writes with its commit, and may write a
+        // checkpoint first).
+        let sender = u8::try_from(client).expect("small");
+        if self.config.kind == Kind::Document {
+            if self.config.callers[client].checkpoints {
+                state.send(Message::Checkpoint {
+                    client: sender,
+                    lock_id,
+                    token,
+                });
+            }
+        } else if !self.reads(client) {
             state.send(Message::Write {
-                client: u8::try_from(client).expect("small"),
+                client: sender,
                 token,
             });
         }
@@ -2373,11 +2535,12 @@ impl LeaseProtocol {
                 }
             }
             // A lost release leaves the lease to its expiry; a lost write is just not applied.
-            // A lost commit too: the lease ends at its expiry, the work is not written.
-            // A lost marker removal leaves the marker to its expiry.
+            // A lost commit too: the lease ends at its expiry, the work is not written; a lost
+            // checkpoint is not written. A lost marker removal leaves the marker to its expiry.
             Message::Release { .. }
             | Message::Write { .. }
             | Message::Commit { .. }
+            | Message::Checkpoint { .. }
             | Message::RemoveMarker { .. } => {}
         }
     }
@@ -2575,6 +2738,7 @@ impl LeaseProtocol {
                 client: u8::try_from(client).expect("small"),
                 lock_id: hold.lock_id,
                 token: hold.token,
+                replace: self.config.callers[client].replaces,
             }),
             None => state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
@@ -2772,6 +2936,8 @@ impl LeaseProtocol {
             transfer_wrote_a_window: false,
             commits_while_held: true,
             commit_refused: false,
+            replaced: false,
+            checkpointed: false,
         }
     }
 }
@@ -2795,7 +2961,9 @@ impl Model for LeaseProtocol {
                     actions.push(Action::Deliver { index, slow: true });
                 }
                 let max_delay = match in_flight.message {
-                    Message::Write { .. } | Message::Commit { .. } => self.config.write_max_delay,
+                    Message::Write { .. } | Message::Commit { .. } | Message::Checkpoint { .. } => {
+                        self.config.write_max_delay
+                    }
                     _ => self.config.max_delay,
                 };
                 overdue |= in_flight.age >= max_delay;
@@ -3087,7 +3255,7 @@ pub const SAFETY: [Condition; 11] = [
         |_, state| !state.others_deleted[1] && !state.others_deleted[2],
     ),
     (
-        "a commit applies only under its sender's live lease, in token order",
+        "a holder's commit, replace or checkpoint applies only under its live lease, in token order",
         |_, state| state.commits_while_held,
     ),
     (BOOKKEEPING, |_, state| state.granted_only_when_asked),
@@ -3098,7 +3266,7 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 14] = [
+pub const COVERAGE: [Condition; 16] = [
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -3149,6 +3317,10 @@ pub const COVERAGE: [Condition; 14] = [
     ),
     ("a commit is refused after its lease ended", |_, state| {
         state.commit_refused
+    }),
+    ("a holder replaces the document", |_, state| state.replaced),
+    ("a holder's checkpoint applies", |_, state| {
+        state.checkpointed
     }),
 ];
 

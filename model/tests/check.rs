@@ -229,6 +229,20 @@ fn a_document_lock_whose_commits_are_slow() {
 }
 
 #[test]
+fn a_document_lock_whose_holders_checkpoint_and_replace() {
+    verify(
+        "a document lock with checkpoints and replaces",
+        Config::a_document_lock_that_checkpoints_and_replaces(),
+        &[
+            "a lease is taken over after it ended",
+            "a holder replaces the document",
+            "a holder's checkpoint applies",
+            "a commit is refused after its lease ended",
+        ],
+    );
+}
+
+#[test]
 fn a_writer_that_stops_waiting_removes_its_marker() {
     verify(
         "a writer stops waiting",

@@ -193,7 +193,7 @@ impl<T> DocumentGuard<T> {
                 "replace: new_document must not carry the lock field {field:?}"
             ))));
         }
-        replacement.insert(field, doc! { FENCING_TOKEN: self.fencing_token.get() });
+        keep_only_token(&mut replacement, &field, self.fencing_token);
         self.finish(Ending::Replace(replacement)).await
     }
 
@@ -300,6 +300,13 @@ pub(crate) fn live_filter(layout: &Layout, id: &Bson, lock_id: &str) -> Document
         layout.lock_id_path(): lock_id,
         "$expr": layout.live(),
     }
+}
+
+/// Gives `replacement` (a `replace`'s new document) the lock field `field` with only the
+/// fencing token `token`: the lease ends with the write, and the next holder's token still
+/// follows this one.
+pub(crate) fn keep_only_token(replacement: &mut Document, field: &str, token: FencingToken) {
+    replacement.insert(field, doc! { FENCING_TOKEN: token.get() });
 }
 
 /// Adds to `update` the unlock of `field`'s lease (its id and expiry go; its token stays): a
