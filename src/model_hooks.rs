@@ -274,6 +274,16 @@ pub mod reader_writer {
         layout(reads).release_update(lock_id, schema::Ending::Release)
     }
 
+    /// The filter and update of an operator's forced release of one lease, the writer's or a
+    /// reader's `lock_id` (`Provider::force_release_holder` with an entry of `holders()`).
+    pub fn force_release_holder(
+        name: &str,
+        lock_id: &str,
+        reads: bool,
+    ) -> (Document, Vec<Document>) {
+        crate::lease::admin::force_release_lease_command(&layout(reads), name, lock_id)
+    }
+
     /// The filter and update pipeline of an operator's forced release of every lease
     /// (`force_release_all`: the writer's, the readers', a waiting writer's marker).
     pub fn force_release_all(name: &str) -> (Document, Vec<Document>) {

@@ -224,9 +224,9 @@ pub struct Config {
     /// `db.distributed_locks.deleteOne({_id: "lock"})` in the shell): a lease ended early by
     /// someone who does not use the crate, and the fencing token's history gone with it.
     pub delete_by_hand: bool,
-    /// Whether the operator's forced release ([`Config::force_release`]) of a semaphore ends
-    /// every place (`force_release_all`) rather than one (`force_release_holder`). A
-    /// reader-writer lock's always ends every lease.
+    /// Whether the operator's forced release ([`Config::force_release`]) of a semaphore or a
+    /// reader-writer lock ends every lease (`force_release_all`) rather than one
+    /// (`force_release_holder`).
     pub force_release_all: bool,
     /// Which kind of lock the callers share: an exclusive lock, or another kind's commands.
     pub kind: Kind,
@@ -247,7 +247,8 @@ pub enum Kind {
     /// under `writer`, and a waiting writer's marker under `waitingWriter` holds new readers
     /// back. A writer's release hands the lock to a local reader. Callers wait until served
     /// unless one stops waiting ([`Config::cancel`]: a writer's marker is removed then, else by
-    /// its win); an operator's forced release ends every lease; no shutdown.
+    /// its win); an operator's forced release ends every lease, or one
+    /// ([`Config::force_release_all`]); no shutdown.
     ReaderWriter,
     /// `DocumentLock`: the lease is embedded in the application's document under
     /// [`DOCUMENT_LOCK_FIELD`], and a holder ends it with a `commit` of its work
@@ -625,8 +626,20 @@ impl Config {
         Config {
             faults: 0,
             force_release: true,
+            force_release_all: true,
             horizon: 30,
             ..Config::a_reader_writer_lock()
+        }
+    }
+
+    /// The reader-writer lock of [`Self::a_reader_writer_lock`], and at any moment an operator
+    /// ends the first live lease `holders()` shows, the writer's or a reader's
+    /// (`Provider::force_release_holder`), without network faults: its holder hears of it at
+    /// its next renewal, and the others' leases stay.
+    pub fn an_operator_ends_one_reader_writer_lease() -> Config {
+        Config {
+            force_release_all: false,
+            ..Config::an_operator_ends_a_reader_writer_lock()
         }
     }
 
@@ -3073,7 +3086,7 @@ impl Model for LeaseProtocol {
                     .collect();
                 let at = state.at();
                 let ended: Vec<u8> = match self.config.kind {
-                    Kind::ReaderWriter => {
+                    Kind::ReaderWriter if self.config.force_release_all => {
                         // `force_release_all`: the writer's lease and every reader's.
                         let (filter, update) = code::reader_writer::force_release_all(NAME);
                         let rw = lock.as_ref().and_then(|lock| lock.reader_writer.clone());
@@ -3096,6 +3109,35 @@ impl Model for LeaseProtocol {
                             .and(stored)
                             .into_iter()
                             .collect()
+                    }
+                    // The first live lease `holders()` shows (by R0's clock): the writer's, else
+                    // the first reader's, ended with `force_release_holder`.
+                    Kind::ReaderWriter => {
+                        let rw = lock.as_ref().and_then(|lock| lock.reader_writer.clone());
+                        let live = |until: Option<i64>| until.is_some_and(|until| until > now);
+                        let writer = (rw.iter())
+                            .filter_map(|rw| rw.writer)
+                            .filter(|writer| live(writer.expires_at_ms))
+                            .filter_map(|writer| writer.lock_id)
+                            .map(|lock_id| (lock_id, false));
+                        let readers = (rw.iter())
+                            .flat_map(|rw| rw.readers.iter())
+                            .filter(|&&(_, until)| live(Some(until)))
+                            .map(|&(lock_id, _)| (lock_id, true));
+                        match writer.chain(readers).next() {
+                            Some((lock_id, reads)) => {
+                                let (filter, update) = code::reader_writer::force_release_holder(
+                                    NAME,
+                                    &lock_id_name(lock_id),
+                                    reads,
+                                );
+                                (self.update(&mut state, 0, &filter, &update, false))
+                                    .map(|_| lock_id)
+                                    .into_iter()
+                                    .collect()
+                            }
+                            None => Vec::new(),
+                        }
                     }
                     // `force_release_all`: every place.
                     Kind::Semaphore(_) if self.config.force_release_all => {

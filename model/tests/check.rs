@@ -261,6 +261,15 @@ fn an_operator_that_ends_every_lease_of_a_reader_writer_lock() {
 }
 
 #[test]
+fn an_operator_that_ends_one_lease_of_a_reader_writer_lock() {
+    verify(
+        "an operator ends one reader-writer lease",
+        Config::an_operator_ends_one_reader_writer_lease(),
+        &["an operator ends a held lease"],
+    );
+}
+
+#[test]
 fn an_operator_that_ends_every_semaphore_place() {
     verify(
         "an operator ends every semaphore place",
