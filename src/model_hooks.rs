@@ -315,7 +315,7 @@ pub mod document_lock {
     use mongodb::bson::{Bson, Document, doc};
 
     use crate::LockOptions;
-    use crate::document_lock::{attempt, guard};
+    use crate::document_lock::{attempt, guard, insertion};
     use crate::lease::schema::{self, EMBEDDED_ID, FENCING_TOKEN, Layout};
     use crate::token::read_i64;
 
@@ -369,6 +369,16 @@ pub mod document_lock {
     /// document carrying the lock id (sent as a multi-document update, `Target::embedded_cleanup`).
     pub fn cleanup_filter(lock_id: &str, field: &str) -> Document {
         layout(field).anywhere_filter(lock_id)
+    }
+
+    /// The document a `lock_or_insert` of the document `name` inserts, unlocked, when none
+    /// matches: the caller's `new_document`, with `_id` `name` (`document_lock::insertion`).
+    pub fn insertion_of(
+        new_document: Document,
+        name: &str,
+        field: &str,
+    ) -> crate::Result<Document> {
+        insertion(new_document, &Bson::from(name), field)
     }
 
     /// The filter of a holder's `commit` (and `checkpoint`, `replace`) of the document `name`:

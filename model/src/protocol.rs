@@ -230,6 +230,11 @@ pub struct Config {
     pub force_release_all: bool,
     /// Which kind of lock the callers share: an exclusive lock, or another kind's commands.
     pub kind: Kind,
+    /// In a document lock, whether the document is missing at the start and every caller
+    /// locks it with `lock_or_insert`: an attempt that matches no unlocked document inserts the
+    /// caller's document (unless it exists: a duplicate `_id`, and the lock is busy), then tries
+    /// to lock it again, in a second command.
+    pub lock_or_insert: bool,
 }
 
 /// Which kind of lock the model runs. Every kind but the exclusive lock keeps no details and no
@@ -333,6 +338,7 @@ impl Default for Config {
             delete_by_hand: false,
             force_release_all: false,
             kind: Kind::Exclusive,
+            lock_or_insert: false,
         }
     }
 }
@@ -672,6 +678,17 @@ impl Config {
             faults: 0,
             write_max_delay: WRITE_MAX_DELAY,
             ..Config::default()
+        }
+    }
+
+    /// The document lock of [`Self::a_document_lock`], one fault, missing at the start: every
+    /// caller locks it with `lock_or_insert`, so the first attempts insert it, one insert hits
+    /// the duplicate `_id` of another's, and an inserter may find the document locked by someone
+    /// else before its own second command.
+    pub fn a_document_lock_or_insert() -> Config {
+        Config {
+            lock_or_insert: true,
+            ..Config::a_document_lock()
         }
     }
 
@@ -1261,13 +1278,19 @@ pub enum Message {
     },
     /// A document lock's holder writes a checkpoint of its work, keeping its lease `lock_id`.
     Checkpoint { client: u8, lock_id: u8, token: i64 },
+    /// The second command of a `lock_or_insert` attempt `lock_id` that inserted the document:
+    /// lock it (answered by the attempt's reply).
+    LockInserted { client: u8, lock_id: u8 },
 }
 
 impl Message {
     fn has_reply(&self) -> bool {
         matches!(
             self,
-            Message::Attempt { .. } | Message::Renew { .. } | Message::Transfer { .. }
+            Message::Attempt { .. }
+                | Message::LockInserted { .. }
+                | Message::Renew { .. }
+                | Message::Transfer { .. }
         )
     }
 
@@ -1593,6 +1616,9 @@ pub struct State {
     /// For coverage: a `replace` applied; a `checkpoint` applied.
     pub replaced: bool,
     pub checkpointed: bool,
+    /// For coverage: a `lock_or_insert` inserted the document; one found it there.
+    pub inserted: bool,
+    pub insert_refused: bool,
 }
 
 impl State {
@@ -2057,6 +2083,39 @@ impl LeaseProtocol {
                 if won.is_some() {
                     self.check_details(state, details, replaced_details);
                 }
+                if won.is_none() && self.config.lock_or_insert {
+                    // `lock_or_insert`: no unlocked document matched, so the caller's is
+                    // inserted, unless one exists (a duplicate `_id`: the lock is busy).
+                    if state.lock.is_none() {
+                        let inserted = code::document_lock::insertion_of(
+                            doc! { "status": "new" },
+                            NAME,
+                            DOCUMENT_LOCK_FIELD,
+                        )
+                        .expect("the model's new document is valid");
+                        Self::store(state, &inserted);
+                        state.inserted = true;
+                        state.send(Message::LockInserted { client, lock_id });
+                        return;
+                    }
+                    state.insert_refused = true;
+                }
+                state.send(Message::AttemptReply {
+                    client,
+                    lock_id,
+                    won,
+                });
+            }
+            Message::LockInserted { client, lock_id } => {
+                let attempt = self.command(CommandKey::Attempt {
+                    lock_id,
+                    client,
+                    marker: 0,
+                });
+                let router = Self::router_of(state, client);
+                let won = self
+                    .update(state, router, &attempt.filter, &attempt.update, false)
+                    .and_then(|document| self.won(&document, client, lock_id));
                 state.send(Message::AttemptReply {
                     client,
                     lock_id,
@@ -2486,6 +2545,7 @@ impl LeaseProtocol {
             Message::Attempt {
                 client, lock_id, ..
             }
+            | Message::LockInserted { client, lock_id }
             | Message::AttemptReply {
                 client, lock_id, ..
             } => {
@@ -2878,18 +2938,21 @@ impl LeaseProtocol {
         };
         State {
             now: 0,
-            // A document lock's document is the application's: there before anyone locks it.
-            lock: (self.config.kind == Kind::Document).then(|| LockDocument {
-                lock_id: None,
-                expires_at_ms: None,
-                token: None,
-                min_hold_until_ms: None,
-                details: None,
-                max_count: None,
-                holders: Vec::new(),
-                reader_writer: None,
-                embedded: None,
-                committed_by: None,
+            // A document lock's document is the application's: there before anyone locks it,
+            // unless the callers insert it.
+            lock: (self.config.kind == Kind::Document && !self.config.lock_or_insert).then(|| {
+                LockDocument {
+                    lock_id: None,
+                    expires_at_ms: None,
+                    token: None,
+                    min_hold_until_ms: None,
+                    details: None,
+                    max_count: None,
+                    holders: Vec::new(),
+                    reader_writer: None,
+                    embedded: None,
+                    committed_by: None,
+                }
             }),
             resource: None,
             clients: self.config.callers.iter().map(client).collect(),
@@ -2951,6 +3014,8 @@ impl LeaseProtocol {
             commit_refused: false,
             replaced: false,
             checkpointed: false,
+            inserted: false,
+            insert_refused: false,
         }
     }
 }
@@ -3308,7 +3373,7 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 16] = [
+pub const COVERAGE: [Condition; 18] = [
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -3363,6 +3428,10 @@ pub const COVERAGE: [Condition; 16] = [
     ("a holder replaces the document", |_, state| state.replaced),
     ("a holder's checkpoint applies", |_, state| {
         state.checkpointed
+    }),
+    ("a caller inserts the document", |_, state| state.inserted),
+    ("an insert finds the document there", |_, state| {
+        state.insert_refused
     }),
 ];
 

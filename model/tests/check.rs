@@ -229,6 +229,20 @@ fn a_document_lock_whose_commits_are_slow() {
 }
 
 #[test]
+fn a_document_lock_that_callers_insert() {
+    verify(
+        "a document lock or insert",
+        Config::a_document_lock_or_insert(),
+        &[
+            "a caller inserts the document",
+            "an insert finds the document there",
+            "a lease is taken over after it ended",
+            "a commit is refused after its lease ended",
+        ],
+    );
+}
+
+#[test]
 fn a_document_lock_whose_holders_checkpoint_and_replace() {
     verify(
         "a document lock with checkpoints and replaces",

@@ -338,24 +338,7 @@ where
         new_document: T,
     ) -> Result<DocumentGuard<T>> {
         let id = id.into();
-        let mut insert = to_document(&new_document)?;
-        match insert.get("_id") {
-            None => {
-                insert.insert("_id", id.clone());
-            }
-            Some(existing) if *existing == id => {}
-            Some(_) => {
-                return Err(Error::InvalidArgument(
-                    "lock_or_insert: new_document has an _id different from id".to_owned(),
-                ));
-            }
-        }
-        if insert.contains_key(&self.target.field) {
-            return Err(Error::InvalidArgument(format!(
-                "lock_or_insert: new_document must not carry the lock field {:?}",
-                self.target.field
-            )));
-        }
+        let insert = insertion(to_document(&new_document)?, &id, &self.target.field)?;
         let wait = Wait::forever();
         let filter = doc! { "_id": id };
         let outcome = self.lock_within(filter.clone(), wait, Some(insert)).await;
@@ -427,6 +410,29 @@ fn field_problem(field: &str) -> Option<Problem> {
 }
 
 crate::traits::impl_distributed_document_lock!(DocumentLock<Document>);
+
+/// The document `lock_or_insert` inserts, unlocked, when none matches: the caller's
+/// `new_document`, with `_id` `id` (its own must be the same, if it has one) and without the
+/// lock field `field` (an inserted lease would be nobody's).
+pub(crate) fn insertion(mut new_document: Document, id: &Bson, field: &str) -> Result<Document> {
+    match new_document.get("_id") {
+        None => {
+            new_document.insert("_id", id.clone());
+        }
+        Some(existing) if existing == id => {}
+        Some(_) => {
+            return Err(Error::InvalidArgument(
+                "lock_or_insert: new_document has an _id different from id".to_owned(),
+            ));
+        }
+    }
+    if new_document.contains_key(field) {
+        return Err(Error::InvalidArgument(format!(
+            "lock_or_insert: new_document must not carry the lock field {field:?}"
+        )));
+    }
+    Ok(new_document)
+}
 
 #[cfg(test)]
 mod tests {
