@@ -80,6 +80,10 @@ pub const POLL_TICKS: u8 = 2;
 /// this many ticks: longer than a short hold, so that it can arrive after the next holder's
 /// write. (Elsewhere a tick, as other messages: the state space stays within CI's budget.)
 pub const WRITE_MAX_DELAY: u8 = 4;
+/// A document lock's checkpoint may stay in flight this many ticks: longer than a lease (its
+/// caller waits `expiry` for the reply, then goes on; the write may still land), so that it can
+/// arrive after its lease ended.
+pub const CHECKPOINT_MAX_DELAY: u8 = 7;
 /// The lock's name.
 const NAME: &str = "lock";
 /// Router R1's clock is ahead of R0's by this much: the whole `max_clock_skew`.
@@ -257,8 +261,10 @@ pub enum Kind {
     ReaderWriter,
     /// `DocumentLock`: the lease is embedded in the application's document under
     /// [`DOCUMENT_LOCK_FIELD`], and a holder ends it with a `commit` of its work
-    /// (`committedBy`: its token), in one update filtered on its live lease. No transfers (a
-    /// document lock hands nothing over), no forced release.
+    /// (`committedBy`: its token), in one update filtered on its live lease, or a `replace` of
+    /// the whole document ([`Caller::replaces`]), and may write a `checkpoint` first
+    /// ([`Caller::checkpoints`]); callers may insert the document ([`Config::lock_or_insert`]).
+    /// No transfers (a document lock hands nothing over), no forced release.
     Document,
 }
 
@@ -682,14 +688,19 @@ impl Config {
     }
 
     /// The document lock of [`Self::a_document_lock`], one fault, missing at the start: every
-    /// caller locks it with `lock_or_insert`, so the first attempts insert it, one insert hits
-    /// the duplicate `_id` of another's, and an inserter may find the document locked by someone
-    /// else before its own second command.
+    /// caller locks it with `lock_or_insert` (lock, insert, lock again, three commands), so the
+    /// first attempts insert it, one insert hits the duplicate `_id` of another's, an inserter
+    /// may find the document locked by someone else before its third command, and an attempt
+    /// whose first command found it locked may find it unlocked, but there, at its insert (then
+    /// it waits a poll, as for a busy lock). Two callers, one of each process: with three, the
+    /// last one's extra round trips and polls outlast the horizon.
     pub fn a_document_lock_or_insert() -> Config {
-        Config {
+        let mut config = Config {
             lock_or_insert: true,
             ..Config::a_document_lock()
-        }
+        };
+        config.callers.remove(1);
+        config
     }
 
     /// The document lock of [`Self::a_document_lock`], one fault, whose holders write their
@@ -1278,7 +1289,10 @@ pub enum Message {
     },
     /// A document lock's holder writes a checkpoint of its work, keeping its lease `lock_id`.
     Checkpoint { client: u8, lock_id: u8, token: i64 },
-    /// The second command of a `lock_or_insert` attempt `lock_id` that inserted the document:
+    /// The insert of a `lock_or_insert` attempt `lock_id` whose first command matched no
+    /// unlocked document (answered by the attempt's reply, or followed by its third command).
+    Insert { client: u8, lock_id: u8 },
+    /// The third command of a `lock_or_insert` attempt `lock_id` that inserted the document:
     /// lock it (answered by the attempt's reply).
     LockInserted { client: u8, lock_id: u8 },
 }
@@ -1288,6 +1302,7 @@ impl Message {
         matches!(
             self,
             Message::Attempt { .. }
+                | Message::Insert { .. }
                 | Message::LockInserted { .. }
                 | Message::Renew { .. }
                 | Message::Transfer { .. }
@@ -1613,9 +1628,13 @@ pub struct State {
     pub commits_while_held: bool,
     /// For coverage: a holder's write was refused, its lease over.
     pub commit_refused: bool,
-    /// For coverage: a `replace` applied; a `checkpoint` applied.
+    /// For coverage: a `replace` applied; a `checkpoint` applied; one refused after its lease
+    /// ended (not overtaken by its sender's own end).
     pub replaced: bool,
     pub checkpointed: bool,
+    pub checkpoint_refused: bool,
+    /// For coverage: an operator's forced release of one reader-writer lease ended a reader's.
+    pub operator_ended_a_reader: bool,
     /// For coverage: a `lock_or_insert` inserted the document; one found it there.
     pub inserted: bool,
     pub insert_refused: bool,
@@ -2023,6 +2042,11 @@ impl LeaseProtocol {
                 CommandKey::Checkpoint { .. } => state.checkpointed = true,
                 _ => {}
             }
+        } else if let CommandKey::Checkpoint { .. } = key {
+            // (Not overtaken by its sender's own commit or replace: after its lease ended.)
+            let own_end_first =
+                state.lock.as_ref().and_then(|lock| lock.committed_by) == Some(token);
+            state.checkpoint_refused |= !held && !own_end_first;
         } else {
             state.commit_refused |= !held;
         }
@@ -2084,27 +2108,38 @@ impl LeaseProtocol {
                     self.check_details(state, details, replaced_details);
                 }
                 if won.is_none() && self.config.lock_or_insert {
-                    // `lock_or_insert`: no unlocked document matched, so the caller's is
-                    // inserted, unless one exists (a duplicate `_id`: the lock is busy).
-                    if state.lock.is_none() {
-                        let inserted = code::document_lock::insertion_of(
-                            doc! { "status": "new" },
-                            NAME,
-                            DOCUMENT_LOCK_FIELD,
-                        )
-                        .expect("the model's new document is valid");
-                        Self::store(state, &inserted);
-                        state.inserted = true;
-                        state.send(Message::LockInserted { client, lock_id });
-                        return;
-                    }
-                    state.insert_refused = true;
+                    // `lock_or_insert`: no unlocked document matched, so the caller inserts
+                    // its own next.
+                    state.send(Message::Insert { client, lock_id });
+                    return;
                 }
                 state.send(Message::AttemptReply {
                     client,
                     lock_id,
                     won,
                 });
+            }
+            Message::Insert { client, lock_id } => {
+                // The caller's document, unless one exists (a duplicate `_id`, locked or not:
+                // the lock is busy, and the caller waits).
+                if state.lock.is_none() {
+                    let inserted = code::document_lock::insertion_of(
+                        doc! { "status": "new" },
+                        NAME,
+                        DOCUMENT_LOCK_FIELD,
+                    )
+                    .expect("the model's new document is valid");
+                    Self::store(state, &inserted);
+                    state.inserted = true;
+                    state.send(Message::LockInserted { client, lock_id });
+                } else {
+                    state.insert_refused = true;
+                    state.send(Message::AttemptReply {
+                        client,
+                        lock_id,
+                        won: None,
+                    });
+                }
             }
             Message::LockInserted { client, lock_id } => {
                 let attempt = self.command(CommandKey::Attempt {
@@ -2545,6 +2580,7 @@ impl LeaseProtocol {
             Message::Attempt {
                 client, lock_id, ..
             }
+            | Message::Insert { client, lock_id }
             | Message::LockInserted { client, lock_id }
             | Message::AttemptReply {
                 client, lock_id, ..
@@ -3014,6 +3050,8 @@ impl LeaseProtocol {
             commit_refused: false,
             replaced: false,
             checkpointed: false,
+            checkpoint_refused: false,
+            operator_ended_a_reader: false,
             inserted: false,
             insert_refused: false,
         }
@@ -3039,9 +3077,8 @@ impl Model for LeaseProtocol {
                     actions.push(Action::Deliver { index, slow: true });
                 }
                 let max_delay = match in_flight.message {
-                    Message::Write { .. } | Message::Commit { .. } | Message::Checkpoint { .. } => {
-                        self.config.write_max_delay
-                    }
+                    Message::Write { .. } | Message::Commit { .. } => self.config.write_max_delay,
+                    Message::Checkpoint { .. } => CHECKPOINT_MAX_DELAY,
                     _ => self.config.max_delay,
                 };
                 overdue |= in_flight.age >= max_delay;
@@ -3196,10 +3233,9 @@ impl Model for LeaseProtocol {
                                     &lock_id_name(lock_id),
                                     reads,
                                 );
-                                (self.update(&mut state, 0, &filter, &update, false))
-                                    .map(|_| lock_id)
-                                    .into_iter()
-                                    .collect()
+                                let ended = self.update(&mut state, 0, &filter, &update, false);
+                                state.operator_ended_a_reader |= reads && ended.is_some();
+                                ended.map(|_| lock_id).into_iter().collect()
                             }
                             None => Vec::new(),
                         }
@@ -3373,7 +3409,7 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 18] = [
+pub const COVERAGE: [Condition; 20] = [
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -3428,6 +3464,13 @@ pub const COVERAGE: [Condition; 18] = [
     ("a holder replaces the document", |_, state| state.replaced),
     ("a holder's checkpoint applies", |_, state| {
         state.checkpointed
+    }),
+    (
+        "a checkpoint is refused after its lease ended",
+        |_, state| state.checkpoint_refused,
+    ),
+    ("an operator ends a reader's lease", |_, state| {
+        state.operator_ended_a_reader
     }),
     ("a caller inserts the document", |_, state| state.inserted),
     ("an insert finds the document there", |_, state| {

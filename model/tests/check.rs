@@ -251,6 +251,7 @@ fn a_document_lock_whose_holders_checkpoint_and_replace() {
             "a lease is taken over after it ended",
             "a holder replaces the document",
             "a holder's checkpoint applies",
+            "a checkpoint is refused after its lease ended",
             "a commit is refused after its lease ended",
         ],
     );
@@ -279,7 +280,10 @@ fn an_operator_that_ends_one_lease_of_a_reader_writer_lock() {
     verify(
         "an operator ends one reader-writer lease",
         Config::an_operator_ends_one_reader_writer_lease(),
-        &["an operator ends a held lease"],
+        &[
+            "an operator ends a held lease",
+            "an operator ends a reader's lease",
+        ],
     );
 }
 

@@ -720,3 +720,17 @@ where
         operation: Operation::AttemptReply,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_read_of_the_holders_gets_a_quarter_of_the_timeout_within_bounds() {
+        let limit = |millis| holders_read_limit(Duration::from_millis(millis));
+        assert_eq!(limit(2_000), Duration::from_millis(500));
+        // At least a few round trips to a remote cluster, at most an attempt's server time.
+        assert_eq!(limit(200), Duration::from_millis(250));
+        assert_eq!(limit(3_600_000), backoff::ATTEMPT_SERVER_TIME);
+    }
+}
