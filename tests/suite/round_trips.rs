@@ -525,3 +525,57 @@ async fn an_uncontended_loop_on_one_lock_sends_two_commands_per_cycle_and_never_
         tally(&sent)
     );
 }
+
+/// Waiters behind a lease held in this process: only the first polls the server, at the slowest
+/// busy-wait pace (the lease's end will be a local event, so polling is only a safety net), and
+/// the others wait for local events and their deadline. With adaptive backoff from 1 ms, a waiter
+/// polling at its own pace would send about fifteen attempts in its first three seconds; a second
+/// waiter polling too, three more. Here: the first waiter one attempt a second and one at its
+/// deadline (4 in 3.5 s); the second one as the first leaves the line (the poller's duty passes
+/// to it: seen on 2026-11-28) and one at its deadline a moment later: 6 in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_behind_a_lease_held_here_poll_once_at_the_slowest_pace() {
+    const WAIT: Duration = Duration::from_millis(3_500);
+    let (database, commands) = common::counting_database().await;
+    let options = LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_millis(1), Duration::from_secs(1))
+        .adaptive_backoff(true)
+        .build()
+        .unwrap();
+    let lock = MongoDistributedLock::new(common::unique("held-here"), &database)
+        .with_collection(common::unique("locks").as_str())
+        .with_options(options);
+    let guard = lock.acquire().await.unwrap();
+    commands.clear();
+    let (first, second) = (lock.clone(), lock.clone());
+    let first = tokio::spawn(async move { first.acquire_timeout(WAIT).await });
+    // The second comes after the first, behind it in line.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = tokio::spawn(async move { second.acquire_timeout(WAIT).await });
+    for waiter in [first, second] {
+        let outcome = waiter.await.unwrap();
+        assert!(
+            matches!(
+                outcome,
+                Err(distributed_lock_mongodb::Error::Timeout { .. })
+            ),
+            "{:?}",
+            outcome.map(|guard| guard.fencing_token())
+        );
+    }
+    let attempts = commands
+        .find_and_modifies()
+        .iter()
+        .filter(|command| command.get_bool("upsert").unwrap_or(false))
+        .count();
+    println!("two waiters behind a lease held here for {WAIT:?}: {attempts} attempts");
+    assert!(
+        attempts <= 6,
+        "{attempts} attempts while the lease was held here"
+    );
+    assert!(
+        attempts >= 2,
+        "each waiter attempts at least at its deadline"
+    );
+    guard.release().await.unwrap();
+}
