@@ -245,6 +245,47 @@ async fn a_hung_renewal_does_not_stall_the_other_leases_of_the_provider() {
     }
 }
 
+/// An attempt refused with a duplicate key, and its repeat too, wrote nothing (the server wrote
+/// nothing for either): the caller gets the error, and no cleanup is sent after it, unlike after
+/// an error that may come after the write was applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_refused_with_a_duplicate_key_twice_sends_no_cleanup() {
+    let (proxy, client) = proxy::proxied_client().await;
+    let (database, commands) = common::counting_database_on(
+        &format!("mongodb://{}/?directConnection=true", proxy.address()),
+        |_| {},
+    )
+    .await;
+    drop(client);
+    let collection = common::unique("locks");
+    let name = common::unique("refused");
+    proxy.add_rule(
+        Rule::new(
+            "findAndModify",
+            Action::Reply(replies::duplicate_key(
+                doc! { "_id": 1 },
+                doc! { "_id": name.as_str() },
+            )),
+        )
+        .on(&collection)
+        .times(2),
+    );
+    let lock = MongoDistributedLock::new(name.as_str(), &database)
+        .with_collection(collection.as_str())
+        .with_options(long_lease());
+    let error = lock.try_acquire().await.unwrap_err();
+    assert!(error.to_string().contains("E11000"), "{error}");
+    // A cleanup would go out at once, in the background: give it time to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        commands.started_without_streams(),
+        ["findAndModify", "findAndModify"],
+        "the attempt and its repeat, and nothing after them"
+    );
+    let guard = lock.try_acquire().await.unwrap();
+    assert!(guard.is_some(), "nothing was written: the lock is free");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_key_from_a_first_use_race_is_retried_not_reported_busy() {
     let (proxy, client) = proxy::proxied_client().await;
