@@ -18,7 +18,7 @@ use crate::{Fence, FencingToken, LockOptions};
 /// ([`keeps_window`]), and a family's [`Work`] under way (what a shutdown waits for and undoes).
 pub use crate::lease::hooks::{
     Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, TransferReply,
-    TransferStep, Work, give_up_at, hands_over, keeps_window, retry_delay, suspect_at,
+    TransferStep, Work, give_up_at, hands_over, keeps_window, retry_delay, settled, suspect_at,
     transfer_answered,
 };
 

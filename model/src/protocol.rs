@@ -2404,7 +2404,7 @@ impl LeaseProtocol {
         // The attempt is work of its family until its outcome is in: a win whose undo the
         // family's shutdown took is released, not handed out.
         let work = &mut state.families[usize::from(state.clients[client].family)].work;
-        let settled = reply != code::Reply::Won || work.settle(piece(lock_id));
+        let settled = code::settled(reply, || work.settle(piece(lock_id)));
         work.finish(piece(lock_id));
         let caller = &mut state.clients[client];
         let (step, request) = match (&mut caller.phase, &mut caller.abandoned) {

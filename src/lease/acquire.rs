@@ -675,7 +675,7 @@ where
                     Err(_) => Reply::Refused,
                 };
                 // A shutdown that took this attempt's cleanup is ending what it won.
-                let settled = outcome != Reply::Won || tracked.settle();
+                let settled = protocol::settled(outcome, || tracked.settle());
                 let step = decide.answered(outcome, settled);
                 if step.undo {
                     in_flight.spawn_undo(&task_runtime, cleanup);

@@ -59,7 +59,7 @@ pub(crate) mod hooks {
     pub use super::protocol::{
         Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell,
         TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window, retry_delay,
-        suspect_at, transfer_answered,
+        settled, suspect_at, transfer_answered,
     };
 }
 

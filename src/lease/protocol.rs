@@ -345,6 +345,13 @@ pub(crate) fn attempt_reply_limit<I: Moment>(
     }
 }
 
+/// Whether an attempt that got `reply` is settled: anything but a win is; a win is unless a
+/// shutdown took the attempt's undo meanwhile, which `settle` (the family's `Work::settle` of
+/// the attempt) tells, and is asked only then.
+pub fn settled(reply: Reply, settle: impl FnOnce() -> bool) -> bool {
+    reply != Reply::Won || settle()
+}
+
 /// How an attempt's command turned out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reply {
