@@ -848,23 +848,7 @@ impl MemoryDocumentLock {
         new_document: Document,
     ) -> Result<MemoryDocumentGuard> {
         let id = id.into();
-        let mut insert = new_document;
-        match insert.get("_id") {
-            None => {
-                insert.insert("_id", id.clone());
-            }
-            Some(existing) if *existing == id => {}
-            Some(_) => {
-                return Err(Error::InvalidArgument(
-                    "lock_or_insert: new_document has an _id different from id".to_owned(),
-                ));
-            }
-        }
-        if insert.contains_key(LOCK_FIELD) {
-            return Err(Error::InvalidArgument(format!(
-                "lock_or_insert: new_document must not carry the lock field {LOCK_FIELD:?}"
-            )));
-        }
+        let insert = crate::document_lock::insertion(new_document, &id, LOCK_FIELD)?;
         self.check()?;
         self.locks.insert_missing(&self.collection, insert);
         self.lock(doc! { "_id": id }).await
