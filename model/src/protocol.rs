@@ -1985,11 +1985,25 @@ impl LeaseProtocol {
         filter: &Document,
         update: &Document,
     ) -> bool {
+        self.write_matching(state, router, filter, |document| {
+            eval::apply_operators(update, &document)
+        })
+    }
+
+    /// Stores what `write` makes of the lock document if `filter` matches it (by `router`'s
+    /// clock): whether it matched.
+    fn write_matching(
+        &self,
+        state: &mut State,
+        router: u8,
+        filter: &Document,
+        write: impl FnOnce(Document) -> Document,
+    ) -> bool {
         let now = self.server_now(state, router);
         let document = Self::stored(state);
         let matched = state.lock.is_some() && eval::matches(filter, &document, now);
         if matched {
-            Self::store(state, &eval::apply_operators(update, &document));
+            Self::store(state, &write(document));
         }
         matched
     }
@@ -2061,15 +2075,11 @@ impl LeaseProtocol {
         filter: &Document,
         replacement: &Document,
     ) -> bool {
-        let now = self.server_now(state, router);
-        let document = Self::stored(state);
-        let matched = state.lock.is_some() && eval::matches(filter, &document, now);
-        if matched {
+        self.write_matching(state, router, filter, |document| {
             let mut replaced = doc! { "_id": document.get("_id").cloned().unwrap_or(Bson::Null) };
             replaced.extend(replacement.clone());
-            Self::store(state, &replaced);
-        }
-        matched
+            replaced
+        })
     }
 
     /// Applies a message that reached its destination.
