@@ -141,6 +141,16 @@ impl CommandLog {
     }
 }
 
+/// A client through a new fault proxy whose commands are recorded: the proxy (to add faults
+/// to), its database and the log of what the client sent.
+pub async fn proxied_counting_database() -> (proxy::FaultProxy, Database, Arc<CommandLog>) {
+    let (proxy, client) = proxy::proxied_client().await;
+    drop(client);
+    let uri = format!("mongodb://{}/?directConnection=true", proxy.address());
+    let (database, commands) = counting_database_on(&uri, |_| {}).await;
+    (proxy, database, commands)
+}
+
 /// A client whose commands are recorded, for counting round trips.
 pub async fn counting_database() -> (Database, Arc<CommandLog>) {
     counting_database_with(|_| {}).await

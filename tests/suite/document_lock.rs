@@ -486,13 +486,7 @@ async fn a_locked_document_without_a_fencing_token_is_an_unexpected_reply() {
 /// single-document update without the shard key needs 7.0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cleanup_after_an_unknown_outcome_is_a_multi_document_update() {
-    let (proxy, client) = common::proxy::proxied_client().await;
-    let (database, commands) = common::counting_database_on(
-        &format!("mongodb://{}/?directConnection=true", proxy.address()),
-        |_| {},
-    )
-    .await;
-    drop(client);
+    let (proxy, database, commands) = common::proxied_counting_database().await;
     let name = common::unique("jobs");
     let jobs = database.collection::<Job>(&name);
     jobs.insert_one(job("x")).await.unwrap();
@@ -591,13 +585,7 @@ async fn a_document_lock_keeps_renewing_on_a_collection_sharded_on_another_key()
 /// never answered (its started event has no succeeded or failed event).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_without_a_reply_in_time_times_out_and_its_update_runs_to_its_reply() {
-    let (proxy, client) = common::proxy::proxied_client().await;
-    let (database, commands) = common::counting_database_on(
-        &format!("mongodb://{}/?directConnection=true", proxy.address()),
-        |_| {},
-    )
-    .await;
-    drop(client);
+    let (proxy, database, commands) = common::proxied_counting_database().await;
     let name = common::unique("jobs");
     let jobs = database.collection::<Job>(&name);
     jobs.insert_one(job("p")).await.unwrap();

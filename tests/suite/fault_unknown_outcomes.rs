@@ -250,13 +250,7 @@ async fn a_hung_renewal_does_not_stall_the_other_leases_of_the_provider() {
 /// an error that may come after the write was applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_refused_with_a_duplicate_key_twice_sends_no_cleanup() {
-    let (proxy, client) = proxy::proxied_client().await;
-    let (database, commands) = common::counting_database_on(
-        &format!("mongodb://{}/?directConnection=true", proxy.address()),
-        |_| {},
-    )
-    .await;
-    drop(client);
+    let (proxy, database, commands) = common::proxied_counting_database().await;
     let collection = common::unique("locks");
     let name = common::unique("refused");
     proxy.add_rule(
