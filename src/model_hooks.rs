@@ -15,11 +15,12 @@ use crate::{Fence, FencingToken, LockOptions};
 /// its ticks: a holder's [`Lease`] (its deadline and the extension rule), the renewal loop's
 /// [`Renewals`], [`give_up_at`] and [`suspect_at`], an acquisition [`Attempt`], a release's
 /// [`hands_over`] and [`transfer_answered`], whether the end of a lease keeps its window
-/// ([`keeps_window`]), and a family's [`Work`] under way (what a shutdown waits for and undoes).
+/// ([`keeps_window`]), a family's [`Work`] under way (what a shutdown waits for and undoes), and
+/// the renewal inside a lease-checked [`Transaction`].
 pub use crate::lease::hooks::{
-    Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, TransferReply,
-    TransferStep, Work, give_up_at, hands_over, keeps_window, retry_delay, settled, suspect_at,
-    transfer_answered,
+    Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, Transaction,
+    TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window, retry_delay, settled,
+    suspect_at, transfer_answered,
 };
 
 /// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document

@@ -46,6 +46,12 @@
 //!   at their expiry (or, with a `min_hold`, at the end of their window, if later).
 //! - A purge runs the crate's filter on the lock's document and on [`others`], as its server
 //!   would (the lock's own lease never ends a day before the horizon: the purge leaves it).
+//! - A lease-checked transaction ([`Config::a_lease_checked_transaction`]): its renewal is
+//!   applied at once but kept apart until the commit, and every other write of the lock's
+//!   document waits until the transaction ends (then applies, in arrival order, with `$$NOW` as
+//!   it is then), as MongoDB's writes wait for a document an open transaction wrote. Its own
+//!   messages are never lost or duplicated (the crate's retries of a transaction are not
+//!   modelled); the server aborts one left open after [`TRANSACTION_LIFETIME_TICKS`].
 //! - Replies are not duplicated: the driver matches each reply to its request by id, so a reply
 //!   arrives once or not at all. Requests are duplicated (a retried write applied twice).
 //! - The runs with a cancelled caller or a shutdown ([`Config::a_caller_leaves`],
@@ -84,6 +90,11 @@ pub const WRITE_MAX_DELAY: u8 = 4;
 /// caller waits `expiry` for the reply, then goes on; the write may still land), so that it can
 /// arrive after its lease ended.
 pub const CHECKPOINT_MAX_DELAY: u8 = 7;
+/// The server aborts a transaction left open this many ticks (MongoDB's
+/// `transactionLifetimeLimitSeconds`, 60 s by default; shorter in the model, whose leases are
+/// shorter too): a transaction whose commit or abort never came stops holding the lock's
+/// document then.
+pub const TRANSACTION_LIFETIME_TICKS: u8 = 10;
 /// The lock's name.
 const NAME: &str = "lock";
 /// Router R1's clock is ahead of R0's by this much: the whole `max_clock_skew`.
@@ -188,6 +199,10 @@ pub struct Caller {
     /// (`committedBy`: its token, and the lock field keeps only the token) rather than a
     /// `commit`.
     pub replaces: bool,
+    /// In an exclusive lock, whether it runs a lease-checked transaction (the guards'
+    /// `transaction`) as it starts holding, instead of a fenced write: the transaction renews
+    /// the lease and writes the protected resource, both applied at its commit.
+    pub transaction: bool,
 }
 
 /// What the checker explores.
@@ -307,6 +322,7 @@ impl Default for Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
                 Caller {
                     process: 0,
@@ -317,6 +333,7 @@ impl Default for Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
                 Caller {
                     process: 1,
@@ -327,6 +344,7 @@ impl Default for Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
             ],
             faults: 1,
@@ -365,6 +383,7 @@ impl Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
                 Caller {
                     process: 1,
@@ -375,6 +394,7 @@ impl Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
             ],
             slow_replies: true,
@@ -443,6 +463,7 @@ impl Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
                 Caller {
                     process: 0,
@@ -453,6 +474,7 @@ impl Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
                 Caller {
                     process: 1,
@@ -463,6 +485,7 @@ impl Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
             ],
             faults: 0,
@@ -558,6 +581,7 @@ impl Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
                 Caller {
                     process: 1,
@@ -568,6 +592,7 @@ impl Config {
                     reads: false,
                     checkpoints: false,
                     replaces: false,
+                    transaction: false,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -733,6 +758,28 @@ impl Config {
             kind: Kind::Semaphore(2),
             faults: 0,
             force_release: true,
+            ..Config::default()
+        }
+    }
+
+    /// Two callers; the long holder of process 0 runs a lease-checked transaction as it starts
+    /// holding (`HeldLease::transaction`): its first write renews the lease, filtered on it
+    /// being ours and live, its work writes the protected resource, and both apply at its
+    /// commit; until the transaction ends, every other write of the lock's document waits (as
+    /// MongoDB's do for a document an open transaction wrote), and the renewal loop keeps off the
+    /// lease. Replies may be slow, so that a commit can come long after its renewal was
+    /// applied; one fault (not of the transaction's own messages: the crate's retries of those
+    /// are not modelled). Once committed, the lease counts from the renewal's send
+    /// ([`code::Transaction`]).
+    pub fn a_lease_checked_transaction() -> Config {
+        let mut callers = Config::clocks_and_delays().callers;
+        callers[0].transaction = true;
+        callers[0].details = false;
+        // Holding on after its transaction, long enough for its renewals to meet the lease's end.
+        callers[0].hold_ticks = 9;
+        Config {
+            callers,
+            slow_replies: true,
             ..Config::default()
         }
     }
@@ -1192,6 +1239,10 @@ pub struct Client {
     /// The marker of a wait its writer's caller left, removed once the attempt it left in
     /// flight has its outcome (that attempt keeps the crate's `WaitingWriter` alive).
     pub removal_after: Option<u8>,
+    /// The lease of a transaction given up at its deadline while its renewal was in flight:
+    /// the abort goes out once the renewal's reply is in (an abort that overtook the renewal
+    /// would find no transaction, and the renewal would open one nobody ends).
+    pub abort_after: Option<u8>,
 }
 
 /// What a caller is doing.
@@ -1222,6 +1273,27 @@ pub struct Hold {
     pub renewals: code::Renewals<At>,
     /// A renewal in flight.
     pub renewing: Option<code::Sent<At>>,
+    pub since: u8,
+    /// Its lease-checked transaction, while open.
+    pub transaction: Option<Transacting>,
+}
+
+/// A holder's open lease-checked transaction, as the crate's `HeldLease::transaction` runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Transacting {
+    /// Its renewal, as the crate's protocol core keeps it.
+    pub renewal: code::Transaction<At>,
+    /// Its commit is sent (else its renewal is, and the holder waits for the reply).
+    pub committing: bool,
+}
+
+/// A transaction's renewal the server applied, pending until the transaction ends: the lock
+/// document it wrote (visible at the commit), and from when.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pending {
+    pub client: u8,
+    pub lock_id: u8,
+    pub lock: Option<LockDocument>,
     pub since: u8,
 }
 
@@ -1295,6 +1367,25 @@ pub enum Message {
     /// The third command of a `lock_or_insert` attempt `lock_id` that inserted the document:
     /// lock it (answered by the attempt's reply).
     LockInserted { client: u8, lock_id: u8 },
+    /// The first write of a lease-checked transaction: the renewal of lease `lock_id`, applied
+    /// at once but visible only at the commit; every other write of the lock's document waits
+    /// for the transaction's end.
+    TransactionRenew { client: u8, lock_id: u8 },
+    TransactionRenewReply {
+        client: u8,
+        lock_id: u8,
+        matched: bool,
+    },
+    /// The commit of the transaction, with its work: a write of the holder's `token` to the
+    /// protected resource (not fenced: the renewal in the same transaction is its check).
+    TransactionCommit { client: u8, lock_id: u8, token: i64 },
+    TransactionCommitReply {
+        client: u8,
+        lock_id: u8,
+        committed: bool,
+    },
+    /// The transaction's abort: nothing of it applies.
+    TransactionAbort { client: u8, lock_id: u8 },
 }
 
 impl Message {
@@ -1306,6 +1397,8 @@ impl Message {
                 | Message::LockInserted { .. }
                 | Message::Renew { .. }
                 | Message::Transfer { .. }
+                | Message::TransactionRenew { .. }
+                | Message::TransactionCommit { .. }
         )
     }
 
@@ -1315,7 +1408,30 @@ impl Message {
             Message::AttemptReply { .. }
                 | Message::RenewReply { .. }
                 | Message::TransferReply { .. }
+                | Message::TransactionRenewReply { .. }
+                | Message::TransactionCommitReply { .. }
         )
+    }
+
+    /// Whether it is a transaction's: never lost or applied twice in the model (the crate's
+    /// retries of a transaction are not modelled).
+    fn of_a_transaction(&self) -> bool {
+        matches!(
+            self,
+            Message::TransactionRenew { .. }
+                | Message::TransactionRenewReply { .. }
+                | Message::TransactionCommit { .. }
+                | Message::TransactionCommitReply { .. }
+                | Message::TransactionAbort { .. }
+        )
+    }
+
+    /// Whether it is a request that writes the lock's document, and so waits while a
+    /// transaction holds it.
+    fn writes_the_lock(&self) -> bool {
+        self.is_request()
+            && !self.of_a_transaction()
+            && !matches!(self, Message::Write { .. } | Message::Insert { .. })
     }
 }
 
@@ -1638,6 +1754,19 @@ pub struct State {
     /// For coverage: a `lock_or_insert` inserted the document; one found it there.
     pub inserted: bool,
     pub insert_refused: bool,
+    /// A lease-checked transaction's renewal, applied and pending until the transaction ends.
+    pub transaction: Option<Pending>,
+    /// Writes of the lock's document that wait for the open transaction's end, in arrival
+    /// order.
+    pub blocked: Vec<Message>,
+    /// False once a transaction's work committed after a later holder's write to the
+    /// resource, or without its lease stored.
+    pub transactions_in_order: bool,
+    /// For coverage: a transaction committed; a write waited for one; a transaction's work was
+    /// not committed because its lease's deadline passed first.
+    pub transaction_committed: bool,
+    pub write_waited_for_a_transaction: bool,
+    pub transaction_given_up_at_the_deadline: bool,
 }
 
 impl State {
@@ -1654,6 +1783,35 @@ impl State {
     /// count as lost.
     pub fn believes_it_holds(&self, client: usize) -> bool {
         matches!(&self.clients[client].phase, Phase::Holding(hold) if !is_lost(hold.lease, self.at()))
+    }
+
+    /// Whether the transaction open on the server, if any, is one its holder still ends: it
+    /// runs it, will abort it once its renewal's reply is in, or its commit or abort is on its
+    /// way. (Else it holds the lock's document, and every writer waits, until the server's
+    /// lifetime limit.)
+    fn open_transaction_owned(&self) -> bool {
+        let Some(pending) = &self.transaction else {
+            return true;
+        };
+        let (client, lock_id) = (pending.client, pending.lock_id);
+        let caller = &self.clients[usize::from(client)];
+        let runs_it = matches!(
+            &caller.phase,
+            Phase::Holding(hold) if hold.lock_id == lock_id && hold.transaction.is_some()
+        );
+        let ends_it = |message: &Message| {
+            matches!(
+                *message,
+                Message::TransactionCommit { client: c, lock_id: l, .. }
+                | Message::TransactionAbort { client: c, lock_id: l } if (c, l) == (client, lock_id)
+            )
+        };
+        runs_it
+            || caller.abort_after == Some(lock_id)
+            || self
+                .network
+                .iter()
+                .any(|in_flight| ends_it(&in_flight.message))
     }
 
     /// Whether `client` holds the lease an operator ended, by a forced release or a deletion by
@@ -2066,6 +2224,13 @@ impl LeaseProtocol {
         }
     }
 
+    /// The writes that waited for a transaction apply, in their order, once it ended.
+    fn release_blocked(&self, state: &mut State) {
+        for message in std::mem::take(&mut state.blocked) {
+            self.deliver(state, message);
+        }
+    }
+
     /// Runs a `replace` (`replaceOne`) of the lock document: `replacement`, with the stored
     /// `_id`, if `filter` matched.
     fn replace(
@@ -2084,6 +2249,13 @@ impl LeaseProtocol {
 
     /// Applies a message that reached its destination.
     fn deliver(&self, state: &mut State, message: Message) {
+        // A write of the lock's document waits while a transaction holds it (MongoDB: "the
+        // write waits until the transaction ends").
+        if state.transaction.is_some() && message.writes_the_lock() {
+            state.write_waited_for_a_transaction = true;
+            state.blocked.push(message);
+            return;
+        }
         match message {
             Message::Attempt {
                 client,
@@ -2379,6 +2551,142 @@ impl LeaseProtocol {
                 let router = Self::router_of(state, client);
                 self.apply_operators(state, router, &filter, &update);
             }
+            Message::TransactionRenew { client, lock_id } => {
+                // The renewal's command, as the crate's transaction builds it (the renewal of one
+                // lease), applied in the transaction: kept apart until the commit.
+                let renew = self.command(CommandKey::Renew { lock_id, client });
+                let router = Self::router_of(state, client);
+                let before = state.lock.clone();
+                let matched = self
+                    .update(state, router, &renew.filter, &renew.update, false)
+                    .is_some();
+                let written = std::mem::replace(&mut state.lock, before);
+                if matched {
+                    state.transaction = Some(Pending {
+                        client,
+                        lock_id,
+                        lock: written,
+                        since: state.now,
+                    });
+                }
+                state.send(Message::TransactionRenewReply {
+                    client,
+                    lock_id,
+                    matched,
+                });
+            }
+            Message::TransactionRenewReply {
+                client,
+                lock_id,
+                matched,
+            } => {
+                let sender = client;
+                let client = usize::from(client);
+                let at = state.at();
+                // Given up at its deadline: the abort follows the renewal's outcome.
+                if state.clients[client].abort_after == Some(lock_id) {
+                    state.clients[client].abort_after = None;
+                    state.send(Message::TransactionAbort {
+                        client: sender,
+                        lock_id,
+                    });
+                    return;
+                }
+                let Phase::Holding(hold) = &mut state.clients[client].phase else {
+                    return;
+                };
+                let Some(transaction) = hold.transaction.as_mut() else {
+                    return;
+                };
+                if hold.lock_id != lock_id || transaction.committing {
+                    return;
+                }
+                // The work is done at once; it is committed unless the lease's deadline passed
+                // first (the crate's `is_lost` before the commit).
+                if matched && !is_lost(hold.lease, at) {
+                    transaction.committing = true;
+                    let token = hold.token;
+                    state.send(Message::TransactionCommit {
+                        client: sender,
+                        lock_id,
+                        token,
+                    });
+                } else {
+                    // Not ours any more: the crate aborts and reports the lease lost; its
+                    // renewal loop finds out at its next round.
+                    hold.transaction = None;
+                    state.send(Message::TransactionAbort {
+                        client: sender,
+                        lock_id,
+                    });
+                }
+            }
+            Message::TransactionCommit {
+                client,
+                lock_id,
+                token,
+            } => {
+                let committed = match state.transaction.take() {
+                    Some(pending) if pending.client == client && pending.lock_id == lock_id => {
+                        // Nothing else wrote the lock meanwhile, and the work comes after every
+                        // earlier holder's write.
+                        let ours = state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
+                        let in_order = state.resource.is_none_or(|stored| stored < token);
+                        state.transactions_in_order &= ours && in_order;
+                        state.lock = pending.lock;
+                        state.resource = Some(token);
+                        state.transaction_committed = true;
+                        true
+                    }
+                    // Aborted by the server (its lifetime limit): nothing applies.
+                    other => {
+                        state.transaction = other;
+                        false
+                    }
+                };
+                state.send(Message::TransactionCommitReply {
+                    client,
+                    lock_id,
+                    committed,
+                });
+                self.release_blocked(state);
+            }
+            Message::TransactionCommitReply {
+                client,
+                lock_id,
+                committed,
+            } => {
+                let client = usize::from(client);
+                let at = state.at();
+                let Phase::Holding(hold) = &mut state.clients[client].phase else {
+                    return;
+                };
+                let Some(transaction) = hold.transaction else {
+                    return;
+                };
+                if hold.lock_id != lock_id || !transaction.committing {
+                    return;
+                }
+                hold.transaction = None;
+                // The crate's protocol core: the lease counts from the renewal's send.
+                if committed
+                    && !transaction
+                        .renewal
+                        .committed(&mut hold.lease, &self.options[client], at)
+                {
+                    self.lost(state, client);
+                }
+            }
+            Message::TransactionAbort { client, lock_id } => {
+                if state
+                    .transaction
+                    .as_ref()
+                    .is_some_and(|pending| pending.client == client && pending.lock_id == lock_id)
+                {
+                    state.transaction = None;
+                    self.release_blocked(state);
+                }
+            }
             Message::Write { client: _, token } => {
                 let resource = match state.resource {
                     Some(stored) => doc! { "_id": "resource", DEFAULT_FENCE_FIELD: stored },
@@ -2541,6 +2849,13 @@ impl LeaseProtocol {
         caller.rounds = rounds.unwrap_or(0);
         caller.queued = false;
         caller.wait = None; // (a writer's marker went with its win)
+        // A lease-checked transaction starts with its renewal.
+        let transacts =
+            self.config.kind == Kind::Exclusive && self.config.callers[client].transaction;
+        let transaction = transacts.then(|| Transacting {
+            renewal: code::Transaction::renewal_sent(at),
+            committing: false,
+        });
         caller.phase = Phase::Holding(Hold {
             lock_id,
             token,
@@ -2548,12 +2863,18 @@ impl LeaseProtocol {
             renewals,
             renewing: None,
             since: now,
+            transaction,
         });
         // The holder writes to the protected resource at once, with its token (a reader has none
         // and does not write; a document lock's holder writes with its commit, and may write a
-        // checkpoint first).
+        // checkpoint first; a holder that runs a transaction writes in it).
         let sender = u8::try_from(client).expect("small");
-        if self.config.kind == Kind::Document {
+        if transacts {
+            state.send(Message::TransactionRenew {
+                client: sender,
+                lock_id,
+            });
+        } else if self.config.kind == Kind::Document {
             if self.config.callers[client].checkpoints {
                 state.send(Message::Checkpoint {
                     client: sender,
@@ -2569,10 +2890,20 @@ impl LeaseProtocol {
         }
     }
 
-    /// The holder presumes its lease lost: it stops, and its release goes out anyway.
+    /// The holder presumes its lease lost: it stops, and its release goes out anyway. A
+    /// transaction waiting for its renewal's reply is aborted (the crate's `unless_lost`); one
+    /// whose commit is sent waits for the commit's outcome (the crate's `commit` does not watch
+    /// the lease), and its holder is done.
     fn lost(&self, state: &mut State, client: usize) {
         if let Phase::Holding(hold) = &state.clients[client].phase {
             let lock_id = hold.lock_id;
+            let renewal_in_flight = hold
+                .transaction
+                .is_some_and(|transaction| !transaction.committing);
+            if renewal_in_flight {
+                state.transaction_given_up_at_the_deadline = true;
+                state.clients[client].abort_after = Some(lock_id);
+            }
             state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
                 lock_id,
@@ -2661,6 +2992,12 @@ impl LeaseProtocol {
             | Message::Commit { .. }
             | Message::Checkpoint { .. }
             | Message::RemoveMarker { .. } => {}
+            // Never faulted (`Message::of_a_transaction`).
+            Message::TransactionRenew { .. }
+            | Message::TransactionRenewReply { .. }
+            | Message::TransactionCommit { .. }
+            | Message::TransactionCommitReply { .. }
+            | Message::TransactionAbort { .. } => {}
         }
     }
 
@@ -2708,13 +3045,18 @@ impl LeaseProtocol {
                     self.leave_attempt(state, client, Leave::NoReply);
                 }
                 Phase::Holding(hold) if is_lost(hold.lease, at) => self.lost(state, client),
+                // (Not while its transaction is open: the transaction borrows the guard.)
                 Phase::Holding(hold)
-                    if now >= hold.since + self.config.callers[client].hold_ticks =>
+                    if now >= hold.since + self.config.callers[client].hold_ticks
+                        && hold.transaction.is_none() =>
                 {
                     self.release(state, client);
                 }
+                // The renewal loop keeps off a lease inside a transaction, which renews it.
                 Phase::Holding(hold)
-                    if hold.renewing.is_none() && at >= hold.renewals.due_at([]) =>
+                    if hold.renewing.is_none()
+                        && hold.transaction.is_none()
+                        && at >= hold.renewals.due_at([]) =>
                 {
                     let Phase::Holding(hold) = &mut state.clients[client].phase else {
                         unreachable!("matched above");
@@ -2771,7 +3113,10 @@ impl LeaseProtocol {
     /// Whether `message` is a reply to a caller of process 0.
     fn to_process_0(&self, state: &State, message: &Message) -> bool {
         let receiver = match *message {
-            Message::AttemptReply { client, .. } | Message::RenewReply { client, .. } => client,
+            Message::AttemptReply { client, .. }
+            | Message::RenewReply { client, .. }
+            | Message::TransactionRenewReply { client, .. }
+            | Message::TransactionCommitReply { client, .. } => client,
             Message::TransferReply { waiter, .. } => waiter,
             _ => return false,
         };
@@ -2981,6 +3326,7 @@ impl LeaseProtocol {
             offer: None,
             wait: None,
             removal_after: None,
+            abort_after: None,
         };
         State {
             now: 0,
@@ -3064,6 +3410,12 @@ impl LeaseProtocol {
             operator_ended_a_reader: false,
             inserted: false,
             insert_refused: false,
+            transaction: None,
+            blocked: Vec::new(),
+            transactions_in_order: true,
+            transaction_committed: false,
+            write_waited_for_a_transaction: false,
+            transaction_given_up_at_the_deadline: false,
         }
     }
 }
@@ -3093,7 +3445,7 @@ impl Model for LeaseProtocol {
                 };
                 overdue |= in_flight.age >= max_delay;
             }
-            if state.faults_left > 0 {
+            if state.faults_left > 0 && !in_flight.message.of_a_transaction() {
                 actions.push(Action::Lose(index));
                 actions.push(Action::Hang(index));
                 if in_flight.message.is_request() {
@@ -3139,6 +3491,15 @@ impl Model for LeaseProtocol {
         match action {
             Action::Tick => {
                 state.now += 1;
+                // The server aborts a transaction left open too long.
+                if state
+                    .transaction
+                    .as_ref()
+                    .is_some_and(|pending| state.now >= pending.since + TRANSACTION_LIFETIME_TICKS)
+                {
+                    state.transaction = None;
+                    self.release_blocked(&mut state);
+                }
                 // Replies arrive as their tick begins, in a fixed order: each changes only its
                 // receiver.
                 for in_flight in &mut state.network {
@@ -3355,7 +3716,7 @@ impl Model for LeaseProtocol {
 type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 
 /// What every state must keep, in the order [`broken`] looks for a counterexample.
-pub const SAFETY: [Condition; 11] = [
+pub const SAFETY: [Condition; 13] = [
     // Except the holder of a lease an operator ended, until its next renewal's reply (the
     // property below): by design, a forced release does not ask the holder.
     // A semaphore's: at most `max_count` holders at once; a reader-writer lock's: readers, or
@@ -3411,6 +3772,14 @@ pub const SAFETY: [Condition; 11] = [
         "a holder's commit, replace or checkpoint applies only under its live lease, in token order",
         |_, state| state.commits_while_held,
     ),
+    (
+        "a lease-checked transaction commits only under its lease, after earlier holders' writes",
+        |_, state| state.transactions_in_order,
+    ),
+    (
+        "an open transaction is one its holder still ends",
+        |_, state| state.open_transaction_owned(),
+    ),
     (BOOKKEEPING, |_, state| state.granted_only_when_asked),
 ];
 
@@ -3419,7 +3788,7 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 20] = [
+pub const COVERAGE: [Condition; 23] = [
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -3486,6 +3855,16 @@ pub const COVERAGE: [Condition; 20] = [
     ("an insert finds the document there", |_, state| {
         state.insert_refused
     }),
+    ("a lease-checked transaction commits", |_, state| {
+        state.transaction_committed
+    }),
+    ("a write of the lock waits for a transaction", |_, state| {
+        state.write_waited_for_a_transaction
+    }),
+    (
+        "a transaction is given up at its lease's deadline",
+        |_, state| state.transaction_given_up_at_the_deadline,
+    ),
 ];
 
 /// Whether `lease` is lost `at` (asked of a copy: the state is only read).

@@ -243,6 +243,20 @@ fn a_document_lock_that_callers_insert() {
 }
 
 #[test]
+fn a_holder_that_runs_a_lease_checked_transaction() {
+    verify(
+        "a lease-checked transaction",
+        Config::a_lease_checked_transaction(),
+        &[
+            "a lease-checked transaction commits",
+            "a write of the lock waits for a transaction",
+            "a transaction is given up at its lease's deadline",
+            "a lease is taken over after it ended",
+        ],
+    );
+}
+
+#[test]
 fn a_document_lock_whose_holders_checkpoint_and_replace() {
     verify(
         "a document lock with checkpoints and replaces",

@@ -7,7 +7,8 @@ use std::time::Duration;
 use mongodb::bson::{Bson, Document};
 use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::options::ReadConcern;
-use mongodb::{Client, ClientSession};
+use mongodb::results::UpdateResult;
+use mongodb::{Client, ClientSession, Collection};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -15,14 +16,14 @@ use tokio::time::Instant;
 use super::hub::RenewalHub;
 use super::lost::{LeaseState, LostSignal};
 use super::metrics;
-use super::protocol::Sent;
+use super::protocol::Transaction;
 use super::record::{Lease, Place};
 use super::renewal::{self, Command};
 use super::schema;
 use crate::LockKind;
 use crate::clock;
 use crate::error::shown_name;
-use crate::{Error, Result};
+use crate::{Error, Operation, Result};
 
 /// A lease won by an attempt, renewed by a renewal loop until it is released or lost.
 #[derive(Debug)]
@@ -174,27 +175,52 @@ impl HeldLease {
                 .write_concern(options.write_concern().clone())
                 .selection_criteria(schema::primary())
                 .await?;
-            let renewal = Sent::now(clock::now());
+            let renewal = Transaction::renewal_sent(clock::now());
             // Ours and live, and written in this transaction: a takeover, which must write the
             // same document, now waits for (or conflicts with) the transaction until it ends.
-            let checked = lost
-                .unless_lost(
-                    locks
-                        .update_one(ours.clone(), renew.clone())
-                        .session(&mut session)
-                        .into_future(),
-                )
-                .await;
+            // The renewal runs as a task of its own, which owns the session until the renewal's
+            // outcome is in. Should the lease's deadline pass first (or the caller stop
+            // waiting), the task runs on, and the session it drops then aborts the transaction
+            // (the driver's drop of a session whose transaction is open). Dropping the renewal
+            // before its reply instead leaves the driver believing the transaction never
+            // started, so it sends no abort at all, and any abort sent at once could overtake
+            // the renewal on its way: the renewal would then open a transaction nobody ends,
+            // holding the lock's document (every writer of it waits) until the server's
+            // transaction lifetime limit, 60 s by default. Found by the model checker
+            // (`a_lease_checked_transaction`).
+            let mut update = tokio::spawn(renew_in_transaction(
+                locks.clone(),
+                ours.clone(),
+                renew.clone(),
+                session,
+                TRANSACTION_RETRY_LIMIT,
+            ));
+            let checked = tokio::select! {
+                biased;
+                () = lost.wait() => return Err(self.lost_error()),
+                joined = &mut update => joined,
+            };
             let output = match checked {
-                Some(Ok(checked)) if checked.matched_count == 1 => {
+                Ok((returned, Some(Ok(checked)))) if checked.matched_count == 1 => {
+                    session = returned;
                     lost.unless_lost(work(&mut session)).await
                 }
-                Some(Ok(_)) => {
-                    abort(&mut session).await;
+                Ok((mut returned, Some(Ok(_)))) => {
+                    abort(&mut returned).await;
                     return Err(self.lost_error());
                 }
-                Some(Err(error)) => Some(Err(error)),
-                None => None,
+                Ok((returned, Some(Err(error)))) => {
+                    session = returned;
+                    Some(Err(error))
+                }
+                // No reply for two minutes: the lease's deadline passed long before (the select
+                // above returns then).
+                Ok((_, None)) => return Err(self.lost_error()),
+                Err(_) => {
+                    return Err(Error::BackgroundTaskEnded {
+                        operation: Operation::Commit,
+                    });
+                }
             };
             let output = match output {
                 Some(Ok(output)) => output,
@@ -220,7 +246,7 @@ impl HeldLease {
             return match self.commit(&mut session, started).await {
                 Commit::Committed => {
                     // The transaction's renewal is in: the lease lasts from its send.
-                    self.state.confirmed(options, renewal);
+                    self.state.transaction_committed(options, renewal);
                     Ok(output)
                 }
                 Commit::RunAgain => continue 'transaction,
@@ -321,6 +347,26 @@ pub(crate) fn after_release<T>(name: &str, output: Result<T>, released: Result<(
         tracing::warn!(lock = %shown_name(name), %error, "release after the work failed");
     }
     output
+}
+
+/// The renewal of a lease-checked transaction on `session` (filtered by `ours`, updated by
+/// `renew`), waiting at most `patience` for its reply: the session back, and the outcome (`None`
+/// without a reply in time). The bound only ends a wait on a dead connection: a renewal that
+/// reached the server after it cannot be aborted (the driver sends no abort for a transaction
+/// whose first command has no reply), and the server's lifetime limit ends what it opened.
+async fn renew_in_transaction(
+    locks: Collection<Document>,
+    ours: Document,
+    renew: Vec<Document>,
+    mut session: ClientSession,
+    patience: Duration,
+) -> (ClientSession, Option<mongodb::error::Result<UpdateResult>>) {
+    let renewal = locks
+        .update_one(ours, renew)
+        .session(&mut session)
+        .into_future();
+    let outcome = tokio::time::timeout(patience, renewal).await.ok();
+    (session, outcome)
 }
 
 /// How a commit ended.

@@ -18,7 +18,7 @@ use futures::future::select_all;
 use tokio::sync::watch;
 use tokio::time::sleep_until;
 
-use super::protocol::{Lease, Phase, Sent};
+use super::protocol::{Lease, Phase, Sent, Transaction};
 use crate::LockOptions;
 use crate::clock::{self, Instant};
 
@@ -102,6 +102,16 @@ impl LeaseState {
     /// see [`Lease::confirmed`]. Returns whether the lease is still held.
     pub(crate) fn confirmed(&self, options: &LockOptions, request: Sent<Instant>) -> bool {
         self.lease().confirmed(options, request, clock::now())
+    }
+
+    /// The lease-checked `transaction` committed, and its reply arrived just now: see
+    /// [`Transaction::committed`]. Returns whether the lease is still held.
+    pub(crate) fn transaction_committed(
+        &self,
+        options: &LockOptions,
+        transaction: Transaction<Instant>,
+    ) -> bool {
+        transaction.committed(&mut self.lease(), options, clock::now())
     }
 
     /// The deadline, while held (`None` once lost or released, or for a lease without one).

@@ -58,8 +58,8 @@ pub(crate) mod hooks {
     pub(crate) use super::handoff::{offers_standing, waiters_idle};
     pub use super::protocol::{
         Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell,
-        TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window, retry_delay,
-        settled, suspect_at, transfer_answered,
+        Transaction, TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window,
+        retry_delay, settled, suspect_at, transfer_answered,
     };
 }
 

@@ -8,11 +8,12 @@
 //!
 //! The engine runs them on its clocks: [`Lease`] inside every guard's lost signal
 //! (`lost::LeaseState`), [`Renewals`], [`give_up_at`] and [`suspect_at`] in the renewal loop
-//! (`renewal`), [`Attempt`] in every acquisition attempt (`acquire`), [`hands_over`] and
-//! [`transfer_answered`] in every release (`release`), [`keeps_window`] in how a lease ends
-//! (`record`), [`Work`] in what a shutdown waits for and undoes (`in_flight`, `hub`). The model checker
-//! (`model/`, through the hidden `crate::__model`) runs the very same code on its ticks: a
-//! decision exists once, so a mistake planted in it changes what the checker explores.
+//! (`renewal`), [`Transaction`] in every lease-checked transaction (`held`), [`Attempt`] in
+//! every acquisition attempt (`acquire`), [`hands_over`] and [`transfer_answered`] in every
+//! release (`release`), [`keeps_window`] in how a lease ends (`record`), [`Work`] in what a
+//! shutdown waits for and undoes (`in_flight`, `hub`). The model checker (`model/`, through the
+//! hidden `crate::__model`) runs the very same code on its ticks: a decision exists once, so a
+//! mistake planted in it changes what the checker explores.
 //!
 //! The rules, and why they are safe, are in DESIGN.md ("The lease protocol"):
 //! - a lease is relied on until the *send* instant of the last request that confirmed it, plus
@@ -233,6 +234,30 @@ impl<I: Moment> Lease<I> {
     pub fn renew_by(&self, options: &LockOptions) -> Option<I> {
         self.confirmed
             .map(|request| request.0 + options.extension_cadence())
+    }
+}
+
+/// The renewal inside a lease-checked transaction (`HeldLease::transaction`): the transaction's
+/// first write renews the lease, filtered on it being ours and live, but the write counts only
+/// once the transaction commits (until then nobody else can write the lease's document, and
+/// nobody sees the renewal). Once committed, the lease is confirmed from the renewal's *send*,
+/// like any renewal: the server evaluated its `$$NOW` at some instant after the send, not at the
+/// commit, which may come much later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Transaction<I> {
+    renewal: Sent<I>,
+}
+
+impl<I: Moment> Transaction<I> {
+    /// The transaction's renewal is sent `now`.
+    pub fn renewal_sent(now: I) -> Transaction<I> {
+        Transaction { renewal: Sent(now) }
+    }
+
+    /// The transaction committed, and the reply came `now`: see [`Lease::confirmed`], from the
+    /// renewal's send. Returns whether the lease is still held.
+    pub fn committed(self, lease: &mut Lease<I>, options: &LockOptions, now: I) -> bool {
+        lease.confirmed(options, self.renewal, now)
     }
 }
 

@@ -228,6 +228,71 @@ async fn a_transaction_whose_lease_is_lost_meanwhile_commits_nothing() {
     proxy.set(Fault::Pass);
 }
 
+/// The lease's deadline passes while the transaction's renewal (its first write) is on its way:
+/// the caller hears `LockLost` at once, but the abort goes out only after the renewal's outcome
+/// is in. Before, the renewal's future was dropped, and the driver, having no reply to the
+/// transaction's first command, sent no abort at all (an abort sent at once could also overtake
+/// the renewal): the renewal then opened a transaction nobody ended, which on MongoDB holds the
+/// lock's document, so every writer of it waits, until the transaction lifetime limit (60 s by
+/// default). Found by the model checker (`a_lease_checked_transaction`); the proxy holds the
+/// renewal back 3 s and counts the aborts it forwards (before the fix: none, ever). Then the
+/// lock is free to take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_given_up_at_its_deadline_aborts_only_after_its_renewal() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (proxy, proxied) = proxy::proxied_client().await;
+    let collection = common::unique("locks");
+    let name = common::unique("txn-abort");
+    let database = common::database().await;
+    let lock = MongoDistributedLock::new(name.as_str(), &database)
+        .with_collection(collection.as_str())
+        .with_options(common::options(1_000, 200));
+    let guard = lock.acquire().await.unwrap();
+    let held_back = proxy.add_rule(
+        Rule::new("update", Action::Delay(Duration::from_secs(3)))
+            .on(&collection)
+            .where_present("startTransaction"),
+    );
+    let aborts = proxy
+        .add_rule(Rule::new("abortTransaction", Action::Delay(Duration::ZERO)).times(usize::MAX));
+    let ran = AtomicUsize::new(0);
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(10),
+        guard.transaction(&proxied, async |_session| {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }),
+    )
+    .await
+    .expect("the caller hears of the loss by the lease's deadline");
+    assert!(
+        matches!(outcome, Err(Error::LockLost { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "no work without the renewal");
+    assert_eq!(proxy.hits(held_back), 1, "the renewal is held back");
+    assert_eq!(
+        proxy.hits(aborts),
+        0,
+        "no abort while the renewal is on its way"
+    );
+    assert!(
+        common::eventually(Duration::from_secs(10), || async {
+            proxy.hits(aborts) == 1
+        })
+        .await,
+        "the transaction is aborted once the renewal's outcome is in"
+    );
+    drop(guard);
+    let other =
+        MongoDistributedLock::new(name.as_str(), &database).with_collection(collection.as_str());
+    let taken = tokio::time::timeout(Duration::from_secs(10), other.acquire())
+        .await
+        .expect("nothing holds the lock's document")
+        .unwrap();
+    taken.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_document_checkpoint_writes_progress_and_keeps_the_lock() {
     let _alone = ONE_AT_A_TIME.lock().await;
