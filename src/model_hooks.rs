@@ -19,8 +19,8 @@ use crate::{Fence, FencingToken, LockOptions};
 /// the renewal inside a lease-checked [`Transaction`].
 pub use crate::lease::hooks::{
     Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, Transaction,
-    TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window, retry_delay, settled,
-    suspect_at, transfer_answered,
+    TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window, renewed_every_lease,
+    retry_delay, settled, suspect_at, transfer_answered,
 };
 
 /// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document
@@ -175,6 +175,22 @@ pub mod semaphore {
     /// The filter of a release of the place `lock_id` (and of its cleanup).
     pub fn release_filter(name: &str, lock_id: &str) -> Document {
         places().release_filter(&Bson::from(name), lock_id)
+    }
+
+    /// The filter, update pipeline and follow-up read (an aggregation yielding, per document,
+    /// the live ones among `lock_ids` as `ours`) of a renewal of several places in one `update`
+    /// command, as the renewal loop sends it for the places one process holds.
+    pub fn renew_many(
+        name: &str,
+        options: &LockOptions,
+        lock_ids: &[String],
+    ) -> (Document, Vec<Document>, Vec<Document>) {
+        let ids = vec![Bson::from(name); lock_ids.len()];
+        (
+            places().renew_many_filter(&ids, lock_ids),
+            places().renew_update(options, lock_ids),
+            places().live_lock_ids(&ids, lock_ids),
+        )
     }
 
     /// The update pipeline of a release of the place `lock_id` (a cleanup's is the same: a

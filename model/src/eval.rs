@@ -201,6 +201,36 @@ pub fn apply_operators(update: &Document, document: &Document) -> Document {
     next
 }
 
+/// Runs an aggregation `pipeline` of `$match` and `$project` stages (a projection of computed
+/// fields, which keeps `_id`) over `documents`, with `$$NOW` = `now`.
+pub fn aggregate(pipeline: &[Document], documents: &[Document], now: DateTime) -> Vec<Document> {
+    let mut rows = documents.to_vec();
+    for stage in pipeline {
+        let (name, argument) = stage.iter().next().expect("a stage");
+        rows = match (name.as_str(), argument) {
+            ("$match", Bson::Document(filter)) => rows
+                .into_iter()
+                .filter(|row| matches(filter, row, now))
+                .collect(),
+            ("$project", Bson::Document(fields)) => rows
+                .iter()
+                .map(|row| {
+                    let mut projected = Document::new();
+                    projected.insert("_id", row.get("_id").cloned().unwrap_or(Bson::Null));
+                    for (field, expression) in fields {
+                        if let Some(value) = evaluate(expression, row, now) {
+                            projected.insert(field, value);
+                        }
+                    }
+                    projected
+                })
+                .collect(),
+            _ => panic!("stage {name} not modelled"),
+        };
+    }
+    rows
+}
+
 /// Evaluates an aggregation expression against `document`, with `$$NOW` = `now`.
 pub fn evaluate(expression: &Bson, document: &Document, now: DateTime) -> Value {
     match expression {

@@ -52,6 +52,10 @@
 //!   it is then), as MongoDB's writes wait for a document an open transaction wrote. Its own
 //!   messages are never lost or duplicated (the crate's retries of a transaction are not
 //!   modelled); the server aborts one left open after [`TRANSACTION_LIFETIME_TICKS`].
+//! - A semaphore's places held by one family are renewed in the same round, in one command, as
+//!   the engine's renewal loop does; then, unless the reply's count shows each renewed
+//!   ([`code::renewed_every_lease`]), a read tells which are live. Each holder keeps its own
+//!   [`code::Renewals`]: a round goes out when either is due and takes the other along.
 //! - Replies are not duplicated: the driver matches each reply to its request by id, so a reply
 //!   arrives once or not at all. Requests are duplicated (a retried write applied twice).
 //! - The runs with a cancelled caller or a shutdown ([`Config::a_caller_leaves`],
@@ -837,9 +841,16 @@ struct Command {
 enum CommandKey {
     /// An attempt of `client` with this lock id (its options, its details if any; a
     /// reader-writer lock's writer, its wait's marker).
-    Attempt { lock_id: u8, client: u8, marker: u8 },
+    Attempt {
+        lock_id: u8,
+        client: u8,
+        marker: u8,
+    },
     /// A renewal of `client`'s lease `lock_id`.
-    Renew { lock_id: u8, client: u8 },
+    Renew {
+        lock_id: u8,
+        client: u8,
+    },
     /// A release (or cleanup) of `client`'s lease `lock_id`.
     Release {
         lock_id: u8,
@@ -862,11 +873,22 @@ enum CommandKey {
     },
     /// A document lock's `checkpoint` under lease `lock_id`, writing its `token` as
     /// `checkpointedBy`.
-    Checkpoint { lock_id: u8, token: i64 },
+    Checkpoint {
+        lock_id: u8,
+        token: i64,
+    },
     /// A fenced write of the protected resource with this token.
     Write(i64),
     /// The purge's delete.
     Purge,
+    /// A semaphore's renewal of the places `lock_ids` in one `update` command (its filter and
+    /// update), and the read that tells which of them are live (its pipeline, as `update`).
+    RenewMany {
+        lock_ids: [u8; 2],
+    },
+    ReadLive {
+        lock_ids: [u8; 2],
+    },
 }
 
 impl LeaseProtocol {
@@ -995,6 +1017,9 @@ impl LeaseProtocol {
             CommandKey::Commit { .. } | CommandKey::Checkpoint { .. } => {
                 unreachable!("a document lock's only")
             }
+            CommandKey::RenewMany { .. } | CommandKey::ReadLive { .. } => {
+                unreachable!("a semaphore's only")
+            }
         }
     }
 
@@ -1039,6 +1064,15 @@ impl LeaseProtocol {
                         None,
                     ),
                 )
+            }
+            CommandKey::RenewMany { lock_ids } | CommandKey::ReadLive { lock_ids } => {
+                let lock_ids = lock_ids.map(lock_id_name);
+                let (filter, update, read) =
+                    code::semaphore::renew_many(NAME, self.options_of(0_usize), &lock_ids);
+                match key {
+                    CommandKey::RenewMany { .. } => semaphore(filter, update),
+                    _ => semaphore(Document::new(), read),
+                }
             }
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
             CommandKey::Commit { .. } | CommandKey::Checkpoint { .. } => {
@@ -1095,6 +1129,9 @@ impl LeaseProtocol {
                 )
             }
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
+            CommandKey::RenewMany { .. } | CommandKey::ReadLive { .. } => {
+                unreachable!("a semaphore's only")
+            }
             CommandKey::Commit { .. } | CommandKey::Checkpoint { .. } => {
                 unreachable!("a document lock's only")
             }
@@ -1161,6 +1198,9 @@ impl LeaseProtocol {
             ),
             CommandKey::Transfer { .. } => unreachable!("a document lock hands nothing over"),
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
+            CommandKey::RenewMany { .. } | CommandKey::ReadLive { .. } => {
+                unreachable!("a semaphore's only")
+            }
         }
     }
 
@@ -1367,6 +1407,26 @@ pub enum Message {
     /// The third command of a `lock_or_insert` attempt `lock_id` that inserted the document:
     /// lock it (answered by the attempt's reply).
     LockInserted { client: u8, lock_id: u8 },
+    /// The renewal of two places of a semaphore that holders of one family hold, in one `update`
+    /// command: the renewal loop's round for the leases of one process in one document.
+    RenewMany {
+        clients: [u8; 2],
+        lock_ids: [u8; 2],
+        sent: code::Sent<At>,
+    },
+    /// The read that follows a renewal of several leases whose reply did not show each renewed:
+    /// which of them are live.
+    ReadLive {
+        clients: [u8; 2],
+        lock_ids: [u8; 2],
+        sent: code::Sent<At>,
+    },
+    RenewManyReply {
+        clients: [u8; 2],
+        lock_ids: [u8; 2],
+        sent: code::Sent<At>,
+        live: [bool; 2],
+    },
     /// The first write of a lease-checked transaction: the renewal of lease `lock_id`, applied
     /// at once but visible only at the commit; every other write of the lock's document waits
     /// for the transaction's end.
@@ -1396,6 +1456,8 @@ impl Message {
                 | Message::Insert { .. }
                 | Message::LockInserted { .. }
                 | Message::Renew { .. }
+                | Message::RenewMany { .. }
+                | Message::ReadLive { .. }
                 | Message::Transfer { .. }
                 | Message::TransactionRenew { .. }
                 | Message::TransactionCommit { .. }
@@ -1407,6 +1469,7 @@ impl Message {
             self,
             Message::AttemptReply { .. }
                 | Message::RenewReply { .. }
+                | Message::RenewManyReply { .. }
                 | Message::TransferReply { .. }
                 | Message::TransactionRenewReply { .. }
                 | Message::TransactionCommitReply { .. }
@@ -1431,7 +1494,10 @@ impl Message {
     fn writes_the_lock(&self) -> bool {
         self.is_request()
             && !self.of_a_transaction()
-            && !matches!(self, Message::Write { .. } | Message::Insert { .. })
+            && !matches!(
+                self,
+                Message::Write { .. } | Message::Insert { .. } | Message::ReadLive { .. }
+            )
     }
 }
 
@@ -1754,6 +1820,10 @@ pub struct State {
     /// For coverage: a `lock_or_insert` inserted the document; one found it there.
     pub inserted: bool,
     pub insert_refused: bool,
+    /// For coverage: the places of one family were renewed in one command; the read after such
+    /// a renewal found one of them gone and the other live.
+    pub renewed_together: bool,
+    pub read_found_one_gone: bool,
     /// A lease-checked transaction's renewal, applied and pending until the transaction ends.
     pub transaction: Option<Pending>,
     /// Writes of the lock's document that wait for the open transaction's end, in arrival
@@ -2224,6 +2294,53 @@ impl LeaseProtocol {
         }
     }
 
+    /// The reply to `client`'s renewal of its lease `lock_id` sent at `sent`: still `live`, or
+    /// not (the crate's renewal loop, `renewed`).
+    fn renewal_answered(
+        &self,
+        state: &mut State,
+        client: u8,
+        lock_id: u8,
+        sent: code::Sent<At>,
+        live: bool,
+    ) {
+        let client = usize::from(client);
+        let now = state.at();
+        let Phase::Holding(hold) = &mut state.clients[client].phase else {
+            return;
+        };
+        if hold.lock_id != lock_id || hold.renewing != Some(sent) {
+            return;
+        }
+        hold.renewing = None;
+        // The crate's extension rule: only a lease whose deadline has not passed is
+        // extended, from the renewal's send.
+        if !(live && hold.lease.confirmed(&self.options[client], sent, now)) {
+            self.lost(state, client);
+        }
+        // Sent after an operator ended this lease: its reply must have told the holder.
+        if state
+            .forced
+            .iter()
+            .any(|&(forced, at)| forced == lock_id && sent.at() > at)
+            && state.believes_it_holds(client)
+        {
+            state.told_promptly = false;
+        }
+    }
+
+    /// `client`'s renewal of its lease `lock_id` failed: it renews again (its deadline still
+    /// stands).
+    fn renewal_failed(&self, state: &mut State, client: u8, lock_id: u8) {
+        let now = state.at();
+        if let Phase::Holding(hold) = &mut state.clients[usize::from(client)].phase
+            && hold.lock_id == lock_id
+        {
+            hold.renewing = None;
+            hold.renewals.retry_soon(self.options_of(client), now);
+        }
+    }
+
     /// The writes that waited for a transaction apply, in their order, once it ended.
     fn release_blocked(&self, state: &mut State) {
         for message in std::mem::take(&mut state.blocked) {
@@ -2379,29 +2496,80 @@ impl LeaseProtocol {
                 lock_id,
                 sent,
                 live,
+            } => self.renewal_answered(state, client, lock_id, sent, live),
+            Message::RenewMany {
+                clients,
+                lock_ids,
+                sent,
             } => {
-                let client = usize::from(client);
-                let now = state.at();
-                let Phase::Holding(hold) = &mut state.clients[client].phase else {
-                    return;
-                };
-                if hold.lock_id != lock_id || hold.renewing != Some(sent) {
-                    return;
+                let renew = self.command(CommandKey::RenewMany { lock_ids });
+                let router = Self::router_of(state, clients[0]);
+                let ours = state
+                    .lock
+                    .as_ref()
+                    .is_some_and(|lock| lock_ids.iter().any(|&lock_id| lock.stores(lock_id)));
+                let matched = self
+                    .update(state, router, &renew.filter, &renew.update, false)
+                    .is_some();
+                if matched && !ours {
+                    state.touched_only_own = false;
                 }
-                hold.renewing = None;
-                // The crate's extension rule: only a lease whose deadline has not passed is
-                // extended, from the renewal's send.
-                if !(live && hold.lease.confirmed(&self.options[client], sent, now)) {
-                    self.lost(state, client);
+                state.renewed_together = true;
+                // The crate's decision: all renewed, or a read to tell which.
+                if code::renewed_every_lease(Some(i64::from(matched)), lock_ids.len()) {
+                    state.send(Message::RenewManyReply {
+                        clients,
+                        lock_ids,
+                        sent,
+                        live: [true; 2],
+                    });
+                } else {
+                    state.send(Message::ReadLive {
+                        clients,
+                        lock_ids,
+                        sent,
+                    });
                 }
-                // Sent after an operator ended this lease: its reply must have told the holder.
-                if state
-                    .forced
-                    .iter()
-                    .any(|&(forced, at)| forced == lock_id && sent.at() > at)
-                    && state.believes_it_holds(client)
-                {
-                    state.told_promptly = false;
+            }
+            Message::ReadLive {
+                clients,
+                lock_ids,
+                sent,
+            } => {
+                let read = self.command(CommandKey::ReadLive { lock_ids });
+                let router = Self::router_of(state, clients[0]);
+                let now = self.server_now(state, router);
+                let stored: Vec<Document> =
+                    state.lock.iter().map(|_| Self::stored(state)).collect();
+                let rows = eval::aggregate(&read.update, &stored, now);
+                let live_ids: Vec<String> = (rows.iter())
+                    .filter_map(|row| row.get_array("ours").ok())
+                    .flatten()
+                    .filter_map(|lock_id| lock_id.as_str().map(str::to_owned))
+                    .collect();
+                let live = lock_ids.map(|lock_id| live_ids.contains(&lock_id_name(lock_id)));
+                state.read_found_one_gone |= live[0] != live[1];
+                state.send(Message::RenewManyReply {
+                    clients,
+                    lock_ids,
+                    sent,
+                    live,
+                });
+            }
+            Message::RenewManyReply {
+                clients,
+                lock_ids,
+                sent,
+                live,
+            } => {
+                for index in 0..2 {
+                    self.renewal_answered(
+                        state,
+                        clients[index],
+                        lock_ids[index],
+                        sent,
+                        live[index],
+                    );
                 }
             }
             Message::Release {
@@ -2935,13 +3103,18 @@ impl LeaseProtocol {
             }
             | Message::RenewReply {
                 client, lock_id, ..
+            } => self.renewal_failed(state, client, lock_id),
+            Message::RenewMany {
+                clients, lock_ids, ..
+            }
+            | Message::ReadLive {
+                clients, lock_ids, ..
+            }
+            | Message::RenewManyReply {
+                clients, lock_ids, ..
             } => {
-                let now = state.at();
-                if let Phase::Holding(hold) = &mut state.clients[usize::from(client)].phase
-                    && hold.lock_id == lock_id
-                {
-                    hold.renewing = None;
-                    hold.renewals.retry_soon(self.options_of(client), now);
+                for index in 0..2 {
+                    self.renewal_failed(state, clients[index], lock_ids[index]);
                 }
             }
             // As the crate's release decides: the waiter's lease, if the transfer took effect, is
@@ -3058,21 +3231,61 @@ impl LeaseProtocol {
                         && hold.transaction.is_none()
                         && at >= hold.renewals.due_at([]) =>
                 {
-                    let Phase::Holding(hold) = &mut state.clients[client].phase else {
-                        unreachable!("matched above");
+                    // The renewal loop's round renews every lease of the family in it; the places
+                    // of a semaphore that one family holds go in one command.
+                    let partner = self.renewal_partner(state, client);
+                    let mut round = |client: usize| {
+                        let Phase::Holding(hold) = &mut state.clients[client].phase else {
+                            unreachable!("holding");
+                        };
+                        let sent = hold.renewals.round_sent(&self.options[client], at);
+                        hold.renewing = Some(sent);
+                        (u8::try_from(client).expect("small"), hold.lock_id, sent)
                     };
-                    let sent = hold.renewals.round_sent(&self.options[client], at);
-                    hold.renewing = Some(sent);
-                    let lock_id = hold.lock_id;
-                    state.send(Message::Renew {
-                        client: id,
-                        lock_id,
-                        sent,
-                    });
+                    let (_, lock_id, sent) = round(client);
+                    match partner {
+                        Some(other) => {
+                            let (other_id, other_lock_id, _) = round(other);
+                            let ((first, first_lock), (second, second_lock)) = if id < other_id {
+                                ((id, lock_id), (other_id, other_lock_id))
+                            } else {
+                                ((other_id, other_lock_id), (id, lock_id))
+                            };
+                            state.send(Message::RenewMany {
+                                clients: [first, second],
+                                lock_ids: [first_lock, second_lock],
+                                sent,
+                            });
+                        }
+                        None => state.send(Message::Renew {
+                            client: id,
+                            lock_id,
+                            sent,
+                        }),
+                    }
                 }
                 _ => {}
             }
         }
+    }
+
+    /// Another holder of a semaphore's place in `client`'s family whose lease the renewal loop
+    /// renews in the same round (none in flight, no transaction open).
+    fn renewal_partner(&self, state: &State, client: usize) -> Option<usize> {
+        if !matches!(self.config.kind, Kind::Semaphore(_)) {
+            return None;
+        }
+        let family = state.clients[client].family;
+        (0..state.clients.len()).find(|&other| {
+            other != client
+                && state.clients[other].family == family
+                && matches!(
+                    &state.clients[other].phase,
+                    Phase::Holding(hold) if hold.renewing.is_none()
+                        && hold.transaction.is_none()
+                        && !is_lost(hold.lease, state.at())
+                )
+        })
     }
 
     /// The caller stops waiting for its attempt (for `why`): what the crate's [`code::Attempt`]
@@ -3118,6 +3331,7 @@ impl LeaseProtocol {
             | Message::TransactionRenewReply { client, .. }
             | Message::TransactionCommitReply { client, .. } => client,
             Message::TransferReply { waiter, .. } => waiter,
+            Message::RenewManyReply { clients, .. } => clients[0],
             _ => return false,
         };
         state.clients[usize::from(receiver)].process == 0
@@ -3410,6 +3624,8 @@ impl LeaseProtocol {
             operator_ended_a_reader: false,
             inserted: false,
             insert_refused: false,
+            renewed_together: false,
+            read_found_one_gone: false,
             transaction: None,
             blocked: Vec::new(),
             transactions_in_order: true,
@@ -3788,7 +4004,7 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 23] = [
+pub const COVERAGE: [Condition; 25] = [
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -3855,6 +4071,14 @@ pub const COVERAGE: [Condition; 23] = [
     ("an insert finds the document there", |_, state| {
         state.insert_refused
     }),
+    (
+        "the places of one family are renewed in one command",
+        |_, state| state.renewed_together,
+    ),
+    (
+        "the read after a renewal of several places finds one gone",
+        |_, state| state.read_found_one_gone,
+    ),
     ("a lease-checked transaction commits", |_, state| {
         state.transaction_committed
     }),

@@ -189,6 +189,7 @@ fn a_semaphore_of_two_places_among_three_callers() {
             "a lease is taken over after it ended",
             "a renewal reaches the server after another took the lock",
             "a stale fenced write is refused",
+            "the places of one family are renewed in one command",
         ],
     );
 }
@@ -318,6 +319,8 @@ fn an_operator_that_ends_a_semaphore_place() {
         &[
             "an operator ends a held lease",
             "a release hands the lock to a local waiter",
+            "the places of one family are renewed in one command",
+            "the read after a renewal of several places finds one gone",
         ],
     );
 }

@@ -59,7 +59,7 @@ pub(crate) mod hooks {
     pub use super::protocol::{
         Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell,
         Transaction, TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window,
-        retry_delay, settled, suspect_at, transfer_answered,
+        renewed_every_lease, retry_delay, settled, suspect_at, transfer_answered,
     };
 }
 

@@ -8,7 +8,8 @@
 //!
 //! The engine runs them on its clocks: [`Lease`] inside every guard's lost signal
 //! (`lost::LeaseState`), [`Renewals`], [`give_up_at`] and [`suspect_at`] in the renewal loop
-//! (`renewal`), [`Transaction`] in every lease-checked transaction (`held`), [`Attempt`] in
+//! (`renewal`), [`renewed_every_lease`] in every renewal of several leases in one command
+//! (`renewal_commands`), [`Transaction`] in every lease-checked transaction (`held`), [`Attempt`] in
 //! every acquisition attempt (`acquire`), [`hands_over`] and [`transfer_answered`] in every
 //! release (`release`), [`keeps_window`] in how a lease ends (`record`), [`Work`] in what a
 //! shutdown waits for and undoes (`in_flight`, `hub`). The model checker (`model/`, through the
@@ -264,6 +265,16 @@ impl<I: Moment> Transaction<I> {
 /// `deadline`, no later than `hold_until`.
 fn capped<I: Moment>(deadline: I, hold_until: Option<I>) -> I {
     hold_until.map_or(deadline, |hold_until| deadline.min(hold_until))
+}
+
+/// Whether the reply to a renewal of `leases` leases in one command, which matched `matched`
+/// documents, shows every one of them renewed. Each document matches at most once and holds at
+/// least one of the leases, so only as many matches as leases means one lease per document, each
+/// renewed; otherwise (several leases in one document, a semaphore's places or a
+/// reader-writer lock's readers held by one process, or some lease gone) a read must tell which
+/// are still live.
+pub fn renewed_every_lease(matched: Option<i64>, leases: usize) -> bool {
+    matched.is_some_and(|matched| usize::try_from(matched).is_ok_and(|n| n == leases))
 }
 
 /// How long to wait before retrying a failed renewal or release: a quarter of the cadence,
@@ -785,6 +796,19 @@ impl<I: Moment, U: Clone> Work<I, U> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_renewal_of_several_leases_renews_them_all_only_with_a_match_per_lease() {
+        assert!(renewed_every_lease(Some(3), 3));
+        // Two leases in one document (one process's places of a semaphore): one match.
+        assert!(!renewed_every_lease(Some(1), 2));
+        assert!(!renewed_every_lease(Some(0), 1));
+        assert!(!renewed_every_lease(Some(-1), 1));
+        assert!(
+            !renewed_every_lease(None, 1),
+            "no count: read which are live"
+        );
+    }
 
     /// Milliseconds on a test clock.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

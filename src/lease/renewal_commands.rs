@@ -8,6 +8,7 @@ use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::{ReadConcern, ReturnDocument};
 
+use super::protocol;
 use super::record::Place;
 use super::schema::{self, LIVE_LOCK_IDS};
 use crate::clock;
@@ -144,9 +145,7 @@ pub(crate) async fn renew_many(
         return Err(failure);
     }
     let matched = reply.get("n").and_then(crate::token::read_i64);
-    // Each document matches at most once and holds at least one of our leases; as many matches
-    // as leases means one lease per document, each renewed.
-    if matched.is_some_and(|matched| usize::try_from(matched).is_ok_and(|n| n == lock_ids.len())) {
+    if protocol::renewed_every_lease(matched, lock_ids.len()) {
         return Ok(Reply {
             renewed: Renewed::All,
             server_millis: None,
