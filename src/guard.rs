@@ -161,10 +161,14 @@ impl LockGuard {
     ///   again.
     /// - [`Error::Mongo`](crate::Error::Mongo) for `work`'s own errors and other failures (the
     ///   transaction was aborted: nothing was committed).
+    /// - [`Error::BackgroundTaskEnded`](crate::Error::BackgroundTaskEnded) if the task sending
+    ///   the transaction's renewal ended without an answer (the runtime is shutting down).
     ///
     /// # Cancel safety
     /// Not cancel safe in the sense that dropping the future during the commit may or may not
-    /// leave the transaction committed; before that, the driver aborts it.
+    /// leave the transaction committed; before that, the driver aborts it (while the
+    /// transaction's first write, the renewal, is on its way, once that write is answered, so
+    /// that no transaction is left open holding the lock's document).
     pub async fn transaction<T>(
         &self,
         client: &mongodb::Client,
