@@ -181,7 +181,8 @@ pub enum Operation {
     AttemptReply,
     /// Releasing a lock: no try got a reply within `expiry`; the lease ends by itself then.
     Release,
-    /// Committing, replacing or checkpointing a locked document: no reply within `expiry`.
+    /// Committing, replacing or checkpointing a locked document: no reply within `expiry`; or
+    /// a lease-checked transaction, whose renewal's task ended early.
     Commit,
     /// An administration call or a read of a lock's holders (`status`, `holders`,
     /// `held_locks`, a forced release, a purge, a watch's first read): no reply within the

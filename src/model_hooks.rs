@@ -179,7 +179,7 @@ pub mod semaphore {
 
     /// The filter, update pipeline and follow-up read (an aggregation yielding, per document,
     /// the live ones among `lock_ids` as `ours`) of a renewal of several places in one `update`
-    /// command, as the renewal loop sends it for the places one process holds.
+    /// command, as the renewal loop sends the second and later leases of a round.
     pub fn renew_many(
         name: &str,
         options: &LockOptions,

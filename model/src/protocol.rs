@@ -52,10 +52,13 @@
 //!   it is then), as MongoDB's writes wait for a document an open transaction wrote. Its own
 //!   messages are never lost or duplicated (the crate's retries of a transaction are not
 //!   modelled); the server aborts one left open after [`TRANSACTION_LIFETIME_TICKS`].
-//! - A semaphore's places held by one family are renewed in the same round, in one command, as
-//!   the engine's renewal loop does; then, unless the reply's count shows each renewed
+//! - With [`Config::batch_renewals`], a semaphore's places held by one family are renewed in the
+//!   same round, in one command (the engine's loop does so for the second and later leases of a
+//!   round: with three or more leases in the family, or once it stopped reading the server's
+//!   clock); then, unless the reply's count shows each renewed
 //!   ([`code::renewed_every_lease`]), a read tells which are live. Each holder keeps its own
 //!   [`code::Renewals`]: a round goes out when either is due and takes the other along.
+//!   Otherwise each lease is renewed alone, as the engine renews a family's only two.
 //! - Replies are not duplicated: the driver matches each reply to its request by id, so a reply
 //!   arrives once or not at all. Requests are duplicated (a retried write applied twice).
 //! - The runs with a cancelled caller or a shutdown ([`Config::a_caller_leaves`],
@@ -166,15 +169,21 @@ pub enum Mistake {
     /// nobody receives is ended at once) that the model's clients copy, broken in the copy. It
     /// breaks the model's bookkeeping of what callers want, which must then yield a path.
     TransferToALeaver,
+    /// A transaction given up at its lease's deadline while its renewal is on its way is
+    /// aborted at once, not once the renewal is answered (the crate's engine before the fix;
+    /// the model's clients copy that rule): the abort may overtake the renewal, which then
+    /// opens a transaction nobody ends.
+    AbortAtOnce,
 }
 
 impl Mistake {
     /// Every planted mistake.
-    pub const ALL: [Mistake; 4] = [
+    pub const ALL: [Mistake; 5] = [
         Mistake::TransferOfALostLease,
         Mistake::CleanupByName,
         Mistake::TokenNotIncremented,
         Mistake::TransferToALeaver,
+        Mistake::AbortAtOnce,
     ];
 }
 
@@ -258,6 +267,11 @@ pub struct Config {
     /// caller's document (unless it exists: a duplicate `_id`, and the lock is busy), then tries
     /// to lock it again, in a second command.
     pub lock_or_insert: bool,
+    /// A semaphore's places held by one family are renewed in one command (the crate does so
+    /// for the second and later leases of a round: a round with three or more leases of the
+    /// family, or once the loop stopped reading the server's clock); otherwise each goes alone,
+    /// as the crate renews two.
+    pub batch_renewals: bool,
 }
 
 /// Which kind of lock the model runs. Every kind but the exclusive lock keeps no details and no
@@ -367,6 +381,7 @@ impl Default for Config {
             force_release_all: false,
             kind: Kind::Exclusive,
             lock_or_insert: false,
+            batch_renewals: false,
         }
     }
 }
@@ -762,6 +777,7 @@ impl Config {
             kind: Kind::Semaphore(2),
             faults: 0,
             force_release: true,
+            batch_renewals: true,
             ..Config::default()
         }
     }
@@ -1067,6 +1083,7 @@ impl LeaseProtocol {
             }
             CommandKey::RenewMany { lock_ids } | CommandKey::ReadLive { lock_ids } => {
                 let lock_ids = lock_ids.map(lock_id_name);
+                // (The model's callers of a semaphore share its options.)
                 let (filter, update, read) =
                     code::semaphore::renew_many(NAME, self.options_of(0_usize), &lock_ids);
                 match key {
@@ -1837,6 +1854,9 @@ pub struct State {
     pub transaction_committed: bool,
     pub write_waited_for_a_transaction: bool,
     pub transaction_given_up_at_the_deadline: bool,
+    /// For coverage: a transaction's renewal that its holder had given up on the way matched,
+    /// and opened the transaction.
+    pub late_renewal_opened_a_transaction: bool,
 }
 
 impl State {
@@ -2725,10 +2745,20 @@ impl LeaseProtocol {
                 let renew = self.command(CommandKey::Renew { lock_id, client });
                 let router = Self::router_of(state, client);
                 let before = state.lock.clone();
+                let ours = before.as_ref().is_some_and(|lock| lock.stores(lock_id));
                 let matched = self
                     .update(state, router, &renew.filter, &renew.update, false)
                     .is_some();
                 let written = std::mem::replace(&mut state.lock, before);
+                if matched && !ours {
+                    state.touched_only_own = false;
+                }
+                // Its holder gave it up on the way (the lease's deadline passed first).
+                let given_up = !matches!(
+                    &state.clients[usize::from(client)].phase,
+                    Phase::Holding(hold) if hold.lock_id == lock_id && hold.transaction.is_some()
+                );
+                state.late_renewal_opened_a_transaction |= matched && given_up;
                 if matched {
                     state.transaction = Some(Pending {
                         client,
@@ -3070,7 +3100,14 @@ impl LeaseProtocol {
                 .is_some_and(|transaction| !transaction.committing);
             if renewal_in_flight {
                 state.transaction_given_up_at_the_deadline = true;
-                state.clients[client].abort_after = Some(lock_id);
+                if self.mistake(Mistake::AbortAtOnce) {
+                    state.send(Message::TransactionAbort {
+                        client: u8::try_from(client).expect("small"),
+                        lock_id,
+                    });
+                } else {
+                    state.clients[client].abort_after = Some(lock_id);
+                }
             }
             state.send(Message::Release {
                 client: u8::try_from(client).expect("small"),
@@ -3272,7 +3309,7 @@ impl LeaseProtocol {
     /// Another holder of a semaphore's place in `client`'s family whose lease the renewal loop
     /// renews in the same round (none in flight, no transaction open).
     fn renewal_partner(&self, state: &State, client: usize) -> Option<usize> {
-        if !matches!(self.config.kind, Kind::Semaphore(_)) {
+        if !(self.config.batch_renewals && matches!(self.config.kind, Kind::Semaphore(_))) {
             return None;
         }
         let family = state.clients[client].family;
@@ -3632,6 +3669,7 @@ impl LeaseProtocol {
             transaction_committed: false,
             write_waited_for_a_transaction: false,
             transaction_given_up_at_the_deadline: false,
+            late_renewal_opened_a_transaction: false,
         }
     }
 }
@@ -4004,7 +4042,7 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 25] = [
+pub const COVERAGE: [Condition; 26] = [
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -4088,6 +4126,10 @@ pub const COVERAGE: [Condition; 25] = [
     (
         "a transaction is given up at its lease's deadline",
         |_, state| state.transaction_given_up_at_the_deadline,
+    ),
+    (
+        "a renewal its holder gave up on the way opens the transaction",
+        |_, state| state.late_renewal_opened_a_transaction,
     ),
 ];
 

@@ -216,6 +216,8 @@ impl HeldLease {
                 // No reply for two minutes: the lease's deadline passed long before (the select
                 // above returns then).
                 Ok((_, None)) => return Err(self.lost_error()),
+                Err(ended) if ended.is_panic() => std::panic::resume_unwind(ended.into_panic()),
+                // The runtime is shutting down.
                 Err(_) => {
                     return Err(Error::BackgroundTaskEnded {
                         operation: Operation::Commit,

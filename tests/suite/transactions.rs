@@ -234,9 +234,14 @@ async fn a_transaction_whose_lease_is_lost_meanwhile_commits_nothing() {
 /// transaction's first command, sent no abort at all (an abort sent at once could also overtake
 /// the renewal): the renewal then opened a transaction nobody ended, which on MongoDB holds the
 /// lock's document, so every writer of it waits, until the transaction lifetime limit (60 s by
-/// default). Found by the model checker (`a_lease_checked_transaction`); the proxy holds the
-/// renewal back 3 s and counts the aborts it forwards (before the fix: none, ever). Then the
-/// lock is free to take.
+/// default). Found by the model checker (`a_lease_checked_transaction`). A lease of 6 s with a
+/// `max_clock_skew` of 3 s: the holder gives up at about 2.9 s, the server keeps the lease to
+/// 6 s; the proxy holds the renewal back 5 s, so it reaches the server while the lease is live
+/// there and opens the transaction, and counts the aborts it forwards (before the fix: none,
+/// ever). The acquisition at the end checks that the transaction the renewal opened was ended
+/// (the embedded server holds writes behind an open transaction, shim 6); it cannot show the
+/// hole itself, since the proxy drops a held-back request whose client closed its connection,
+/// as the driver did with the dropped renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_given_up_at_its_deadline_aborts_only_after_its_renewal() {
     let _alone = ONE_AT_A_TIME.lock().await;
@@ -244,12 +249,18 @@ async fn a_transaction_given_up_at_its_deadline_aborts_only_after_its_renewal() 
     let collection = common::unique("locks");
     let name = common::unique("txn-abort");
     let database = common::database().await;
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(6))
+        .extension_cadence(Duration::from_secs(1))
+        .max_clock_skew(Duration::from_secs(3))
+        .build()
+        .unwrap();
     let lock = MongoDistributedLock::new(name.as_str(), &database)
         .with_collection(collection.as_str())
-        .with_options(common::options(1_000, 200));
+        .with_options(options);
     let guard = lock.acquire().await.unwrap();
     let held_back = proxy.add_rule(
-        Rule::new("update", Action::Delay(Duration::from_secs(3)))
+        Rule::new("update", Action::Delay(Duration::from_secs(5)))
             .on(&collection)
             .where_present("startTransaction"),
     );
@@ -286,9 +297,9 @@ async fn a_transaction_given_up_at_its_deadline_aborts_only_after_its_renewal() 
     drop(guard);
     let other =
         MongoDistributedLock::new(name.as_str(), &database).with_collection(collection.as_str());
-    let taken = tokio::time::timeout(Duration::from_secs(10), other.acquire())
+    let taken = tokio::time::timeout(Duration::from_secs(15), other.acquire())
         .await
-        .expect("nothing holds the lock's document")
+        .expect("no transaction holds the lock's document")
         .unwrap();
     taken.release().await.unwrap();
 }
