@@ -13,15 +13,52 @@ use crate::{Fence, FencingToken, LockOptions};
 
 /// The protocol's decisions without I/O, which the engine runs on its clocks and the model on
 /// its ticks: a holder's [`Lease`] (its deadline and the extension rule), the renewal loop's
-/// [`Renewals`], [`give_up_at`] and [`suspect_at`], an acquisition [`Attempt`], a release's
+/// [`Renewals`], [`give_up_at`] and [`suspect_at`], an acquisition [`Attempt`] (of a document
+/// lock: its commands, [`DocumentAttempt`]), a release's
 /// [`hands_over`] and [`transfer_answered`], whether the end of a lease keeps its window
-/// ([`keeps_window`]), a family's [`Work`] under way (what a shutdown waits for and undoes), and
-/// the renewal inside a lease-checked [`Transaction`].
+/// ([`keeps_window`]), whom a release hands its lease to ([`handover`], over the line of
+/// [`InLine`] waiters, each one's [`takes_over`]), a family's [`Work`] under way (what a shutdown
+/// waits for and undoes), and the renewal inside a lease-checked [`Transaction`].
 pub use crate::lease::hooks::{
-    Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, Transaction,
-    TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window, renewed_every_lease,
+    Attempt, DocumentAttempt, DocumentStep, Due, Handover, InLine, Lease, MAX_TRANSFERS_IN_A_ROW,
+    Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, Transaction, TransferReply,
+    TransferStep, Work, give_up_at, handover, hands_over, keeps_window, renewed_every_lease,
     retry_delay, settled, suspect_at, transfer_answered,
 };
+
+/// A kind of lease, for [`takes_over`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// An exclusive lock's.
+    Exclusive,
+    /// A place of a semaphore.
+    Place,
+    /// A reader-writer lock's writer.
+    Writer,
+    /// A reader-writer lock's reader.
+    Reader,
+    /// A document lock's, embedded in an application document.
+    Document,
+}
+
+impl LeaseKind {
+    fn layout(self) -> schema::Layout {
+        match self {
+            LeaseKind::Exclusive => schema::Layout::LockDocument,
+            LeaseKind::Place => schema::Layout::Members(schema::HOLDERS.to_owned()),
+            LeaseKind::Writer => schema::Layout::Writer,
+            LeaseKind::Reader => schema::Layout::Members(schema::READERS.to_owned()),
+            LeaseKind::Document => schema::Layout::Embedded("lock".to_owned()),
+        }
+    }
+}
+
+/// Whether a lease of kind `releasing` can be handed over in its release command to a waiter for
+/// a lease of kind `waiter`, as the engine decides it for an offer (the [`InLine::takes_over`]
+/// of that waiter).
+pub fn takes_over(releasing: LeaseKind, waiter: LeaseKind) -> Option<bool> {
+    crate::lease::hooks::takes_over(&releasing.layout(), &waiter.layout())
+}
 
 /// The filter of an acquisition attempt (`findAndModify` with upsert, returning the document
 /// after the update).

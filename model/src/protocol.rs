@@ -17,8 +17,9 @@
 //! request that confirmed it, and the rule that nothing extends a lease whose deadline passed)
 //! and [`code::Renewals`] (when it renews, and how soon after a failure), each attempt's
 //! [`code::Attempt`] (its reply limit, when its undo goes out, and that a win nobody waits for is
-//! released), each release's [`code::hands_over`] and [`code::transfer_answered`] (whether it
-//! becomes a transfer, and what a transfer's outcome hands on or undoes), and each family's
+//! released), each release's [`code::hands_over`], [`code::handover`] and
+//! [`code::transfer_answered`] (whether it becomes a transfer, to which waiter of the line, and
+//! what a transfer's outcome hands on or undoes), and each family's
 //! [`code::Work`] (what its shutdown waits for and undoes, and whether a late outcome may still be
 //! handed on). A mistake in those decisions, made in the crate, changes what the checker explores. What the model adds is the network and the callers: a message stays in flight
 //! up to [`Config::max_delay`] ticks (so messages overtake each other), and within a budget of
@@ -1368,6 +1369,9 @@ pub enum Message {
         client: u8,
         lock_id: u8,
         won: Option<i64>,
+        /// The send of the attempt's lock command that won, when not its first command (a
+        /// `lock_or_insert`'s third): the win's lease counts from it.
+        relocked: Option<code::Sent<At>>,
     },
     Renew {
         client: u8,
@@ -1419,11 +1423,21 @@ pub enum Message {
     /// A document lock's holder writes a checkpoint of its work, keeping its lease `lock_id`.
     Checkpoint { client: u8, lock_id: u8, token: i64 },
     /// The insert of a `lock_or_insert` attempt `lock_id` whose first command matched no
-    /// unlocked document (answered by the attempt's reply, or followed by its third command).
-    Insert { client: u8, lock_id: u8 },
-    /// The third command of a `lock_or_insert` attempt `lock_id` that inserted the document:
-    /// lock it (answered by the attempt's reply).
-    LockInserted { client: u8, lock_id: u8 },
+    /// unlocked document (answered by the attempt's reply, or followed by its next command, as
+    /// its `steps` say).
+    Insert {
+        client: u8,
+        lock_id: u8,
+        steps: code::DocumentAttempt,
+    },
+    /// The lock command of a `lock_or_insert` attempt `lock_id` after it inserted the document,
+    /// sent at `sent` (answered by the attempt's reply, or followed by its next command).
+    LockInserted {
+        client: u8,
+        lock_id: u8,
+        steps: code::DocumentAttempt,
+        sent: code::Sent<At>,
+    },
     /// The renewal of two places of a semaphore that holders of one family hold, in one `update`
     /// command: the renewal loop's round for the leases of one process in one document.
     RenewMany {
@@ -1745,6 +1759,9 @@ pub struct State {
     pub settling: Vec<(u8, u64)>,
     /// How far ahead of real time each router's clock reads (R0, R1), in ms.
     pub router_clocks_ms: [i64; 2],
+    /// Each process's transfers in a row (of its queue for the lock), as the crate's queue
+    /// counts them for `code::handover`.
+    pub transfers_in_a_row: [u32; 2],
     pub may_step_clock: bool,
     pub may_pause: bool,
     /// Process 0 stands still until this tick.
@@ -2426,22 +2443,29 @@ impl LeaseProtocol {
                 if won.is_some() {
                     self.check_details(state, details, replaced_details);
                 }
-                if won.is_none() && self.config.lock_or_insert {
-                    // `lock_or_insert`: no unlocked document matched, so the caller inserts
-                    // its own next.
-                    state.send(Message::Insert { client, lock_id });
+                if won.is_none() && self.config.kind == Kind::Document {
+                    // No unlocked document matched: what comes next is the crate's.
+                    let steps = code::DocumentAttempt::new(self.config.lock_or_insert);
+                    self.document_step(state, client, lock_id, steps, steps.no_match());
                     return;
                 }
                 state.send(Message::AttemptReply {
                     client,
                     lock_id,
                     won,
+                    relocked: None,
                 });
             }
-            Message::Insert { client, lock_id } => {
-                // The caller's document, unless one exists (a duplicate `_id`, locked or not:
-                // the lock is busy, and the caller waits).
-                if state.lock.is_none() {
+            Message::Insert {
+                client,
+                lock_id,
+                mut steps,
+            } => {
+                // The caller's document, unless one exists (a duplicate `_id`, locked or not).
+                let duplicate = state.lock.is_some();
+                if duplicate {
+                    state.insert_refused = true;
+                } else {
                     let inserted = code::document_lock::insertion_of(
                         doc! { "status": "new" },
                         NAME,
@@ -2450,17 +2474,16 @@ impl LeaseProtocol {
                     .expect("the model's new document is valid");
                     Self::store(state, &inserted);
                     state.inserted = true;
-                    state.send(Message::LockInserted { client, lock_id });
-                } else {
-                    state.insert_refused = true;
-                    state.send(Message::AttemptReply {
-                        client,
-                        lock_id,
-                        won: None,
-                    });
                 }
+                let step = steps.inserted(duplicate);
+                self.document_step(state, client, lock_id, steps, step);
             }
-            Message::LockInserted { client, lock_id } => {
+            Message::LockInserted {
+                client,
+                lock_id,
+                steps,
+                sent,
+            } => {
                 let attempt = self.command(CommandKey::Attempt {
                     lock_id,
                     client,
@@ -2470,22 +2493,29 @@ impl LeaseProtocol {
                 let won = self
                     .update(state, router, &attempt.filter, &attempt.update, false)
                     .and_then(|document| self.won(&document, client, lock_id));
+                if won.is_none() {
+                    self.document_step(state, client, lock_id, steps, steps.no_match());
+                    return;
+                }
                 state.send(Message::AttemptReply {
                     client,
                     lock_id,
                     won,
+                    relocked: Some(sent),
                 });
             }
             Message::AttemptReply {
                 client,
                 lock_id,
                 won,
+                relocked,
             } => {
                 let reply = match won {
                     Some(_) => code::Reply::Won,
                     None => code::Reply::Busy,
                 };
-                self.attempt_answered(state, usize::from(client), lock_id, reply, won);
+                let client = usize::from(client);
+                self.attempt_answered(state, client, lock_id, reply, won, relocked);
             }
             Message::Renew {
                 client,
@@ -2905,6 +2935,42 @@ impl LeaseProtocol {
         }
     }
 
+    /// The next command of `client`'s document lock attempt `lock_id`, `step`, as the crate's
+    /// protocol core orders them (`code::DocumentAttempt`, whose state is `steps`): the insert,
+    /// the lock command after it (sent now, counted from now), or the attempt's reply that the
+    /// lock is busy. The read of whether a matching document exists is no command in the model:
+    /// its document is there from the start unless callers insert it, and nobody deletes it, so
+    /// the read finds it and the lock is busy.
+    fn document_step(
+        &self,
+        state: &mut State,
+        client: u8,
+        lock_id: u8,
+        steps: code::DocumentAttempt,
+        step: code::DocumentStep,
+    ) {
+        let message = match step {
+            code::DocumentStep::Insert => Message::Insert {
+                client,
+                lock_id,
+                steps,
+            },
+            code::DocumentStep::Lock => Message::LockInserted {
+                client,
+                lock_id,
+                steps,
+                sent: code::Sent::now(state.at()),
+            },
+            code::DocumentStep::CheckExists | code::DocumentStep::Busy => Message::AttemptReply {
+                client,
+                lock_id,
+                won: None,
+                relocked: None,
+            },
+        };
+        state.send(message);
+    }
+
     /// What becomes of the reply to `client`'s attempt `lock_id` (`token`: the one it won, if
     /// it won), as the crate's [`code::Attempt`] decides: the undo goes out, a win nobody waits
     /// for is released, and a caller that still waits holds the lock, waits in line, or tries
@@ -2916,6 +2982,7 @@ impl LeaseProtocol {
         lock_id: u8,
         reply: code::Reply,
         token: Option<i64>,
+        relocked: Option<code::Sent<At>>,
     ) {
         // The attempt is work of its family until its outcome is in: a win whose undo the
         // family's shutdown took is released, not handed out.
@@ -2944,6 +3011,8 @@ impl LeaseProtocol {
             }
             _ => return,
         };
+        // A win's lease counts from the send of the lock command that won it.
+        let request = relocked.unwrap_or(request);
         let id = u8::try_from(client).expect("small");
         if step.undo {
             state.send(Message::Release {
@@ -3126,13 +3195,17 @@ impl LeaseProtocol {
             Message::Attempt {
                 client, lock_id, ..
             }
-            | Message::Insert { client, lock_id }
-            | Message::LockInserted { client, lock_id }
+            | Message::Insert {
+                client, lock_id, ..
+            }
+            | Message::LockInserted {
+                client, lock_id, ..
+            }
             | Message::AttemptReply {
                 client, lock_id, ..
             } => {
                 let unknown = code::Reply::Unknown;
-                self.attempt_answered(state, usize::from(client), lock_id, unknown, None);
+                self.attempt_answered(state, usize::from(client), lock_id, unknown, None, None);
             }
             // The renewal failed: the holder renews again (its deadline still stands).
             Message::Renew {
@@ -3374,27 +3447,52 @@ impl LeaseProtocol {
         state.clients[usize::from(receiver)].process == 0
     }
 
-    /// The local waiter of `client`'s process a release would hand the lock to.
-    /// The first waiter of `client`'s process that its release may hand the lock to (of a
-    /// reader-writer lock: a reader, from a writer).
-    fn local_waiter(&self, state: &State, client: usize) -> Option<usize> {
+    /// The kind of lease `client` holds or waits for.
+    fn lease_kind(&self, client: usize) -> code::LeaseKind {
+        match self.config.kind {
+            Kind::Exclusive => code::LeaseKind::Exclusive,
+            Kind::Semaphore(_) => code::LeaseKind::Place,
+            Kind::ReaderWriter if self.reads(client) => code::LeaseKind::Reader,
+            Kind::ReaderWriter => code::LeaseKind::Writer,
+            Kind::Document => code::LeaseKind::Document,
+        }
+    }
+
+    /// The local waiter a release by `client` hands its lease to, as the crate's protocol core
+    /// decides (`code::handover`, each waiter's `code::takes_over`) over the line of `client`'s
+    /// process: the callers of the process that wait in line, in caller order (one of the orders
+    /// the crate's line, kept in order of arrival, can take). A caller receiving a transfer is
+    /// busy; no other is (the model's releases wake nobody). Counts the process's transfers in a
+    /// row, as the crate's queue does.
+    fn local_waiter(&self, state: &mut State, client: usize) -> Option<usize> {
         let process = state.clients[client].process;
-        let takes_over = |other: usize| match self.config.kind {
-            Kind::Exclusive | Kind::Semaphore(_) => true,
-            Kind::ReaderWriter => !self.reads(client) && self.reads(other),
-            Kind::Document => false,
-        };
-        (0..state.clients.len()).find(|&other| {
-            other != client
-                && takes_over(other)
-                && state.clients[other].process == process
-                && state.clients[other].queued
-                && state.clients[other].offer.is_none()
-                && matches!(
-                    state.clients[other].phase,
-                    Phase::Idle { .. } | Phase::Attempting { .. }
-                )
-        })
+        let releasing = self.lease_kind(client);
+        let line: Vec<usize> = (0..state.clients.len())
+            .filter(|&other| {
+                let waiter = &state.clients[other];
+                other != client
+                    && waiter.process == process
+                    && waiter.queued
+                    && matches!(waiter.phase, Phase::Idle { .. } | Phase::Attempting { .. })
+            })
+            .collect();
+        let waiters: Vec<code::InLine> = line
+            .iter()
+            .map(|&other| code::InLine {
+                busy: state.clients[other].offer.is_some(),
+                takes_over: code::takes_over(releasing, self.lease_kind(other)),
+            })
+            .collect();
+        let in_a_row = &mut state.transfers_in_a_row[usize::from(process)];
+        match code::handover(waiters, in_a_row) {
+            code::Handover::To(places) => {
+                // The model's bookkeeping hands a lease to one waiter at a time (it has one reader
+                // per process): a release to several would be beyond it, and yields a path.
+                state.granted_only_when_asked &= places.len() == 1;
+                places.first().map(|&place| line[place])
+            }
+            code::Handover::Release { .. } => None,
+        }
     }
 
     fn release(&self, state: &mut State, client: usize) {
@@ -3403,9 +3501,11 @@ impl LeaseProtocol {
         };
         // Called only before the holder's deadline (`run_due` presumes a lease lost first): the
         // holder believes its lease live; whether it still is, the server's filter decides.
-        let waiter = self
-            .local_waiter(state, client)
-            .filter(|_| code::hands_over(&self.options[client], false, true));
+        let waiter = if code::hands_over(&self.options[client], false, true) {
+            self.local_waiter(state, client)
+        } else {
+            None
+        };
         match waiter {
             Some(waiter) => {
                 let lock_id = state.next_lock_id;
@@ -3618,6 +3718,7 @@ impl LeaseProtocol {
             ],
             settling: Vec::new(),
             router_clocks_ms: [0, R1_AHEAD_MS],
+            transfers_in_a_row: [0, 0],
             may_step_clock: self.config.clock_step.is_some(),
             may_pause: self.config.pause.is_some(),
             paused_until: None,

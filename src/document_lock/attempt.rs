@@ -9,56 +9,69 @@ use tokio::runtime::Handle;
 use crate::clock;
 use crate::error::is_duplicate_id;
 use crate::fencing::exists_on_primary;
-use crate::lease::Sent;
 use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, lease_end, next_fencing_token};
+use crate::lease::{DocumentAttempt, DocumentStep, Sent};
 use crate::token::read_i64;
 use crate::{Error, FencingToken, LockOptions, Result};
 
 use super::DocumentGuard;
 use super::Documents;
 
-/// One attempt: lock an unlocked matching document (inserting it first if asked and missing).
+/// One attempt: lock an unlocked matching document (inserting it first if asked and missing),
+/// its commands as the protocol core orders them ([`DocumentAttempt`]).
 pub(super) async fn attempt<T>(
     target: Arc<Documents>,
     filter: Document,
-    insert: Option<Document>,
+    mut insert: Option<Document>,
     runtime: Handle,
     lock_id: String,
 ) -> Result<Option<DocumentGuard<T>>>
 where
     T: DeserializeOwned + Send + Sync + 'static,
 {
-    if let Some(guard) = lock_unlocked_match::<T>(&target, &filter, &runtime, &lock_id).await? {
-        return Ok(Some(guard));
-    }
-    let write_concern = target.lock.options.write_concern().clone();
-    match insert {
-        Some(new_document) => {
-            match target
-                .lock
-                .collection
-                .insert_one(new_document)
-                .write_concern(write_concern)
-                .await
-            {
-                // Inserted unlocked: lock it now (someone may beat us to it; then we wait).
-                Ok(_) => lock_unlocked_match::<T>(&target, &filter, &runtime, &lock_id).await,
-                // It exists: locked by someone else (or they just inserted it). Only a
-                // duplicate `_id` means that; another unique index refusing the document would
-                // refuse it forever.
-                Err(error) if is_duplicate_id(&error) => Ok(None),
-                Err(error) => Err(error.into()),
+    let mut steps = DocumentAttempt::new(insert.is_some());
+    let mut step = DocumentStep::Lock;
+    loop {
+        step = match step {
+            DocumentStep::Lock => {
+                match lock_unlocked_match::<T>(&target, &filter, &runtime, &lock_id).await? {
+                    Some(guard) => return Ok(Some(guard)),
+                    None => steps.no_match(),
+                }
             }
-        }
-        None => {
-            if exists_on_primary(&target.lock.collection, filter).await? {
-                Ok(None)
-            } else {
-                Err(Error::DocumentNotFound {
-                    collection: target.lock.collection.name().to_owned(),
-                })
+            DocumentStep::Insert => {
+                let write_concern = target.lock.options.write_concern().clone();
+                // (Asked for only of a caller that gave a document, and once.)
+                let Some(new_document) = insert.take() else {
+                    return Ok(None);
+                };
+                match target
+                    .lock
+                    .collection
+                    .insert_one(new_document)
+                    .write_concern(write_concern)
+                    .await
+                {
+                    // Inserted unlocked: lock it now (someone may beat us to it; then we wait).
+                    Ok(_) => steps.inserted(false),
+                    // It exists: locked by someone else (or they just inserted it). Only a
+                    // duplicate `_id` means that; another unique index refusing the document
+                    // would refuse it forever.
+                    Err(error) if is_duplicate_id(&error) => steps.inserted(true),
+                    Err(error) => return Err(error.into()),
+                }
             }
-        }
+            DocumentStep::CheckExists => {
+                return if exists_on_primary(&target.lock.collection, filter).await? {
+                    Ok(None)
+                } else {
+                    Err(Error::DocumentNotFound {
+                        collection: target.lock.collection.name().to_owned(),
+                    })
+                };
+            }
+            DocumentStep::Busy => return Ok(None),
+        };
     }
 }
 

@@ -48,18 +48,19 @@ mod ttl_index;
 mod undo;
 
 pub(crate) use backoff::ATTEMPT_SERVER_TIME;
-pub(crate) use protocol::Sent;
+pub(crate) use protocol::{DocumentAttempt, DocumentStep, Sent};
 pub(crate) use push::{Observation, PushFrom};
 pub(crate) use ttl_index::create_now as create_ttl_index;
 
 /// The pacing and handoff facts the model checker and the test controls read, and the protocol
 /// decisions the model checker drives (hooks, not API).
 pub(crate) mod hooks {
-    pub(crate) use super::handoff::{offers_standing, waiters_idle};
+    pub(crate) use super::handoff::{offers_standing, takes_over, waiters_idle};
     pub use super::protocol::{
-        Attempt, Due, Lease, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell,
-        Transaction, TransferReply, TransferStep, Work, give_up_at, hands_over, keeps_window,
-        renewed_every_lease, retry_delay, settled, suspect_at, transfer_answered,
+        Attempt, DocumentAttempt, DocumentStep, Due, Handover, InLine, Lease,
+        MAX_TRANSFERS_IN_A_ROW, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell,
+        Transaction, TransferReply, TransferStep, Work, give_up_at, handover, hands_over,
+        keeps_window, renewed_every_lease, retry_delay, settled, suspect_at, transfer_answered,
     };
 }
 

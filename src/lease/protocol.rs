@@ -10,8 +10,9 @@
 //! (`lost::LeaseState`), [`Renewals`], [`give_up_at`] and [`suspect_at`] in the renewal loop
 //! (`renewal`), [`renewed_every_lease`] in every renewal of several leases in one command
 //! (`renewal_commands`), [`Transaction`] in every lease-checked transaction (`held`), [`Attempt`] in
-//! every acquisition attempt (`acquire`), [`hands_over`] and [`transfer_answered`] in every
-//! release (`release`), [`keeps_window`] in how a lease ends (`record`), [`Work`] in what a
+//! every acquisition attempt (`acquire`), [`DocumentAttempt`] in every attempt to lock a
+//! document (`document_lock`), [`hands_over`], [`handover`] and [`transfer_answered`]
+//! in every release (`release`, `handoff`), [`keeps_window`] in how a lease ends (`record`), [`Work`] in what a
 //! shutdown waits for and undoes (`in_flight`, `hub`). The model checker (`model/`, through the
 //! hidden `crate::__model`) runs the very same code on its ticks: a decision exists once, so a
 //! mistake planted in it changes what the checker explores.
@@ -547,6 +548,63 @@ impl<I: Moment> Attempt<I> {
     }
 }
 
+/// The commands of one attempt to lock an application document (a document lock's attempt): a
+/// lock command first; when it matches no unlocked document, an insert of the caller's document
+/// if the caller gave one (`lock_or_insert`), then a lock command again, or else a read of
+/// whether a matching document exists at all. A win's lease counts from the send of the lock
+/// command that won it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DocumentAttempt {
+    inserts: bool,
+    inserted: bool,
+}
+
+/// The next command of a [`DocumentAttempt`], or its end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DocumentStep {
+    /// Lock an unlocked matching document.
+    Lock,
+    /// Insert the caller's document, unlocked.
+    Insert,
+    /// Read (on the primary) whether a matching document exists: the lock is busy if one does,
+    /// and the caller is told that none does otherwise.
+    CheckExists,
+    /// The lock is busy: a matching document exists, locked by someone else (or the caller's
+    /// insert found one with its `_id`, or another caller locked the inserted one first).
+    Busy,
+}
+
+impl DocumentAttempt {
+    /// An attempt, inserting the caller's document if none matches when `inserts`; its first
+    /// command is [`DocumentStep::Lock`].
+    pub fn new(inserts: bool) -> DocumentAttempt {
+        DocumentAttempt {
+            inserts,
+            inserted: false,
+        }
+    }
+
+    /// A lock command matched no unlocked document: what comes next.
+    pub fn no_match(&self) -> DocumentStep {
+        match (self.inserts, self.inserted) {
+            (_, true) => DocumentStep::Busy,
+            (true, false) => DocumentStep::Insert,
+            (false, false) => DocumentStep::CheckExists,
+        }
+    }
+
+    /// The insert was answered: it inserted the document, or a document with its `_id` was there
+    /// (`duplicate`: refused with a duplicate `_id`). Any other failure ends the attempt with that
+    /// error.
+    pub fn inserted(&mut self, duplicate: bool) -> DocumentStep {
+        if duplicate {
+            return DocumentStep::Busy;
+        }
+        self.inserted = true;
+        DocumentStep::Lock
+    }
+}
+
 /// Whether a release hands its lock over to local waiters in one command (a transfer) rather than
 /// ending its lease and waking them: only when the lease has a queue of local waiters (`waiters`;
 /// the queue tells whether anyone waits in it), when the lease was not lost
@@ -554,6 +612,69 @@ impl<I: Moment> Attempt<I> {
 /// `min_hold` (such a lock stays taken after its release: nothing to hand over yet).
 pub fn hands_over(options: &LockOptions, lost_before: bool, waiters: bool) -> bool {
     waiters && !lost_before && options.min_hold().is_none()
+}
+
+/// After this many transfers in a row, a release of the lock is a plain one: the next local
+/// waiter attempts as soon as it is over, and the waiters of other processes, woken by the same
+/// release through their change stream, race it on equal terms (each is about one round trip
+/// from the server) for the next acquisition.
+pub const MAX_TRANSFERS_IN_A_ROW: u32 = 8;
+
+/// A local waiter of a lock, as the release of a lease of it sees the line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InLine {
+    /// Woken to attempt and not back waiting yet, or receiving a transfer already: passed over.
+    pub busy: bool,
+    /// Whether the releasing lease can be handed to it in the release's command: `None` if not
+    /// (no offer standing, or a lease of another kind: a writer behind a writer), `Some(false)`
+    /// to it alone (an exclusive lock's waiter, a semaphore's), `Some(true)` to it and to the
+    /// waiters right behind it that can be handed the lease too (the readers behind a writer's
+    /// release).
+    pub takes_over: Option<bool>,
+}
+
+/// What a release does for its lock's local waiters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Hand the lease over to the waiters at these places of the line, in one command.
+    To(Vec<usize>),
+    /// A plain release that wakes the waiters.
+    Release {
+        /// It ended a run of [`MAX_TRANSFERS_IN_A_ROW`] transfers: the other processes get
+        /// their turn.
+        run_ended: bool,
+    },
+}
+
+/// Whom the release of a lease (one that [`hands_over`]) hands it to, given its lock's local
+/// `line` in order and the count of transfers in a row the lock has had (updated here): the
+/// first waiter not busy, if the lease can be handed to it, and for readers behind a writer the
+/// ones right behind it as well; nobody if the first waiter not busy cannot take it (it is
+/// never overtaken), or once [`MAX_TRANSFERS_IN_A_ROW`] transfers were made in a row.
+pub fn handover(line: impl IntoIterator<Item = InLine>, transfers_in_a_row: &mut u32) -> Handover {
+    let mut chosen = Vec::new();
+    for (place, waiter) in line.into_iter().enumerate() {
+        if waiter.busy {
+            continue;
+        }
+        let Some(shares) = waiter.takes_over else {
+            break;
+        };
+        chosen.push(place);
+        if !shares {
+            break;
+        }
+    }
+    if chosen.is_empty() {
+        *transfers_in_a_row = 0;
+        return Handover::Release { run_ended: false };
+    }
+    if *transfers_in_a_row >= MAX_TRANSFERS_IN_A_ROW {
+        *transfers_in_a_row = 0;
+        return Handover::Release { run_ended: true };
+    }
+    *transfers_in_a_row += 1;
+    Handover::To(chosen)
 }
 
 /// Whether the end of a lease keeps its lock's `min_hold` window: only when the lease was
@@ -1013,6 +1134,51 @@ mod tests {
             .build()
             .unwrap();
         assert!(!hands_over(&min_hold, false, true), "stays taken");
+    }
+
+    #[test]
+    fn a_document_attempt_inserts_once_and_then_locks_or_finds_the_lock_busy() {
+        let plain = DocumentAttempt::new(false);
+        assert_eq!(plain.no_match(), DocumentStep::CheckExists);
+        let mut inserting = DocumentAttempt::new(true);
+        assert_eq!(inserting.no_match(), DocumentStep::Insert);
+        let mut duplicate = inserting;
+        assert_eq!(duplicate.inserted(true), DocumentStep::Busy);
+        assert_eq!(inserting.inserted(false), DocumentStep::Lock);
+        assert_eq!(inserting.no_match(), DocumentStep::Busy, "inserts once");
+    }
+
+    #[test]
+    fn a_release_hands_over_to_the_first_free_waiter_that_takes_it_and_the_sharers_behind() {
+        let waiter = |busy, takes_over| InLine { busy, takes_over };
+        let mut in_a_row = 0;
+        let line = [waiter(true, Some(false)), waiter(false, Some(false))];
+        assert_eq!(handover(line, &mut in_a_row), Handover::To(vec![1]));
+        assert_eq!(in_a_row, 1);
+        // The first free waiter cannot take it (a writer behind a writer's release): nobody
+        // behind it overtakes it, and the run of transfers ends.
+        let line = [waiter(false, None), waiter(false, Some(false))];
+        let plain = Handover::Release { run_ended: false };
+        assert_eq!(handover(line, &mut in_a_row), plain);
+        assert_eq!(in_a_row, 0);
+        // Readers behind a writer's release, up to the first that cannot take it.
+        let line = [
+            waiter(false, Some(true)),
+            waiter(true, None),
+            waiter(false, Some(true)),
+            waiter(false, None),
+            waiter(false, Some(true)),
+        ];
+        assert_eq!(handover(line, &mut in_a_row), Handover::To(vec![0, 2]));
+        assert_eq!(handover([], &mut in_a_row), plain, "nobody waits");
+        // A run of transfers ends at its bound, then starts again.
+        let line = [waiter(false, Some(false))];
+        for _ in 0..MAX_TRANSFERS_IN_A_ROW {
+            assert_eq!(handover(line, &mut in_a_row), Handover::To(vec![0]));
+        }
+        let ended = Handover::Release { run_ended: true };
+        assert_eq!(handover(line, &mut in_a_row), ended);
+        assert_eq!(handover(line, &mut in_a_row), Handover::To(vec![0]));
     }
 
     #[test]

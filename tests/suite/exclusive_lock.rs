@@ -46,6 +46,40 @@ async fn acquire_writes_the_dotnet_document_and_release_ends_the_lease() {
     assert!(released.get_datetime("expiresAt").unwrap() <= &DateTime::now());
 }
 
+/// A renewal of a lock without details or `min_hold` keeps DistributedLock.MongoDB's document
+/// exactly: it moves `expiresAt` and adds nothing (`renewedAt` is written only beside details).
+#[tokio::test]
+async fn a_renewal_keeps_the_dotnet_document_exactly() {
+    let (lock, collection) =
+        common::fresh_lock_without_ttl("renewed-doc", common::options(1_000, 200)).await;
+    let guard = lock.acquire().await.unwrap();
+    let expires_at =
+        |held: &mongodb::bson::Document| held.get_datetime("expiresAt").unwrap().timestamp_millis();
+    let acquired = common::lock_document(&collection, lock.name())
+        .await
+        .unwrap();
+    let renewed = common::eventually(Duration::from_secs(10), || async {
+        let held = common::lock_document(&collection, lock.name())
+            .await
+            .unwrap();
+        expires_at(&held) > expires_at(&acquired)
+    })
+    .await;
+    assert!(renewed, "the holder renews its lease");
+    let held = common::lock_document(&collection, lock.name())
+        .await
+        .unwrap();
+    let mut fields: Vec<&str> = held.keys().map(String::as_str).collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        ["_id", "acquiredAt", "expiresAt", "fencingToken", "lockId"],
+        "{held}"
+    );
+    assert_eq!(lock.status().await.unwrap().unwrap().renewed_at, None);
+    guard.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn try_acquire_fails_at_once_while_held() {
     let (lock, _) = common::fresh_lock("try", common::options(10_000, 3_000)).await;

@@ -12,7 +12,7 @@
 //!   events only. When the first waiter leaves, the next one takes over polling at once.
 //! - **Transfer.** A waiter for an exclusive lock leaves an [`Offer`]: the release of a local
 //!   holder then hands the lease over in the release command itself (see `release`), at most
-//!   [`MAX_TRANSFERS_IN_A_ROW`] times in a row; then a plain release lets waiters of other
+//!   [`protocol::MAX_TRANSFERS_IN_A_ROW`] times in a row; then a plain release lets waiters of other
 //!   processes race the local one.
 //! - **Waking.** Otherwise, once a release is over, it wakes the first waiter that is not
 //!   already busy with an attempt, and, if that one shares the lock (a reader), every sharing
@@ -50,9 +50,9 @@ mod transfer;
 
 pub(crate) use queue::Wake;
 use queue::{Queue, Waiter};
-pub(crate) use transfer::{
-    Handoff, MAX_TRANSFERS_IN_A_ROW, Offer, TakeoverUpdate, Transfer, takes_over,
-};
+pub(crate) use transfer::{Handoff, Offer, TakeoverUpdate, Transfer, takes_over};
+
+use super::protocol::{self, Handover, InLine};
 
 /// Identifies one lock across the process (database, collection and name: its queue) and the
 /// family of locks that uses it (its renewal hub's id).
@@ -389,9 +389,10 @@ pub(crate) fn saw_stored(key: &Key, lock_id: &str) {
 }
 
 /// What the release of a local holder of `key`'s lease, stored as `releasing` says, with
-/// `write_concern` does: hand over to the first waiter that is not busy, if it has an offer
-/// it [`takes_over`] with the same write concern and the bound allows (and to the readers right
-/// behind it, for a writer's release); else a plain release that wakes waiters.
+/// `write_concern` does, as the protocol core decides ([`protocol::handover`]): hand over to the
+/// first waiter that is not busy, if it has an offer it [`takes_over`] with the same write concern
+/// and the bound allows (and to the readers right behind it, for a writer's release); else a
+/// plain release that wakes waiters.
 pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern, releasing: &Layout) -> Handoff {
     with_queue(key, |queue| {
         let takes = |waiter: &Waiter| {
@@ -401,27 +402,25 @@ pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern, releasing: &Layou
                     .flatten()
             })
         };
-        let mut chosen = Vec::new();
-        for waiter in queue
+        let line: Vec<(u64, InLine)> = queue
             .group_mut(key.family)
-            .filter(|waiter| !waiter.busy && !waiter.receiving)
-        {
-            let Some(many) = takes(waiter) else { break };
-            chosen.push(waiter.id);
-            if !many {
-                break;
+            .map(|waiter| {
+                let busy = waiter.busy || waiter.receiving;
+                let takes_over = takes(waiter);
+                (waiter.id, InLine { busy, takes_over })
+            })
+            .collect();
+        let places = match protocol::handover(
+            line.iter().map(|&(_, waiter)| waiter),
+            &mut queue.transfers_in_a_row,
+        ) {
+            Handover::To(places) => places,
+            Handover::Release { run_ended } => {
+                queue.others_turn |= run_ended;
+                return Handoff::Wake;
             }
-        }
-        if chosen.is_empty() {
-            queue.transfers_in_a_row = 0;
-            return Handoff::Wake;
-        }
-        if queue.transfers_in_a_row >= MAX_TRANSFERS_IN_A_ROW {
-            queue.transfers_in_a_row = 0;
-            queue.others_turn = true;
-            return Handoff::Wake;
-        }
-        queue.transfers_in_a_row += 1;
+        };
+        let chosen: Vec<u64> = places.into_iter().map(|place| line[place].0).collect();
         let offers = queue
             .group_mut(key.family)
             .filter(|waiter| chosen.contains(&waiter.id))

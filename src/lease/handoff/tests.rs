@@ -1,6 +1,7 @@
 //! The queue's rules, through the functions the engine calls.
 
 use super::*;
+use crate::lease::protocol::MAX_TRANSFERS_IN_A_ROW;
 use crate::lease::schema::{HOLDERS, READERS};
 use crate::lease::undo::Undo;
 use mongodb::bson::Document;

@@ -12,12 +12,6 @@ use crate::lease::in_flight::InFlight;
 use crate::lease::schema::{HOLDERS, Layout, READERS};
 use crate::lease::undo::Undo;
 
-/// After this many transfers in a row, a release of the lock is a plain one: the next local
-/// waiter attempts as soon as it is over, and the waiters of other processes, woken by the same
-/// release through their change stream, race it on equal terms (each is about one round trip
-/// from the server) for the next acquisition.
-pub(crate) const MAX_TRANSFERS_IN_A_ROW: u32 = 8;
-
 /// Builds the pipeline that takes a lease over from the lease with the given lock id.
 pub(crate) type TakeoverUpdate = Box<dyn Fn(&str) -> Vec<Document> + Send>;
 
