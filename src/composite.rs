@@ -115,6 +115,17 @@ impl CompositeGuard {
         })
     }
 
+    /// Each member's lock id (see [`LockGuard::lock_id`](crate::LockGuard::lock_id)), by name,
+    /// in acquisition order.
+    pub fn lock_ids(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.members.iter().map(|member| {
+            (
+                member.lease.name(),
+                member.lease.lock_id().unwrap_or_default(),
+            )
+        })
+    }
+
     /// A signal that turns true when any member is known or presumed lost (see
     /// [`LostSignal`]).
     pub fn lost(&self) -> LostSignal {

@@ -128,6 +128,11 @@ where
         self.inner.fencing_token()
     }
 
+    /// This lock's lock id; see [`DocumentGuard::lock_id`](crate::DocumentGuard::lock_id).
+    pub fn lock_id(&self) -> &str {
+        self.inner.lock_id()
+    }
+
     /// A signal that turns true when the lock is known or presumed lost.
     pub fn lost(&self) -> LostSignal {
         self.inner.lost()

@@ -35,6 +35,11 @@ impl LockGuard {
         self.inner.fencing_token()
     }
 
+    /// This lease's lock id; see [`LockGuard::lock_id`](crate::LockGuard::lock_id).
+    pub fn lock_id(&self) -> &str {
+        self.inner.lock_id()
+    }
+
     /// Whether the lock is known or presumed lost (checked against the lease's local deadline
     /// on every call). Stop touching the protected resource once it is.
     pub fn is_lost(&self) -> bool {
@@ -82,6 +87,11 @@ impl ReadGuard {
     /// The lock's name.
     pub fn name(&self) -> &str {
         self.inner.name()
+    }
+
+    /// This reader's lock id; see [`ReadGuard::lock_id`](crate::ReadGuard::lock_id).
+    pub fn lock_id(&self) -> &str {
+        self.inner.lock_id()
     }
 
     /// Whether the read lock is known or presumed lost.
@@ -138,6 +148,12 @@ impl CompositeGuard {
     /// Each member's fencing token, by name, in acquisition order (read locks have none).
     pub fn fencing_tokens(&self) -> impl Iterator<Item = (&str, FencingToken)> {
         self.inner.fencing_tokens()
+    }
+
+    /// Each member's lock id, by name; see
+    /// [`CompositeGuard::lock_ids`](crate::CompositeGuard::lock_ids).
+    pub fn lock_ids(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.inner.lock_ids()
     }
 
     /// Whether any member is known or presumed lost.

@@ -57,6 +57,13 @@ impl<T> DocumentGuard<T> {
         self.fencing_token
     }
 
+    /// This lock's lock id, as the document's lock field stores it (`<field>.id`): log it to
+    /// tell which holder locked the document.
+    pub fn lock_id(&self) -> &str {
+        // (A guard's lease is handed back only by its release or drop, which consume it.)
+        self.lease.lock_id().unwrap_or_default()
+    }
+
     /// A signal that turns true when the lock is known or presumed lost (see
     /// [`LockGuard::lost`](crate::LockGuard::lost)).
     pub fn lost(&self) -> LostSignal {

@@ -24,6 +24,15 @@ impl ReadGuard {
         self.lease.name()
     }
 
+    /// This reader's lock id: the holder id that [`LockStatus::lock_id`](crate::LockStatus::lock_id)
+    /// reports and `dlock list` shows, and that `dlock release --holder` and
+    /// [`Provider::force_release_holder`](crate::Provider::force_release_holder) take. Log it to
+    /// tell operators which holder is which.
+    pub fn lock_id(&self) -> &str {
+        // (A guard's lease is handed back only by its release or drop, which consume it.)
+        self.lease.lock_id().unwrap_or_default()
+    }
+
     /// A signal that turns true when the read lock is known or presumed lost; see
     /// [`LockGuard::lost`](crate::LockGuard::lost).
     pub fn lost(&self) -> LostSignal {

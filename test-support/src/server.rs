@@ -5,6 +5,7 @@
 //! Tests that need isolation or a special server start their own with [`start_dedicated`].
 
 use std::io::{BufRead, BufReader};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -97,7 +98,7 @@ pub fn start_dedicated_with(args: &[String]) -> Dedicated {
 /// If `MONGODB_URI` is unset and the embedded server cannot be started; the message says how to
 /// get a server. Tests must never skip silently for lack of one.
 pub fn uri() -> String {
-    if let Ok(uri) = std::env::var("MONGODB_URI") {
+    if let Some(uri) = env_uri() {
         return uri;
     }
     static EMBEDDED: OnceLock<Embedded> = OnceLock::new();
@@ -118,12 +119,12 @@ pub struct Isolated {
 }
 
 pub fn isolated() -> Isolated {
-    match std::env::var("MONGODB_URI") {
-        Ok(uri) => Isolated {
+    match env_uri() {
+        Some(uri) => Isolated {
             uri,
             _dedicated: None,
         },
-        Err(_) => {
+        None => {
             let dedicated = start_dedicated(None);
             Isolated {
                 uri: dedicated.uri.clone(),
@@ -131,6 +132,72 @@ pub fn isolated() -> Isolated {
             }
         }
     }
+}
+
+/// `MONGODB_URI`, if set, once something was found to answer at one of its hosts.
+///
+/// # Panics
+/// If nothing does (a stopped `scripts/test-server`, say): every test would otherwise wait out
+/// the driver's server selection and fail with an error that does not say why.
+fn env_uri() -> Option<String> {
+    static ANSWERS: OnceLock<Result<(), String>> = OnceLock::new();
+    let uri = std::env::var("MONGODB_URI").ok()?;
+    let checked = ANSWERS.get_or_init(|| match hosts(&uri) {
+        Some(hosts) if !answers(&hosts, Duration::from_secs(5)) => Err(format!(
+            "nothing answers at the hosts of MONGODB_URI ({}): is its server still running? \
+             `scripts/test-server` starts one and prints a new MONGODB_URI; unset MONGODB_URI \
+             to let the tests start embedded servers",
+            hosts.join(", ")
+        )),
+        _ => Ok(()),
+    });
+    if let Err(problem) = checked {
+        panic!("{problem}");
+    }
+    Some(uri)
+}
+
+/// The hosts (`host:port`) of a `mongodb://` connection string; `None` for a string this cannot
+/// read (`mongodb+srv://` names no host itself).
+pub fn hosts(uri: &str) -> Option<Vec<String>> {
+    let rest = uri.strip_prefix("mongodb://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let list = &rest[..end];
+    let list = list.rsplit_once('@').map_or(list, |(_, hosts)| hosts);
+    let hosts: Vec<String> = list
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| {
+            let bracketed = host.starts_with('[');
+            let has_port = match host.rfind(':') {
+                Some(colon) => !bracketed || host[..colon].ends_with(']'),
+                None => false,
+            };
+            if has_port {
+                host.to_owned()
+            } else {
+                format!("{host}:27017")
+            }
+        })
+        .collect();
+    (!hosts.is_empty()).then_some(hosts)
+}
+
+/// Whether something accepts a TCP connection at one of `hosts` (as [`hosts`] gives them) within
+/// `patience` each.
+pub fn answers(hosts: &[String], patience: Duration) -> bool {
+    hosts.iter().any(|host| {
+        let Some((name, port)) = host.rsplit_once(':') else {
+            return false;
+        };
+        let name = name.trim_start_matches('[').trim_end_matches(']');
+        let Ok(port) = port.parse::<u16>() else {
+            return false;
+        };
+        (name, port).to_socket_addrs().is_ok_and(|mut addresses| {
+            addresses.any(|address| TcpStream::connect_timeout(&address, patience).is_ok())
+        })
+    })
 }
 
 /// Whether tests run against the embedded server (and may rely on its instant TTL deletion).
@@ -204,5 +271,38 @@ fn start_embedded(args: &[String], ports: usize) -> Result<Embedded, String> {
                 "the embedded server did not start (it printed {other:?})"
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hosts_of_a_connection_string_get_the_default_port_and_lose_the_credentials() {
+        let hosts = |uri: &str| hosts(uri).unwrap_or_default();
+        assert_eq!(hosts("mongodb://127.0.0.1:38067/app"), ["127.0.0.1:38067"]);
+        assert_eq!(
+            hosts("mongodb://user:secret@a,b:27018/?replicaSet=rs0"),
+            ["a:27017", "b:27018"]
+        );
+        assert_eq!(hosts("mongodb://[::1]:5/"), ["[::1]:5"]);
+        assert_eq!(hosts("mongodb://[::1]"), ["[::1]:27017"]);
+        assert_eq!(
+            hosts("mongodb+srv://cluster.example.net/"),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_host_answers_while_something_listens_there_and_not_after() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let host = vec![listener.local_addr().unwrap().to_string()];
+        let patience = Duration::from_secs(2);
+        assert!(answers(&host, patience));
+        drop(listener);
+        assert!(!answers(&host, patience), "nothing listens at {host:?}");
+        let two = vec![host[0].clone(), "localhost:1".to_owned()];
+        assert!(!answers(&two, patience));
     }
 }

@@ -555,6 +555,56 @@ async fn one_holder_or_all_holders_of_every_kind_can_be_forced_out() {
     );
 }
 
+/// Each guard tells its lease's lock id, the holder id its entry shows (and `dlock list`, and
+/// `dlock release --holder` takes), so an application can log it.
+#[tokio::test]
+async fn every_guard_tells_the_lock_id_its_holder_entry_shows() {
+    let (provider, _) = provider_of_every_kind().await;
+    let entry = |kind: LockKind, name: &str| {
+        let (provider, name) = (provider.clone(), name.to_owned());
+        async move {
+            let filter = LockFilter::new().with_kind(kind).with_name(name);
+            let held = provider.held_locks_matching(&filter).await.unwrap();
+            held.into_iter()
+                .map(|entry| entry.lock_id.unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    let lock = provider.create_lock("x").acquire().await.unwrap();
+    assert_eq!(entry(LockKind::Exclusive, "x").await, [lock.lock_id()]);
+    let rw = provider.create_reader_writer_lock("rw");
+    let reader = rw.acquire_read().await.unwrap();
+    assert_eq!(entry(LockKind::Read, "rw").await, [reader.lock_id()]);
+    reader.release().await.unwrap();
+    let writer = rw.acquire_write().await.unwrap();
+    assert_eq!(entry(LockKind::Write, "rw").await, [writer.lock_id()]);
+    let semaphore = provider.create_semaphore("sem", 2);
+    let (place_a, place_b) = (
+        semaphore.acquire().await.unwrap(),
+        semaphore.acquire().await.unwrap(),
+    );
+    let mut places = entry(LockKind::Semaphore, "sem").await;
+    places.sort();
+    let mut ours = vec![place_a.lock_id().to_owned(), place_b.lock_id().to_owned()];
+    ours.sort();
+    assert_eq!(places, ours);
+    assert_ne!(place_a.lock_id(), place_b.lock_id());
+    let both = provider
+        .acquire_all(&["m1", "m2"], Duration::from_secs(5))
+        .await
+        .unwrap();
+    for (name, lock_id) in both.lock_ids() {
+        assert_eq!(entry(LockKind::Exclusive, name).await, [lock_id]);
+    }
+    // The id an operator forces out is the guard's.
+    let x = provider.status("x").await.unwrap().unwrap();
+    assert_eq!(x.lock_id.as_deref(), Some(lock.lock_id()));
+    assert!(provider.force_release_holder(&x).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(5), lock.lost().wait())
+        .await
+        .expect("the holder learns it at its next renewal");
+}
+
 /// A provider pointed at an application's collection (documents with an `expiresAt` a day old,
 /// but not lock documents): `purge_expired` refuses it before deleting anything, and every
 /// administrative write leaves documents that are not locks alone, whatever their fields.
