@@ -7,6 +7,17 @@ use std::time::{Duration, Instant};
 use distributed_lock_mongodb::{Error, LockOptions, MongoDistributedLock, Provider};
 use mongodb::bson::{Bson, DateTime};
 
+/// Asserts that a held lock's document has exactly DistributedLock.MongoDB's fields.
+fn assert_dotnet_fields(held: &mongodb::bson::Document) {
+    let mut fields: Vec<&str> = held.keys().map(String::as_str).collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        ["_id", "acquiredAt", "expiresAt", "fencingToken", "lockId"],
+        "{held}"
+    );
+}
+
 #[tokio::test]
 async fn acquire_writes_the_dotnet_document_and_release_ends_the_lease() {
     let (lock, collection) =
@@ -18,12 +29,7 @@ async fn acquire_writes_the_dotnet_document_and_release_ends_the_lease() {
     let held = common::lock_document(&collection, lock.name())
         .await
         .unwrap();
-    let mut fields: Vec<&str> = held.keys().map(String::as_str).collect();
-    fields.sort_unstable();
-    assert_eq!(
-        fields,
-        ["_id", "acquiredAt", "expiresAt", "fencingToken", "lockId"]
-    );
+    assert_dotnet_fields(&held);
     assert!(matches!(held.get("lockId"), Some(Bson::String(_))));
     assert!(matches!(held.get("fencingToken"), Some(Bson::Int64(_))));
     let acquired_at = held.get_datetime("acquiredAt").unwrap().timestamp_millis();
@@ -69,13 +75,7 @@ async fn a_renewal_keeps_the_dotnet_document_exactly() {
     let held = common::lock_document(&collection, lock.name())
         .await
         .unwrap();
-    let mut fields: Vec<&str> = held.keys().map(String::as_str).collect();
-    fields.sort_unstable();
-    assert_eq!(
-        fields,
-        ["_id", "acquiredAt", "expiresAt", "fencingToken", "lockId"],
-        "{held}"
-    );
+    assert_dotnet_fields(&held);
     assert_eq!(lock.status().await.unwrap().unwrap().renewed_at, None);
     guard.release().await.unwrap();
 }
