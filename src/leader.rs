@@ -1,12 +1,13 @@
 //! Leader election on top of the exclusive lock.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::shown_name;
+use crate::sync::{Mutex, MutexGuard};
 use crate::{Error, FencingToken, LockGuard, LockWatch, LostSignal, MongoDistributedLock, Result};
 
 /// After a failed campaign (an error other than a busy lock), the next one waits this long.
@@ -166,7 +167,7 @@ impl Drop for LeaderElection {
 }
 
 fn lock_term(term: &Mutex<Option<Term>>) -> MutexGuard<'_, Option<Term>> {
-    term.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    term.lock()
 }
 
 /// Campaigns until resigned or the lock's provider is shut down; returns the outcome of the

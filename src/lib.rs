@@ -16,6 +16,7 @@ mod error;
 mod fencing;
 mod lock_status;
 mod options;
+mod sync;
 mod token;
 
 // The lock as an interface, implemented by the primitives below and by `memory`.

@@ -49,8 +49,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -62,6 +62,7 @@ use crate::fencing::check_operators;
 use crate::lease::Problem;
 use crate::lease::lost::LeaseState;
 use crate::lease::{max_count_mismatch, max_count_problem, name_problem};
+use crate::sync::{Mutex, MutexGuard};
 use crate::traits::{
     DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
 };
@@ -141,9 +142,7 @@ struct Holder {
 impl Locks {
     fn names(&self) -> MutexGuard<'_, HashMap<Key, Name>> {
         // The map stays consistent even if a holder panicked.
-        self.names
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.names.lock()
     }
 
     /// Takes `claim` of `key` if the name allows it: the new guard's acquisition number and
@@ -1047,9 +1046,7 @@ fn unreachable_operator(operator: &str) -> Result<()> {
 
 impl Locks {
     fn collections(&self) -> MutexGuard<'_, HashMap<String, Vec<StoredDocument>>> {
-        self.collections
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.collections.lock()
     }
 
     /// Inserts `document` into `collection` unless a document with its `_id` is there.

@@ -2,8 +2,8 @@
 //! one lock): its renewal loops, its work under way, and its shutdown.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use mongodb::Namespace;
@@ -19,6 +19,7 @@ use super::renewal::{self, Command};
 use super::schema::Layout;
 use super::undo::Undo;
 use crate::clock;
+use crate::sync::{Mutex, MutexGuard};
 
 /// What one renewal loop serves: a runtime, and a place (a collection of a deployment) with the
 /// options renewal uses.
@@ -118,9 +119,7 @@ impl RenewalHub {
     }
 
     fn loops(&self) -> MutexGuard<'_, HashMap<LoopKey, LoopHandle>> {
-        self.loops
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.loops.lock()
     }
 
     /// Starts renewing `lease` (just won) with the loop for `runtime` and `place`, starting the

@@ -18,7 +18,7 @@
 //! Both are decided by the protocol core ([`protocol::Work`]), which the model checker drives
 //! too; this module keeps its pieces behind a lock, names them, and runs the undos.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
@@ -27,6 +27,7 @@ use super::protocol::{self, Settling};
 use super::undo::Undo;
 use crate::clock;
 use crate::error::shown_name;
+use crate::sync::{Mutex, MutexGuard};
 
 /// What a shutdown must do about the work under way at one instant.
 pub(crate) type Due = protocol::Due<clock::Instant, Undo>;
@@ -61,9 +62,7 @@ const MAX_ABANDONED: usize = 1024;
 
 impl InFlight {
     fn work(&self) -> MutexGuard<'_, Work> {
-        self.work
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.work.lock()
     }
 
     fn changed(&self) {

@@ -11,8 +11,8 @@
 //! not revive the lease (the state is behind one mutex, so "deadline passed" and "extended" are
 //! ordered).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::select_all;
 use tokio::sync::watch;
@@ -21,6 +21,7 @@ use tokio::time::sleep_until;
 use super::protocol::{Lease, Phase, Sent, Transaction};
 use crate::LockOptions;
 use crate::clock::{self, Instant};
+use crate::sync::{Mutex, MutexGuard};
 
 /// The state of one lease, shared by its guard, its renewal loop and every [`LostSignal`]: the
 /// protocol's [`Lease`] (its deadline and phase, decided in `protocol`) on the suspend-aware clock.
@@ -84,9 +85,7 @@ impl LeaseState {
     }
 
     fn lease(&self) -> MutexGuard<'_, Lease<Instant>> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.lock()
     }
 
     /// The current phase, turning `Held` into `Lost` once its deadline has passed.

@@ -26,7 +26,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use mongodb::Collection;
@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 
 use super::handoff::{self, Key, Pushed};
 use super::schema;
+use crate::sync::{Mutex, MutexGuard};
 
 /// Pause before opening a stream again after it failed.
 const REOPEN_PAUSE: Duration = Duration::from_secs(1);
@@ -83,9 +84,7 @@ struct Subscribed {
 static WATCHERS: LazyLock<Mutex<HashMap<WatcherKey, Watcher>>> = LazyLock::new(Mutex::default);
 
 fn watchers() -> MutexGuard<'static, HashMap<WatcherKey, Watcher>> {
-    WATCHERS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    WATCHERS.lock()
 }
 
 /// Where a family's stream of a collection stood when it ended for lack of subscribers, the
@@ -110,9 +109,7 @@ struct Position {
 const POSITION_KEPT: Duration = Duration::from_secs(10);
 
 fn positions() -> MutexGuard<'static, HashMap<WatcherKey, Position>> {
-    POSITIONS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    POSITIONS.lock()
 }
 
 /// The family `family` is gone (its hub was dropped): so are its streams' positions.

@@ -2,7 +2,7 @@
 //! (shared with the family's hub, so that a shutdown can release them without the loop).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::{Collection, Database, Namespace};
@@ -15,6 +15,7 @@ use super::undo::Undo;
 use crate::LockKind;
 use crate::LockOptions;
 use crate::error::shown_name;
+use crate::sync::{Mutex, MutexGuard};
 
 /// Where leases live and how they are renewed: a collection (of a deployment), the layout of
 /// the leases in its documents, and the options. What one renewal loop serves.
@@ -185,8 +186,6 @@ pub(crate) struct LeaseTable {
 
 impl LeaseTable {
     pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<String, Lease>> {
-        self.leases
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.leases.lock()
     }
 }

@@ -10,7 +10,7 @@
 //! one only (create it yourself on the other, or use distinct names).
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use super::schema::{EXPIRES_AT, RETENTION, TTL_INDEX_NAME};
 use crate::error::error_code;
+use crate::sync::{Mutex, MutexGuard};
 
 /// How long to wait before trying again after an unexpected failure.
 const RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -37,9 +38,7 @@ static REGISTRY: LazyLock<Mutex<HashMap<Namespace, IndexState>>> = LazyLock::new
 
 fn registry() -> MutexGuard<'static, HashMap<Namespace, IndexState>> {
     // The map stays consistent even if a holder panicked; never propagate poisoning.
-    REGISTRY
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    REGISTRY.lock()
 }
 
 /// Starts creating the TTL index on `collection` unless that is done, under way, or failed

@@ -38,12 +38,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock};
 
 use mongodb::options::WriteConcern;
 use tokio::sync::Notify;
 
 use super::schema::Layout;
+use crate::sync::{Mutex, MutexGuard};
 
 mod queue;
 mod transfer;
@@ -87,10 +88,8 @@ static LINKED: LazyLock<Mutex<HashSet<u64>>> = LazyLock::new(Mutex::default);
 static GONE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
 fn queues() -> MutexGuard<'static, HashMap<Arc<str>, Queue>> {
-    let mut queues = QUEUES
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let gone = std::mem::take(&mut *GONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    let mut queues = QUEUES.lock();
+    let gone = std::mem::take(&mut *GONE.lock());
     for family in gone {
         for queue in queues.values_mut() {
             queue.forget(family);
@@ -105,14 +104,9 @@ fn queues() -> MutexGuard<'static, HashMap<Arc<str>, Queue>> {
 /// linked (most: every lock object of a provider starts with a hub of its own that it drops)
 /// cost nothing.
 pub(crate) fn forget_family(family: u64) {
-    let linked = LINKED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .remove(&family);
+    let linked = LINKED.lock().remove(&family);
     if linked {
-        GONE.lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(family);
+        GONE.lock().push(family);
     }
 }
 
@@ -380,10 +374,7 @@ pub(crate) fn saw_stored(key: &Key, lock_id: &str) {
             .map(|&(_, family)| family);
         if let Some(holder) = holder.filter(|&holder| holder != key.family) {
             queue.link(holder, key.family);
-            LINKED
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .extend([holder, key.family]);
+            LINKED.lock().extend([holder, key.family]);
         }
     });
 }
@@ -460,11 +451,7 @@ impl Holding {
 
     /// The lease ended here (idempotent).
     pub(crate) fn end(&self) {
-        let lease = self
-            .lease
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
+        let lease = self.lease.lock().take();
         if let Some((key, lock_id)) = lease {
             with_queue(&key, |queue| {
                 if let Some(position) = queue

@@ -119,7 +119,7 @@ fn offer_of(layout: Layout, lock_id: &str, outcome: Arc<Mutex<Option<Transfer>>>
         },
         receiver: Arc::default(),
         write_concern: WriteConcern::default(),
-        deliver: Box::new(move |transfer| *outcome.lock().unwrap() = Some(transfer)),
+        deliver: Box::new(move |transfer| *outcome.lock() = Some(transfer)),
     }
 }
 
@@ -226,7 +226,7 @@ async fn transfers_go_to_the_first_waiting_offer_and_stop_after_the_bound() {
     ));
     // The offer left behind is told "no transfer" when its waiter leaves.
     drop(waiter);
-    assert!(matches!(*outcome.lock().unwrap(), Some(Transfer::NotDone)));
+    assert!(matches!(*outcome.lock(), Some(Transfer::NotDone)));
 }
 
 #[tokio::test]
@@ -237,13 +237,13 @@ async fn no_transfer_between_different_write_concerns_and_a_replaced_offer_hears
     let waiter = Ticket::join(&key, false);
     waiter.offer(offer("first", Arc::clone(&first)));
     waiter.offer(offer("second", Arc::clone(&second)));
-    assert!(matches!(*first.lock().unwrap(), Some(Transfer::NotDone)));
+    assert!(matches!(*first.lock(), Some(Transfer::NotDone)));
     let majority = WriteConcern::majority();
     assert!(matches!(
         handoff(&key, &majority, &Layout::LockDocument),
         Handoff::Wake
     ));
-    assert!(second.lock().unwrap().is_none(), "the offer stands");
+    assert!(second.lock().is_none(), "the offer stands");
     match handoff(&key, &WriteConcern::default(), &Layout::LockDocument) {
         Handoff::Transfer(offers) => assert_eq!(offers[0].lock_id, "second"),
         other => panic!("{other:?}"),
