@@ -6,6 +6,9 @@
 //!
 //! `scripts/run-example fencing` (uses `MONGODB_URI` when set).
 
+mod common;
+
+use std::process::ExitCode;
 use std::time::Duration;
 
 use distributed_lock_mongodb::{FencingToken, LockOptions, MongoDistributedLock};
@@ -31,13 +34,8 @@ async fn fenced_write(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(mongodb_uri()).await?;
-    let outcome = run(&client).await;
-    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
-    // task of the driver or of the locks' background work ends with the runtime mid-request.
-    client.shutdown().await;
-    outcome
+async fn main() -> ExitCode {
+    common::run(run).await
 }
 
 async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -76,12 +74,8 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     let balance = accounts
         .find_one(doc! { "_id": "acct-1" })
         .await?
-        .and_then(|d| d.get_i64("balance").ok());
-    println!("final balance: {balance:?}");
+        .and_then(|d| d.get_i64("balance").ok())
+        .ok_or("the account has no balance")?;
+    println!("final balance: {balance}");
     Ok(())
-}
-
-/// The server to use: `MONGODB_URI`, or a local MongoDB.
-fn mongodb_uri() -> String {
-    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

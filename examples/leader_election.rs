@@ -13,18 +13,26 @@
 //! `MONGODB_URI` exported, run `scripts/run-example leader_election instance-1 60` and
 //! `... instance-2 60`, and stop the one that leads.
 
+mod common;
+
+use std::process::ExitCode;
 use std::time::Duration;
 
 use distributed_lock_mongodb::{LockOptions, Provider};
 use mongodb::Client;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    common::exit(instance().await)
+}
+
+/// One instance of the service, until it stops.
+async fn instance() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let instance = args.next().unwrap_or_else(|| "instance-1".to_owned());
     let seconds: u64 = args.next().map_or(Ok(20), |s| s.parse())?;
 
-    let client = Client::with_uri_str(mongodb_uri()).await?;
+    let client = Client::with_uri_str(common::mongodb_uri()).await?;
     let options = LockOptions::builder()
         .expiry(Duration::from_secs(5))
         .build()?;
@@ -66,8 +74,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop((election, provider));
     client.shutdown().await;
     Ok(())
-}
-
-fn mongodb_uri() -> String {
-    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

@@ -3,19 +3,17 @@
 //! Runs against `MONGODB_URI` (default `mongodb://localhost:27017`); `scripts/run-example quickstart`
 //! starts an embedded test server when it is unset.
 
+mod common;
+
+use std::process::ExitCode;
 use std::time::Duration;
 
 use distributed_lock_mongodb::{LockOptions, MongoDistributedLock};
 use mongodb::Client;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(mongodb_uri()).await?;
-    let outcome = run(&client).await;
-    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
-    // task of the driver or of the locks' background work ends with the runtime mid-request.
-    client.shutdown().await;
-    outcome
+async fn main() -> ExitCode {
+    common::run(run).await
 }
 
 async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -55,9 +53,4 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     );
     next.release().await?;
     Ok(())
-}
-
-/// The server to use: `MONGODB_URI`, or a local MongoDB.
-fn mongodb_uri() -> String {
-    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

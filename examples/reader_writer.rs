@@ -2,6 +2,9 @@
 //! starved by a steady stream of readers: a distributed reader-writer lock.
 //! `scripts/run-example reader_writer` (uses `MONGODB_URI` when set).
 
+mod common;
+
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -11,13 +14,8 @@ use mongodb::Client;
 use tokio::time::Instant;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(mongodb_uri()).await?;
-    let outcome = run(&client).await;
-    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
-    // task of the driver or of the locks' background work ends with the runtime mid-request.
-    client.shutdown().await;
-    outcome
+async fn main() -> ExitCode {
+    common::run(run).await
 }
 
 async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -46,13 +44,13 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     for holder in provider.held_locks().await? {
+        let pid = holder.pid().map_or("?".to_owned(), |pid| pid.to_string());
         println!(
-            "{} holds {:?} as {:?} (host {:?}, pid {:?})",
+            "{} holds {} as {:?} (host {}, pid {pid})",
             holder.owner().unwrap_or("?"),
             holder.name,
             holder.kind,
-            holder.host(),
-            holder.pid(),
+            holder.host().unwrap_or("?"),
         );
     }
 
@@ -74,9 +72,4 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
         println!("reader {} read {} times", reader + 1, task.await??);
     }
     Ok(())
-}
-
-/// The server to use: `MONGODB_URI`, or a local MongoDB.
-fn mongodb_uri() -> String {
-    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

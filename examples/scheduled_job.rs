@@ -12,6 +12,9 @@
 //!
 //! `scripts/run-example scheduled_job [seconds]` (16 by default).
 
+mod common;
+
+use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distributed_lock_mongodb::{JobRun, LockDetails, Provider};
@@ -25,14 +28,19 @@ const OFFSETS: [Duration; 2] = [Duration::ZERO, Duration::from_secs(1)];
 const WINDOW: Duration = Duration::from_secs(4);
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    common::exit(instances().await)
+}
+
+/// Three instances of the service, for the given number of seconds.
+async fn instances() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: u64 = std::env::args().nth(1).map_or(Ok(16), |s| s.parse())?;
     let mut timers = Vec::new();
     let mut providers = Vec::new();
     let mut clients = Vec::new();
     for (number, offset) in OFFSETS.into_iter().enumerate() {
         let instance = format!("instance-{}", number + 1);
-        let client = Client::with_uri_str(mongodb_uri()).await?;
+        let client = Client::with_uri_str(common::mongodb_uri()).await?;
         let provider = Provider::new(&client.database("job_example"))
             .with_details(LockDetails::new().with_owner(instance.as_str()));
         let report = provider.create_job("five-second-report", WINDOW);
@@ -89,8 +97,4 @@ where
         // that the next wait is not zero.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-fn mongodb_uri() -> String {
-    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

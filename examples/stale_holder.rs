@@ -2,6 +2,9 @@
 //! account document: the fenced write refuses it, because the next holder already wrote with a
 //! newer fencing token. `scripts/run-example stale_holder` (uses `MONGODB_URI` when set).
 
+mod common;
+
+use std::process::ExitCode;
 use std::time::Duration;
 
 use distributed_lock_mongodb::{Fence, FenceOutcome, LockOptions, MongoDistributedLock};
@@ -9,13 +12,8 @@ use mongodb::Client;
 use mongodb::bson::{Document, doc};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(mongodb_uri()).await?;
-    let outcome = run(&client).await;
-    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
-    // task of the driver or of the locks' background work ends with the runtime mid-request.
-    client.shutdown().await;
-    outcome
+async fn main() -> ExitCode {
+    common::run(run).await
 }
 
 async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -65,21 +63,17 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     println!("A (token {}) sets 0: {outcome:?}", stale.fencing_token());
     assert_eq!(outcome, FenceOutcome::Stale);
-    println!(
-        "A's release reports: {:?}",
-        stale.release().await.err().map(|e| e.to_string())
-    );
+    match stale.release().await {
+        Ok(()) => println!("A's release reports nothing wrong"),
+        Err(error) => println!("A's release reports: {error}"),
+    }
     next.release().await?;
 
     let balance = accounts
         .find_one(doc! { "_id": "acct-1" })
         .await?
-        .and_then(|d| d.get_i32("balance").ok());
-    println!("final balance: {balance:?}");
+        .and_then(|d| d.get_i32("balance").ok())
+        .ok_or("the account has no balance")?;
+    println!("final balance: {balance}");
     Ok(())
-}
-
-/// The server to use: `MONGODB_URI`, or a local MongoDB.
-fn mongodb_uri() -> String {
-    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

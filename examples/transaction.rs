@@ -11,18 +11,16 @@
 //!
 //! `scripts/run-example transaction` (uses `MONGODB_URI` when set).
 
+mod common;
+
 use distributed_lock_mongodb::{Error, MongoDistributedLock};
 use mongodb::Client;
 use mongodb::bson::{Document, doc};
+use std::process::ExitCode;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(mongodb_uri()).await?;
-    let outcome = run(&client).await;
-    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
-    // task of the driver or of the locks' background work ends with the runtime mid-request.
-    client.shutdown().await;
-    outcome
+async fn main() -> ExitCode {
+    common::run(run).await
 }
 
 async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -80,13 +78,11 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
 
     for account in ["alice", "bob"] {
         let stored = accounts.find_one(doc! { "_id": account }).await?;
-        let balance = stored.and_then(|stored| stored.get_i32("balance").ok());
-        println!("{account}: {balance:?}");
+        let balance = stored
+            .and_then(|stored| stored.get_i32("balance").ok())
+            .ok_or("an account has no balance")?;
+        println!("{account}: {balance}");
     }
     drop(guard);
     Ok(())
-}
-
-fn mongodb_uri() -> String {
-    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }

@@ -2,19 +2,17 @@
 //! order, all or nothing; then the lock table is inspected and expired documents purged.
 //! `scripts/run-example transfer` (uses `MONGODB_URI` when set).
 
+mod common;
+
+use std::process::ExitCode;
 use std::time::Duration;
 
 use distributed_lock_mongodb::Provider;
 use mongodb::Client;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::with_uri_str(mongodb_uri()).await?;
-    let outcome = run(&client).await;
-    // Every lock object is gone: end the driver's work while the runtime still runs, so that no
-    // task of the driver or of the locks' background work ends with the runtime mid-request.
-    client.shutdown().await;
-    outcome
+async fn main() -> ExitCode {
+    common::run(run).await
 }
 
 async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -37,12 +35,13 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
         .acquire_all(&["acct-A", "acct-C"], Duration::from_secs(5))
         .await?;
     for status in locks.held_locks().await? {
-        println!(
-            "held: {} (token {:?}, {:?} left)",
-            status.name,
-            status.fencing_token.map(|t| t.get()),
-            status.remaining
-        );
+        let token = status
+            .fencing_token
+            .map_or("none".to_owned(), |t| t.to_string());
+        let left = status
+            .remaining
+            .map_or("?".to_owned(), |left| format!("{} ms", left.as_millis()));
+        println!("held: {} (token {token}, {left} left)", status.name);
     }
     guard.release().await?;
     println!(
@@ -57,14 +56,9 @@ async fn transfer(locks: &Provider, from: &str, to: &str) -> distributed_lock_mo
         .acquire_all(&[from, to], Duration::from_secs(10))
         .await?;
     println!(
-        "transfer {from} → {to} holds {:?}",
-        both.names().collect::<Vec<_>>()
+        "transfer {from} → {to} holds {}",
+        both.names().collect::<Vec<_>>().join(" and ")
     );
     tokio::time::sleep(Duration::from_millis(50)).await; // debit and credit here
     both.release().await
-}
-
-/// The server to use: `MONGODB_URI`, or a local MongoDB.
-fn mongodb_uri() -> String {
-    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://localhost:27017".to_owned())
 }
