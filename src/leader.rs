@@ -7,7 +7,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::shown_name;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::Mutex;
 use crate::{Error, FencingToken, LockGuard, LockWatch, LostSignal, MongoDistributedLock, Result};
 
 /// After a failed campaign (an error other than a busy lock), the next one waits this long.
@@ -152,7 +152,8 @@ impl LeaderElection {
 
     /// The current term's token and signal, while it is not lost.
     fn current(&self) -> Option<(FencingToken, LostSignal)> {
-        lock_term(&self.term)
+        self.term
+            .lock()
             .as_ref()
             .filter(|term| !term.lost.is_lost())
             .map(|term| (term.fencing_token, term.lost.clone()))
@@ -164,10 +165,6 @@ impl Drop for LeaderElection {
     fn drop(&mut self) {
         self.campaign.abort();
     }
-}
-
-fn lock_term(term: &Mutex<Option<Term>>) -> MutexGuard<'_, Option<Term>> {
-    term.lock()
 }
 
 /// Campaigns until resigned or the lock's provider is shut down; returns the outcome of the
@@ -219,7 +216,7 @@ async fn lead(
     resigned: &mut oneshot::Receiver<()>,
 ) -> Option<Result<()>> {
     let lost = guard.lost();
-    *lock_term(term) = Some(Term {
+    *term.lock() = Some(Term {
         fencing_token: guard.fencing_token(),
         lost: lost.clone(),
     });
@@ -231,7 +228,7 @@ async fn lead(
         _ = resigned => true,
     };
     // Not the leader any more before anything else happens.
-    *lock_term(term) = None;
+    *term.lock() = None;
     leading.send_replace(false);
     if resigning {
         tracing::info!(lock = %shown_name(lock.name()), "resigned leadership");

@@ -62,7 +62,7 @@ use crate::fencing::check_operators;
 use crate::lease::Problem;
 use crate::lease::lost::LeaseState;
 use crate::lease::{max_count_mismatch, max_count_problem, name_problem};
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::Mutex;
 use crate::traits::{
     DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
 };
@@ -140,11 +140,6 @@ struct Holder {
 }
 
 impl Locks {
-    fn names(&self) -> MutexGuard<'_, HashMap<Key, Name>> {
-        // The map stays consistent even if a holder panicked.
-        self.names.lock()
-    }
-
     /// Takes `claim` of `key` if the name allows it: the new guard's acquisition number and
     /// token (a reader's is the last writer's: readers have none of their own), and its state.
     /// [`Error::ShutDown`] once the provider is shut down; for a semaphore whose first
@@ -154,7 +149,7 @@ impl Locks {
         key: &Key,
         claim: Claim,
     ) -> Result<Option<(u64, FencingToken, Arc<LeaseState>)>> {
-        let mut names = self.names();
+        let mut names = self.names.lock();
         if self.shut_down.load(Ordering::SeqCst) {
             return Err(Error::ShutDown);
         }
@@ -196,7 +191,11 @@ impl Locks {
 
     /// Counts a writer of `key` as waiting until the returned value is dropped.
     fn writer_waits(self: &Arc<Self>, key: &Key) -> WaitingWriter {
-        self.names().entry(key.clone()).or_default().waiting_writers += 1;
+        self.names
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .waiting_writers += 1;
         WaitingWriter {
             locks: Arc::clone(self),
             key: key.clone(),
@@ -206,9 +205,9 @@ impl Locks {
     /// Refuses every acquisition from now on, and ends every lease: each is lost, then freed.
     fn shut_down(&self) {
         let ended: Vec<Arc<LeaseState>> = {
-            let mut names = self.names();
+            let mut names = self.names.lock();
             self.shut_down.store(true, Ordering::SeqCst);
-            let mut collections = self.collections();
+            let mut collections = self.collections.lock();
             let documents = collections
                 .values_mut()
                 .flatten()
@@ -229,7 +228,7 @@ impl Locks {
     /// Frees the place of `key` that acquisition `acquisition` holds, if it still does.
     fn free(&self, key: &Key, acquisition: u64) -> bool {
         let freed = {
-            let mut names = self.names();
+            let mut names = self.names.lock();
             names.get_mut(key).is_some_and(|entry| {
                 let before = entry.holders.len();
                 entry
@@ -246,7 +245,7 @@ impl Locks {
 
     /// The lease state of the holder of the exclusive lock `name`.
     fn holder_state(&self, name: &str) -> Option<(u64, Arc<LeaseState>)> {
-        let names = self.names();
+        let names = self.names.lock();
         let holder = names.get(&Key::lock(name))?.holders.first()?;
         Some((holder.acquisition, Arc::clone(&holder.state)))
     }
@@ -261,7 +260,7 @@ struct WaitingWriter {
 
 impl Drop for WaitingWriter {
     fn drop(&mut self) {
-        if let Some(entry) = self.locks.names().get_mut(&self.key) {
+        if let Some(entry) = self.locks.names.lock().get_mut(&self.key) {
             entry.waiting_writers -= 1;
         }
         // Readers held back by this writer may go in now.
@@ -381,7 +380,7 @@ impl MemoryLockProvider {
 
     /// The fencing token of the last acquisition of `name`, if it was ever acquired.
     pub fn last_fencing_token(&self, name: &str) -> Option<FencingToken> {
-        let names = self.locks.names();
+        let names = self.locks.names.lock();
         let entry = names.get(&Key::lock(name))?;
         (entry.last_token > 0).then(|| FencingToken::new(entry.last_token))
     }
@@ -893,7 +892,7 @@ impl MemoryDocumentLock {
 
     /// One attempt: locks the first unlocked document matching `filter`.
     fn take(&self, filter: &Document) -> Result<Option<MemoryDocumentGuard>> {
-        let mut collections = self.locks.collections();
+        let mut collections = self.locks.collections.lock();
         if self.locks.shut_down.load(Ordering::SeqCst) {
             return Err(Error::ShutDown);
         }
@@ -1045,13 +1044,9 @@ fn unreachable_operator(operator: &str) -> Result<()> {
 }
 
 impl Locks {
-    fn collections(&self) -> MutexGuard<'_, HashMap<String, Vec<StoredDocument>>> {
-        self.collections.lock()
-    }
-
     /// Inserts `document` into `collection` unless a document with its `_id` is there.
     fn insert_missing(&self, collection: &str, document: Document) {
-        let mut collections = self.collections();
+        let mut collections = self.collections.lock();
         let documents = collections.entry(collection.to_owned()).or_default();
         let id = document.get("_id");
         if !documents
@@ -1078,7 +1073,7 @@ impl Locks {
         change: impl FnOnce(&mut Document) -> Result<()>,
     ) -> Result<()> {
         let result = {
-            let mut collections = self.collections();
+            let mut collections = self.collections.lock();
             let stored = collections.get_mut(collection).and_then(|documents| {
                 documents.iter_mut().find(|stored| {
                     stored.document.get("_id") == Some(id)

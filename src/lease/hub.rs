@@ -19,7 +19,7 @@ use super::renewal::{self, Command};
 use super::schema::Layout;
 use super::undo::Undo;
 use crate::clock;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::Mutex;
 
 /// What one renewal loop serves: a runtime, and a place (a collection of a deployment) with the
 /// options renewal uses.
@@ -118,10 +118,6 @@ impl RenewalHub {
         self.shut_down.subscribe()
     }
 
-    fn loops(&self) -> MutexGuard<'_, HashMap<LoopKey, LoopHandle>> {
-        self.loops.lock()
-    }
-
     /// Starts renewing `lease` (just won) with the loop for `runtime` and `place`, starting the
     /// loop if there is none (or its runtime shut down). Returns the channel for later release
     /// requests. If no loop can take the lease, it is marked lost at once; after a shutdown it is
@@ -133,7 +129,7 @@ impl RenewalHub {
         place: &Place,
         lease: Lease,
     ) -> mpsc::UnboundedSender<Command> {
-        let mut loops = self.loops();
+        let mut loops = self.loops.lock();
         if self.is_shut_down() {
             // Won by an attempt still in flight when the family was shut down; the shutdown
             // waits for this release (it is work under way). Nobody is given the lease: it
@@ -221,7 +217,7 @@ impl RenewalHub {
     pub(crate) async fn shut_down(&self) {
         let _one_at_a_time = self.shutting_down.lock().await;
         let held: Vec<(Lease, Place)> = {
-            let mut loops = self.loops();
+            let mut loops = self.loops.lock();
             self.shut_down.send_replace(true);
             loops
                 .drain()
@@ -348,7 +344,8 @@ mod tests {
         let _commands = hub.hold(&dead, &place, lease);
         assert!(state.is_lost(), "nobody renews it");
         assert!(
-            hub.loops()
+            hub.loops
+                .lock()
                 .values()
                 .any(|running| running.leases.lock().contains_key("won")),
             "left for the shutdown or the next lease to release"

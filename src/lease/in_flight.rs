@@ -27,7 +27,7 @@ use super::protocol::{self, Settling};
 use super::undo::Undo;
 use crate::clock;
 use crate::error::shown_name;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::Mutex;
 
 /// What a shutdown must do about the work under way at one instant.
 pub(crate) type Due = protocol::Due<clock::Instant, Undo>;
@@ -61,10 +61,6 @@ struct Work {
 const MAX_ABANDONED: usize = 1024;
 
 impl InFlight {
-    fn work(&self) -> MutexGuard<'_, Work> {
-        self.work.lock()
-    }
-
     fn changed(&self) {
         self.changes
             .send_modify(|count| *count = count.wrapping_add(1));
@@ -83,7 +79,7 @@ impl InFlight {
         settle_by: Option<clock::Instant>,
     ) -> Tracked {
         let id = {
-            let mut work = self.work();
+            let mut work = self.work.lock();
             let id = work.next_id;
             work.next_id += 1;
             work.pieces.track(id, undo, settle_by);
@@ -115,19 +111,19 @@ impl InFlight {
     /// Whether no work is under way.
     #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
-        self.work().pieces.is_idle()
+        self.work.lock().pieces.is_idle()
     }
 
     /// Takes the undo of every piece whose task ended unfinished (its runtime was dropped),
     /// forgetting those pieces: for a family that goes on without a shutdown to send them.
     pub(crate) fn take_abandoned(&self) -> Vec<Undo> {
-        self.work().pieces.take_abandoned()
+        self.work.lock().pieces.take_abandoned()
     }
 
     /// Takes the undo of every piece that is due at `now` (forgetting those pieces) and tells
     /// when the next one will be.
     pub(crate) fn take_due(&self, now: clock::Instant) -> Due {
-        self.work().pieces.take_due(now)
+        self.work.lock().pieces.take_due(now)
     }
 }
 
@@ -144,7 +140,7 @@ impl Tracked {
     /// too). False if a shutdown already took the work's undo (it would not send this one).
     #[must_use]
     pub(crate) fn add_undo(&self, undo: Undo) -> bool {
-        self.in_flight.work().pieces.add_undo(self.id, undo)
+        self.in_flight.work.lock().pieces.add_undo(self.id, undo)
     }
 
     /// The work may change the lock document until `settle_by` (it is about to send a command
@@ -154,7 +150,12 @@ impl Tracked {
     /// left can still land later, as a command delayed in the network can.)
     #[must_use]
     pub(crate) fn settle_by(&self, settle_by: clock::Instant) -> bool {
-        let settled = self.in_flight.work().pieces.settle_by(self.id, settle_by);
+        let settled = self
+            .in_flight
+            .work
+            .lock()
+            .pieces
+            .settle_by(self.id, settle_by);
         self.in_flight.changed();
         settled
     }
@@ -164,7 +165,7 @@ impl Tracked {
     /// took it (it is being undone: hand nothing on). Finishing afterwards changes nothing.
     #[must_use]
     pub(crate) fn settle(&self) -> bool {
-        let settled = self.in_flight.work().pieces.settle(self.id);
+        let settled = self.in_flight.work.lock().pieces.settle(self.id);
         self.in_flight.changed();
         settled
     }
@@ -176,7 +177,12 @@ impl Tracked {
     pub(crate) fn undo_when_settled(self, runtime: &Handle) {
         runtime.spawn(async move {
             let undo = loop {
-                let settling = self.in_flight.work().pieces.settling(self.id, clock::now());
+                let settling = self
+                    .in_flight
+                    .work
+                    .lock()
+                    .pieces
+                    .settling(self.id, clock::now());
                 match settling {
                     Settling::WaitUntil(at) => {
                         tokio::time::sleep_until(clock::wake_toward(at)).await;
@@ -193,7 +199,7 @@ impl Tracked {
     /// The work is over: nothing of it is left to undo.
     pub(crate) fn finish(mut self) {
         self.finished = true;
-        self.in_flight.work().pieces.finish(self.id);
+        self.in_flight.work.lock().pieces.finish(self.id);
         self.in_flight.changed();
     }
 }
@@ -203,7 +209,12 @@ impl Drop for Tracked {
     /// left is due to be undone at once.
     fn drop(&mut self) {
         if !self.finished {
-            let forgotten = self.in_flight.work().pieces.abandon(self.id, MAX_ABANDONED);
+            let forgotten = self
+                .in_flight
+                .work
+                .lock()
+                .pieces
+                .abandon(self.id, MAX_ABANDONED);
             if let Some(undo) = forgotten {
                 let name = undo.first().map(|undo| shown_name(&undo.name));
                 tracing::debug!(lock = ?name, "forgot abandoned work: its lease, if any, ends at its expiry");
@@ -316,15 +327,15 @@ mod tests {
             drop(in_flight.track(Vec::new(), None));
         }
         assert_eq!(
-            in_flight.work().pieces.counts(),
+            in_flight.work.lock().pieces.counts(),
             (MAX_ABANDONED + 1, MAX_ABANDONED)
         );
         assert!(
-            in_flight.work().pieces.tracks(live.id),
+            in_flight.work.lock().pieces.tracks(live.id),
             "live work is never forgotten for abandoned work"
         );
         in_flight.take_due(clock::now());
-        assert_eq!(in_flight.work().pieces.counts().1, 0);
+        assert_eq!(in_flight.work.lock().pieces.counts().1, 0);
         drop(live);
     }
 

@@ -38,7 +38,7 @@ use tokio::task::JoinHandle;
 
 use super::handoff::{self, Key, Pushed};
 use super::schema;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::Mutex;
 
 /// Pause before opening a stream again after it failed.
 const REOPEN_PAUSE: Duration = Duration::from_secs(1);
@@ -83,10 +83,6 @@ struct Subscribed {
 
 static WATCHERS: LazyLock<Mutex<HashMap<WatcherKey, Watcher>>> = LazyLock::new(Mutex::default);
 
-fn watchers() -> MutexGuard<'static, HashMap<WatcherKey, Watcher>> {
-    WATCHERS.lock()
-}
-
 /// Where a family's stream of a collection stood when it ended for lack of subscribers, the
 /// names it watched, and when. The next stream of that family and collection, if it opens within
 /// [`POSITION_KEPT`], resumes there: a poller that subscribes right after another left (the
@@ -108,13 +104,9 @@ struct Position {
 /// How long a stream's position is kept for the next stream of its family and collection.
 const POSITION_KEPT: Duration = Duration::from_secs(10);
 
-fn positions() -> MutexGuard<'static, HashMap<WatcherKey, Position>> {
-    POSITIONS.lock()
-}
-
 /// The family `family` is gone (its hub was dropped): so are its streams' positions.
 pub(crate) fn forget_family(family: u64) {
-    positions().retain(|(of, _, _), _| *of != family);
+    POSITIONS.lock().retain(|(of, _, _), _| *of != family);
 }
 
 /// A poller's subscription to releases of its lock; ends when dropped.
@@ -141,7 +133,7 @@ impl Subscription {
             collection.namespace().db,
             collection.name().to_owned(),
         );
-        let mut watchers = watchers();
+        let mut watchers = WATCHERS.lock();
         let watcher = watcher_for(&mut watchers, runtime, collection, &watcher_key);
         let entry = watcher
             .names
@@ -189,7 +181,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut watchers = watchers();
+        let mut watchers = WATCHERS.lock();
         let Some(watcher) = watchers.get_mut(&self.watcher) else {
             return;
         };
@@ -278,7 +270,7 @@ impl Observation {
             collection.name().to_owned(),
         );
         let notify = Arc::new(Notify::new());
-        let mut watchers = watchers();
+        let mut watchers = WATCHERS.lock();
         let watcher = watcher_for(&mut watchers, runtime, collection, &watcher_key);
         let observers = watcher.observers.entry(name.to_owned()).or_default();
         observers.push(Arc::clone(&notify));
@@ -301,7 +293,7 @@ impl Observation {
 
 impl Drop for Observation {
     fn drop(&mut self) {
-        let mut watchers = watchers();
+        let mut watchers = WATCHERS.lock();
         let Some(watcher) = watchers.get_mut(&self.watcher) else {
             return;
         };
@@ -320,7 +312,7 @@ impl Drop for Observation {
 /// nobody polls for right now is kept for its next poller (`Watcher::unheard`).
 fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
     let wanted = |name: &String| names.is_none_or(|names| names.contains(name));
-    let keys: Vec<Key> = match watchers().get_mut(watcher) {
+    let keys: Vec<Key> = match WATCHERS.lock().get_mut(watcher) {
         Some(watcher) => {
             if event != Pushed::Taken {
                 let unheard = names.unwrap_or_default();
@@ -352,7 +344,13 @@ fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
 
 /// The places of the semaphore `name` whose pollers subscribed to `watcher`'s stream.
 fn places(watcher: &WatcherKey, name: &str) -> Option<u32> {
-    watchers().get(watcher)?.places.get(name).copied().flatten()
+    WATCHERS
+        .lock()
+        .get(watcher)?
+        .places
+        .get(name)
+        .copied()
+        .flatten()
 }
 
 /// The stream stopped being healthy: its pollers go back to their busy-wait pace at once.
@@ -360,7 +358,7 @@ fn unhealthy(watcher: &WatcherKey, healthy: &AtomicBool) {
     if !healthy.swap(false, Ordering::Relaxed) {
         return;
     }
-    let keys: Vec<Key> = match watchers().get(watcher) {
+    let keys: Vec<Key> = match WATCHERS.lock().get(watcher) {
         Some(watcher) => watcher
             .names
             .values()
@@ -493,7 +491,8 @@ async fn run(
     };
     // Where the family's last stream of the collection stood, if it ended for lack of
     // subscribers, and the names it was filtered to (which `resume` continues).
-    let kept = positions()
+    let kept = POSITIONS
+        .lock()
         .remove(&key)
         .filter(|position| position.ended.elapsed() < POSITION_KEPT);
     let (mut resume, mut watched, mut unheard) = match &kept {
@@ -514,14 +513,14 @@ async fn run(
         let filter = names.borrow_and_update().clone();
         if filter.is_empty() {
             // The last subscriber left: so does the stream, unless one came back meanwhile.
-            let mut all = watchers();
+            let mut all = WATCHERS.lock();
             if all.get(&key).is_some_and(Watcher::is_unused) {
                 if let Some(watcher) = all.remove(&key) {
                     unheard.extend(watcher.unheard);
                 }
                 // Before a new watcher can start (it needs `all`).
                 if let Some(token) = resume {
-                    let mut positions = positions();
+                    let mut positions = POSITIONS.lock();
                     positions.retain(|_, position| position.ended.elapsed() < POSITION_KEPT);
                     let ended = since.unwrap_or_else(std::time::Instant::now);
                     positions.insert(
@@ -611,7 +610,7 @@ async fn run(
         since = None;
         // A name that left the filter starts afresh when it comes back (it is new to the stream
         // then): nothing to keep for it, and what is kept stays bounded by the names watched.
-        if let Some(watcher) = watchers().get_mut(&key) {
+        if let Some(watcher) = WATCHERS.lock().get_mut(&key) {
             watcher.unheard.retain(|name| filter.contains(name));
             watcher.places.retain(|name, _| filter.contains(name));
         }

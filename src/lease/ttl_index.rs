@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::schema::{EXPIRES_AT, RETENTION, TTL_INDEX_NAME};
 use crate::error::error_code;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::Mutex;
 
 /// How long to wait before trying again after an unexpected failure.
 const RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -36,17 +36,12 @@ enum IndexState {
 
 static REGISTRY: LazyLock<Mutex<HashMap<Namespace, IndexState>>> = LazyLock::new(Mutex::default);
 
-fn registry() -> MutexGuard<'static, HashMap<Namespace, IndexState>> {
-    // The map stays consistent even if a holder panicked; never propagate poisoning.
-    REGISTRY.lock()
-}
-
 /// Starts creating the TTL index on `collection` unless that is done, under way, or failed
 /// less than a minute ago.
 pub(crate) fn ensure(runtime: &Handle, collection: &Collection<Document>) {
     let namespace = collection.namespace();
     {
-        let mut registry = registry();
+        let mut registry = REGISTRY.lock();
         match registry.get(&namespace) {
             Some(IndexState::Creating | IndexState::Ready) => return,
             Some(IndexState::RetryAfter(at)) if Instant::now() < *at => return,
@@ -60,7 +55,7 @@ pub(crate) fn ensure(runtime: &Handle, collection: &Collection<Document>) {
         let mut pending = PendingEntry(Some(namespace));
         let state = create(&collection).await;
         if let Some(namespace) = pending.0.take() {
-            registry().insert(namespace, state);
+            REGISTRY.lock().insert(namespace, state);
         }
     });
 }
@@ -71,7 +66,7 @@ struct PendingEntry(Option<Namespace>);
 impl Drop for PendingEntry {
     fn drop(&mut self) {
         if let Some(namespace) = self.0.take() {
-            registry().remove(&namespace);
+            REGISTRY.lock().remove(&namespace);
         }
     }
 }
@@ -97,7 +92,9 @@ async fn create(collection: &Collection<Document>) -> IndexState {
 /// there (ours, or an equivalent one someone else created).
 pub(crate) async fn create_now(collection: &Collection<Document>) -> crate::Result<()> {
     create_or_check(collection).await?;
-    registry().insert(collection.namespace(), IndexState::Ready);
+    REGISTRY
+        .lock()
+        .insert(collection.namespace(), IndexState::Ready);
     Ok(())
 }
 
