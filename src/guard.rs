@@ -1,7 +1,7 @@
 //! The guard of a held lock with a fencing token: an exclusive lock, a reader-writer lock's
 //! writer, or a semaphore place.
 
-use crate::lease::acquire::Granted;
+use crate::lease::claim::Granted;
 use crate::lease::held::HeldLease;
 use crate::{FencingToken, LostSignal, Result};
 

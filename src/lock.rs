@@ -3,17 +3,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{self, Instant};
 use mongodb::Database;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
 
 use crate::LockKind;
-use crate::lease::acquire::{self, Acquisition, Attempt, ReadHolders, Takeover, Wait};
+use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
+use crate::lease::claim::{Claim, Request};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{self, AttemptReply, Layout};
-use crate::lease::{Problem, Sent, Target, admin};
+use crate::lease::{Problem, Target, admin};
 use crate::{
     Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
 };
@@ -287,51 +287,61 @@ impl MongoDistributedLock {
             places: None,
             holders: self,
         };
-        let takeovers = |runtime: &Handle, lock_id: String| {
-            takeover(Arc::clone(target), runtime.clone(), lock_id)
-        };
-        acquire::acquire(
-            what,
-            wait,
-            |runtime, lock_id| Attempt {
-                cleanup: target.cleanup(&Layout::LockDocument, &lock_id),
-                work: attempt(Arc::clone(target), runtime.clone(), lock_id),
-            },
-            Some(&takeovers),
-        )
-        .await
+        acquire::acquire(what, wait, Arc::new(Exclusive(Arc::clone(target)))).await
     }
 }
 
-/// One attempt: `Ok(None)` if the lock is busy.
-async fn attempt(
-    target: Arc<Target>,
-    runtime: Handle,
-    lock_id: String,
-) -> Result<Option<LockGuard>> {
-    let request = Sent::now(clock::now());
-    let update = schema::acquire_update(&lock_id, &target.options, target.details.as_ref(), None);
-    let document = target.upsert(update).await?;
-    won(&target, &runtime, &document, lock_id, request)
-}
+/// An exclusive lock, as the engine claims it: the lease in the lock's document, taken over in a
+/// local holder's release with the same pipeline as an attempt.
+struct Exclusive(Arc<Target>);
 
-/// Taking the lock over in a local holder's release command (see `lease::handoff`): the same
-/// pipeline as an attempt, with the releasing lease counting as free.
-fn takeover(target: Arc<Target>, runtime: Handle, lock_id: String) -> Takeover<LockGuard> {
-    let (id, options, details) = (
-        lock_id.clone(),
-        target.options.clone(),
-        target.details.clone(),
-    );
-    Takeover {
-        layout: Layout::LockDocument,
-        update: Box::new(move |replacing| {
-            takeover_update(&id, &options, details.as_ref(), replacing)
-        }),
-        cleanup: target.cleanup(&Layout::LockDocument, &lock_id),
-        finish: Box::new(move |document, request| {
-            won(&target, &runtime, &document, lock_id, request)
-        }),
+impl Claim for Exclusive {
+    type Won = LockGuard;
+    const TAKES_OVER: bool = true;
+
+    fn target(&self) -> &Target {
+        &self.0
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::LockDocument
+    }
+
+    fn update(&self, lock_id: &str, replacing: Option<&str>) -> Vec<Document> {
+        let (options, details) = (&self.0.options, self.0.details.as_ref());
+        match replacing {
+            None => schema::acquire_update(lock_id, options, details, None),
+            Some(replacing) => takeover_update(lock_id, options, details, replacing),
+        }
+    }
+
+    fn won(
+        &self,
+        runtime: &Handle,
+        document: Document,
+        lock_id: String,
+        request: Request,
+    ) -> Result<Option<LockGuard>> {
+        let AttemptReply::Acquired(token) = schema::read_attempt_reply(&document, &lock_id) else {
+            return Ok(None);
+        };
+        let Some(lease) = self.0.hold(
+            runtime,
+            LockKind::Exclusive,
+            &Layout::LockDocument,
+            lock_id,
+            request,
+        ) else {
+            return Ok(None);
+        };
+        match token {
+            Some(token) => Ok(Some(LockGuard::new(lease, FencingToken::new(token)))),
+            // Cannot happen on a conforming server (we wrote the token ourselves); dropping
+            // the lease releases it.
+            None => Err(Error::UnexpectedReply(
+                "the acquired lock document has no numeric fencingToken".to_owned(),
+            )),
+        }
     }
 }
 
@@ -345,36 +355,6 @@ pub(crate) fn takeover_update(
     replacing: &str,
 ) -> Vec<Document> {
     schema::acquire_update(lock_id, options, details, Some(replacing))
-}
-
-/// The guard, if `document` (returned by the command `request`) shows the lease `lock_id`.
-fn won(
-    target: &Target,
-    runtime: &Handle,
-    document: &Document,
-    lock_id: String,
-    request: Sent<Instant>,
-) -> Result<Option<LockGuard>> {
-    let AttemptReply::Acquired(token) = schema::read_attempt_reply(document, &lock_id) else {
-        return Ok(None);
-    };
-    let Some(lease) = target.hold(
-        runtime,
-        LockKind::Exclusive,
-        &Layout::LockDocument,
-        lock_id,
-        request,
-    ) else {
-        return Ok(None);
-    };
-    match token {
-        Some(token) => Ok(Some(LockGuard::new(lease, FencingToken::new(token)))),
-        // Cannot happen on a conforming server (we wrote the token ourselves); dropping the
-        // lease releases it.
-        None => Err(Error::UnexpectedReply(
-            "the acquired lock document has no numeric fencingToken".to_owned(),
-        )),
-    }
 }
 
 /// What keeps the lock from being taken (for a watch, and a timeout's message): its holder, or

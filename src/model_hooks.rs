@@ -420,7 +420,7 @@ pub mod document_lock {
     }
 
     /// The filter of the cleanup after an attempt of `lock_id` whose outcome is unknown: every
-    /// document carrying the lock id (sent as a multi-document update, `Target::embedded_cleanup`).
+    /// document carrying the lock id (sent as a multi-document update, `Target::cleanup`).
     pub fn cleanup_filter(lock_id: &str, field: &str) -> Document {
         layout(field).anywhere_filter(lock_id)
     }

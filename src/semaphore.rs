@@ -3,20 +3,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock;
 use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 
 use crate::LockKind;
-use crate::lease::acquire::{self, Acquisition, Attempt, Granted, ReadHolders, Takeover, Wait};
+use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
+use crate::lease::claim::{Claim, Granted, Request};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
     MAX_COUNT,
 };
-use crate::lease::{self, Problem, Sent, Target, admin};
+use crate::lease::{self, Problem, Target, admin};
 use crate::token::read_i64;
 use crate::{
     Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
@@ -273,21 +273,11 @@ impl MongoDistributedSemaphore {
             places: Some(self.max_count),
             holders: self,
         };
-        let layout = places();
-        let max_count = self.max_count;
-        let takeovers = |runtime: &Handle, lock_id: String| {
-            takeover(Arc::clone(target), max_count, runtime.clone(), lock_id)
+        let places = Places {
+            target: Arc::clone(target),
+            max_count: self.max_count,
         };
-        let joined = acquire::acquire(
-            what,
-            wait,
-            |runtime, lock_id| Attempt {
-                cleanup: target.cleanup(&layout, &lock_id),
-                work: attempt(Arc::clone(target), max_count, runtime.clone(), lock_id),
-            },
-            Some(&takeovers),
-        )
-        .await?;
+        let joined = acquire::acquire(what, wait, Arc::new(places)).await?;
         Ok(joined.map(|joined| joined.guard))
     }
 }
@@ -319,73 +309,67 @@ fn places() -> Layout {
     Layout::Members(HOLDERS.to_owned())
 }
 
-/// One attempt: join the holders if fewer than `max_count` hold a live lease, in one
-/// `findAndModify` (upsert) whose pipeline drops ended leases first.
-async fn attempt(
+/// A semaphore, as the engine claims it: join the holders if fewer than `max_count` hold a live
+/// lease, in one `findAndModify` (upsert) whose pipeline drops ended leases first; or take a
+/// place over in the release command of a local holder, whose lease leaves the holders.
+struct Places {
     target: Arc<Target>,
     max_count: u32,
-    runtime: Handle,
-    lock_id: String,
-) -> Result<Option<Joined>> {
-    let request = Sent::now(clock::now());
-    let (options, details) = (&target.options, target.details.as_ref());
-    let update = join_update(&lock_id, max_count, options, details);
-    let document = target.upsert(update).await?;
-    joined(&target, max_count, &runtime, &document, lock_id, request)
 }
 
-/// Taking a place over in the release command of a local holder (see `lease::handoff`): that
-/// holder's lease leaves the holders, and the same pipeline as an attempt admits this one.
-fn takeover(
-    target: Arc<Target>,
-    max_count: u32,
-    runtime: Handle,
-    lock_id: String,
-) -> Takeover<Joined> {
-    let (options, details) = (target.options.clone(), target.details.clone());
-    let waiter = lock_id.clone();
-    Takeover {
-        layout: places(),
-        update: Box::new(move |releasing| {
-            takeover_update(&waiter, max_count, &options, details.as_ref(), releasing)
-        }),
-        cleanup: target.cleanup(&places(), &lock_id),
-        finish: Box::new(move |document, request| {
-            joined(&target, max_count, &runtime, &document, lock_id, request)
-        }),
+impl Claim for Places {
+    type Won = Joined;
+    const TAKES_OVER: bool = true;
+
+    fn target(&self) -> &Target {
+        &self.target
     }
-}
 
-/// The place, if `document` (returned by the command `request`) shows the lease
-/// `lock_id` among its holders.
-fn joined(
-    target: &Target,
-    max_count: u32,
-    runtime: &Handle,
-    document: &Document,
-    lock_id: String,
-    request: Sent<clock::Instant>,
-) -> Result<Option<Joined>> {
-    let place = match read_join_reply(document, &lock_id, max_count) {
-        JoinReply::OtherCount(stored) => {
-            return Err(lease::max_count_mismatch(&target.name, &stored, max_count));
+    fn layout(&self) -> Layout {
+        places()
+    }
+
+    fn update(&self, lock_id: &str, replacing: Option<&str>) -> Vec<Document> {
+        let (options, details) = (&self.target.options, self.target.details.as_ref());
+        match replacing {
+            None => join_update(lock_id, self.max_count, options, details),
+            Some(releasing) => {
+                takeover_update(lock_id, self.max_count, options, details, releasing)
+            }
         }
-        JoinReply::Full => return Ok(None),
-        JoinReply::Joined(place) => place,
-    };
-    let Some(lease) = target.hold(runtime, LockKind::Semaphore, &places(), lock_id, request) else {
-        return Ok(None);
-    };
-    let Some(token) = place.token else {
-        // Cannot happen on a conforming server; dropping the lease releases it.
-        return Err(Error::UnexpectedReply(
-            "the acquired semaphore place has no numeric fencingToken".to_owned(),
-        ));
-    };
-    Ok(Some(Joined {
-        guard: LockGuard::new(lease, FencingToken::new(token)),
-        places_left: place.places_left,
-    }))
+    }
+
+    /// The place, if `document` shows the lease `lock_id` among its holders.
+    fn won(
+        &self,
+        runtime: &Handle,
+        document: Document,
+        lock_id: String,
+        request: Request,
+    ) -> Result<Option<Joined>> {
+        let (target, max_count) = (&self.target, self.max_count);
+        let place = match read_join_reply(&document, &lock_id, max_count) {
+            JoinReply::OtherCount(stored) => {
+                return Err(lease::max_count_mismatch(&target.name, &stored, max_count));
+            }
+            JoinReply::Full => return Ok(None),
+            JoinReply::Joined(place) => place,
+        };
+        let Some(lease) = target.hold(runtime, LockKind::Semaphore, &places(), lock_id, request)
+        else {
+            return Ok(None);
+        };
+        let Some(token) = place.token else {
+            // Cannot happen on a conforming server; dropping the lease releases it.
+            return Err(Error::UnexpectedReply(
+                "the acquired semaphore place has no numeric fencingToken".to_owned(),
+            ));
+        };
+        Ok(Some(Joined {
+            guard: LockGuard::new(lease, FencingToken::new(token)),
+            places_left: place.places_left,
+        }))
+    }
 }
 
 /// What an attempt (or a transfer) learns from the semaphore document it returned.

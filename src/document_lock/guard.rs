@@ -11,7 +11,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::error::Operation;
 use crate::fencing::check_operators;
-use crate::lease::acquire::Granted;
+use crate::lease::claim::Granted;
 use crate::lease::held::HeldLease;
 use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout};
 use crate::{Error, FencingToken, LostSignal, Result};

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::LockKind;
-use crate::lease::acquire::{self, Acquisition, Attempt, ReadHolders, Wait};
+use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::held;
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::Layout;
@@ -22,7 +22,7 @@ use futures::future::BoxFuture;
 pub(crate) mod attempt;
 pub(crate) mod guard;
 
-use attempt::attempt;
+use attempt::Locking;
 pub use guard::DocumentGuard;
 
 /// The default field that holds the embedded lock.
@@ -373,22 +373,13 @@ where
             places: None,
             holders: &matching,
         };
-        acquire::acquire(
-            what,
-            wait,
-            |runtime, lock_id| Attempt {
-                cleanup: target.lock.embedded_cleanup(&target.layout, &lock_id),
-                work: attempt::<T>(
-                    Arc::clone(target),
-                    filter.clone(),
-                    insert.clone(),
-                    runtime.clone(),
-                    lock_id,
-                ),
-            },
-            None,
-        )
-        .await
+        let locking = Locking {
+            documents: Arc::clone(target),
+            filter,
+            insert,
+            _documents: PhantomData,
+        };
+        acquire::acquire(what, wait, Arc::new(locking)).await
     }
 }
 

@@ -5,6 +5,8 @@
 //! is the same for all of them; a primitive only builds its attempt's update pipeline and reads
 //! whether it won.
 //!
+//! - [`claim`]: what each kind tells the engine (its lease's place, its update, whether it
+//!   won), as one trait each primitive implements.
 //! - [`acquire`]: the one acquisition loop (validation, runtime, tracing span, spawned attempts,
 //!   transient-error retries, backoff, in-process handoff, deadlines, cleanup of attempts whose
 //!   outcome is unknown).
@@ -22,12 +24,13 @@
 //! - `backoff`, `handoff`: the pacing of waiting callers.
 //!
 //! Dependencies point one way: primitives → this engine → error, options, fencing, details.
-//! The rest of the crate uses the six modules linked above and the items of this one; the
+//! The rest of the crate uses the seven modules linked above and the items of this one; the
 //! other modules are private to the engine (`scripts/check-architecture` checks the same).
 
 // The engine's interface to the rest of the crate: these modules, and the items of this one.
 pub(crate) mod acquire;
 pub(crate) mod admin;
+pub(crate) mod claim;
 pub(crate) mod held;
 pub(crate) mod hub;
 pub(crate) mod lost;
@@ -253,11 +256,16 @@ impl Target {
         }
     }
 
-    /// What ends the lease that the attempt with `lock_id` may have taken in this lock's
-    /// document (stored as `layout` says), should its outcome be unknown.
+    /// What ends the lease that the attempt with `lock_id` may have taken (stored as `layout`
+    /// says), should its outcome be unknown: in this lock's document, or for document locks in
+    /// whichever document it locked (see [`embedded_cleanup`](Self::embedded_cleanup)).
     pub(crate) fn cleanup(&self, layout: &Layout, lock_id: &str) -> Undo {
-        self.place(layout)
-            .cleanup_undo(&self.name.as_str().into(), lock_id, &self.name)
+        match layout {
+            Layout::Embedded(_) => self.embedded_cleanup(layout, lock_id),
+            _ => self
+                .place(layout)
+                .cleanup_undo(&self.name.as_str().into(), lock_id, &self.name),
+        }
     }
 
     /// Runs an attempt's pipeline `update` on the lock's document (`{_id: name}`, created if
@@ -387,7 +395,7 @@ impl Target {
     /// shard key (the attempt's filter may match many documents, and which one it locked is
     /// unknown), so it is sent as a multi-document update, which a sharded collection accepts
     /// without the shard key on every MongoDB version; the lock id is in one document at most.
-    pub(crate) fn embedded_cleanup(&self, layout: &Layout, lock_id: &str) -> Undo {
+    fn embedded_cleanup(&self, layout: &Layout, lock_id: &str) -> Undo {
         Undo {
             collection: self.collection.clone(),
             filter: layout.anywhere_filter(lock_id),

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep_until;
 
 use super::backoff::ATTEMPT_SERVER_TIME;
-use super::handoff::{self, Handoff, Offer, Transfer};
+use super::handoff::{self, Handoff, Offer, Taker, Transfer};
 use super::in_flight::{InFlight, Tracked};
 use super::metrics::Loss;
 use super::protocol::{self, Sent, TransferReply, retry_delay};
@@ -118,7 +118,7 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: Tracked)
             return transfer(context, lease, offers, started, tracked).await;
         }
         for offer in offers {
-            (offer.deliver)(Transfer::NotDone);
+            offer.taker.deliver(Transfer::NotDone);
         }
     }
     let wake = lease.waiters.as_ref();
@@ -305,7 +305,7 @@ fn released<T>(lease: &Lease, started: clock::Instant, outcome: Released<T>) -> 
 /// Delivers a transfer's outcome to its waiters exactly once: if the releasing task ends before
 /// it knows the outcome (its runtime shut down), dropping this tells the waiters so.
 struct Delivery {
-    deliver: Vec<Box<dyn FnOnce(Transfer) + Send>>,
+    takers: Vec<Box<dyn Taker>>,
     /// Ends the releasing lease.
     releasing: Undo,
 }
@@ -313,16 +313,16 @@ struct Delivery {
 impl Delivery {
     /// Delivers what `transfer` makes to the waiters not delivered to yet.
     fn deliver(&mut self, transfer: impl Fn() -> Transfer) {
-        for deliver in self.deliver.drain(..) {
-            deliver(transfer());
+        for taker in self.takers.drain(..) {
+            taker.deliver(transfer());
         }
     }
 }
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        for deliver in self.deliver.drain(..) {
-            deliver(Transfer::Abandoned {
+        for taker in self.takers.drain(..) {
+            taker.deliver(Transfer::Abandoned {
                 releasing: self.releasing.clone(),
             });
         }
@@ -381,15 +381,15 @@ async fn transfer(
     );
     let update: Vec<_> = offers
         .iter()
-        .flat_map(|offer| (offer.update)(&lease.lock_id))
+        .flat_map(|offer| offer.taker.update(&lease.lock_id))
         .collect();
     let mut cleanups = Vec::with_capacity(offers.len());
     let mut delivery = Delivery {
-        deliver: offers
+        takers: offers
             .into_iter()
             .map(|offer| {
                 cleanups.push(offer.cleanup);
-                offer.deliver
+                offer.taker
             })
             .collect(),
         releasing: place.ending_undo(lease),

@@ -1,44 +1,130 @@
 //! One attempt on a reader-writer lock's document: its update pipelines, and whether it won.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::clock;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 
-use crate::lease::acquire::Takeover;
+use crate::lease::Target;
+use crate::lease::acquire::Wait;
+use crate::lease::claim::{Claim, Request};
 use crate::lease::held::HeldLease;
 use crate::lease::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, READERS, RENEWED_AT,
     WAITING_WRITER, WRITER, lease_end, literal, live_members, member_ids, next_fencing_token,
     retain,
 };
-use crate::lease::{Sent, Target};
 use crate::token::read_i64;
-use crate::{Error, FencingToken, LockOptions, Result};
+use crate::{Error, FencingToken, LockGuard, LockOptions, Result};
 
+use super::waiting_writer::WaitingWriter;
 use super::{Mode, ReadGuard};
 
 /// A field that lives only inside one update pipeline.
 pub(super) const WRITE_IS_FREE: &str = "_writeIsFree";
 
-/// One attempt with `update` on the lock's document: `Ok(None)` if the lock is not available.
-/// The lease goes to `lock_id`, which the update was built with; a writer's comes with its
-/// fencing token.
-pub(super) async fn attempt(
-    target: Arc<Target>,
-    runtime: Handle,
+/// A reader, as the engine claims it: it joins the readers unless a writer holds or waits for the
+/// lock; or in the release command of a local writer (see `lease::handoff`), with the readers
+/// waiting behind it, the writer's lease ends and the same pipeline admits this reader (unless
+/// another writer waits: writers are not starved).
+pub(super) struct Reading(pub(super) Arc<Target>);
+
+impl Claim for Reading {
+    type Won = ReadGuard;
+    const TAKES_OVER: bool = true;
+
+    fn target(&self) -> &Target {
+        &self.0
+    }
+
+    fn layout(&self) -> Layout {
+        layout(Mode::Read)
+    }
+
+    fn update(&self, lock_id: &str, replacing: Option<&str>) -> Vec<Document> {
+        let (options, details) = (&self.0.options, self.0.details.as_ref());
+        match replacing {
+            None => read_update(options, details, lock_id),
+            Some(releasing) => read_takeover_update(lock_id, options, details, releasing),
+        }
+    }
+
+    fn won(
+        &self,
+        runtime: &Handle,
+        document: Document,
+        lock_id: String,
+        request: Request,
+    ) -> Result<Option<ReadGuard>> {
+        let won = hold(&self.0, runtime, Mode::Read, &document, lock_id, request)?;
+        Ok(won.map(|(lease, _)| ReadGuard { lease }))
+    }
+}
+
+/// A writer, as the engine claims it: it takes the lock when no lease is live; while it has time
+/// left to wait, each attempt also places (or renews) its waiting-writer `marker`, which holds new
+/// readers back. Each attempt in flight keeps the marker: should the caller stop waiting, the
+/// marker is removed once the last attempt's outcome is in, so that an attempt applied after the
+/// removal cannot place it again.
+pub(super) struct Writing {
+    pub(super) marker: Arc<WaitingWriter>,
+    pub(super) wait: Wait,
+}
+
+impl Claim for Writing {
+    type Won = LockGuard;
+    const TAKES_OVER: bool = false;
+
+    fn target(&self) -> &Target {
+        &self.marker.target
+    }
+
+    fn layout(&self) -> Layout {
+        layout(Mode::Write)
+    }
+
+    /// Marks the marker as possibly placed when it places it (never `replacing`: a writer takes
+    /// nothing over).
+    fn update(&self, lock_id: &str, _replacing: Option<&str>) -> Vec<Document> {
+        // Only a writer with time left to wait holds readers back.
+        let waits = !self.wait.is_over();
+        if waits {
+            self.marker.placed.store(true, Ordering::Relaxed);
+        }
+        let target = &self.marker.target;
+        let (options, details) = (&target.options, target.details.as_ref());
+        write_update(options, details, lock_id, &self.marker.id, waits)
+    }
+
+    fn won(
+        &self,
+        runtime: &Handle,
+        document: Document,
+        lock_id: String,
+        request: Request,
+    ) -> Result<Option<LockGuard>> {
+        let target = &self.marker.target;
+        let won = hold(target, runtime, Mode::Write, &document, lock_id, request)?;
+        Ok(won.map(|(lease, token)| LockGuard::new(lease, token)))
+    }
+}
+
+/// The lease, if `document` (returned by the command first sent as `request`) holds our lease
+/// `lock_id` in `mode`; a writer's comes with its fencing token.
+fn hold(
+    target: &Target,
+    runtime: &Handle,
     mode: Mode,
+    document: &Document,
     lock_id: String,
-    update: Vec<Document>,
+    request: Request,
 ) -> Result<Option<(HeldLease, FencingToken)>> {
-    let request = Sent::now(clock::now());
-    let document = target.upsert(update).await?;
-    let Some(token) = won(&document, mode, &lock_id) else {
+    let Some(token) = won(document, mode, &lock_id) else {
         return Ok(None);
     };
-    let Some(lease) = target.hold(&runtime, mode.kind(), &layout(mode), lock_id, request) else {
+    let Some(lease) = target.hold(runtime, mode.kind(), &layout(mode), lock_id, request) else {
         return Ok(None);
     };
     match (mode, token) {
@@ -48,38 +134,6 @@ pub(super) async fn attempt(
         (Mode::Write, None) => Err(Error::UnexpectedReply(
             "the acquired writer lease has no numeric fencingToken".to_owned(),
         )),
-    }
-}
-
-/// Joining the readers in the release command of a local writer (see `lease::handoff`), with
-/// the readers waiting behind this one: the writer's lease ends, and the same pipeline as a read
-/// attempt admits this reader (unless another writer waits: writers are not starved).
-pub(super) fn read_takeover(
-    target: Arc<Target>,
-    runtime: Handle,
-    lock_id: String,
-) -> Takeover<ReadGuard> {
-    let (options, details) = (target.options.clone(), target.details.clone());
-    let reader = lock_id.clone();
-    Takeover {
-        layout: layout(Mode::Read),
-        update: Box::new(move |releasing| {
-            read_takeover_update(&reader, &options, details.as_ref(), releasing)
-        }),
-        cleanup: target.cleanup(&layout(Mode::Read), &lock_id),
-        finish: Box::new(move |document, request| {
-            if !holds_read(&document, &lock_id) {
-                return Ok(None);
-            }
-            let lease = target.hold(
-                &runtime,
-                Mode::Read.kind(),
-                &layout(Mode::Read),
-                lock_id,
-                request,
-            );
-            Ok(lease.map(|lease| ReadGuard { lease }))
-        }),
     }
 }
 

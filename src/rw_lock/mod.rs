@@ -9,7 +9,7 @@ use mongodb::bson::doc;
 use tokio::runtime::Handle;
 
 use crate::LockKind;
-use crate::lease::acquire::{self, Acquisition, Attempt, ReadHolders, Wait};
+use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::held::{self};
 use crate::lease::hub::RenewalHub;
 use crate::lease::schema::ID;
@@ -22,7 +22,7 @@ pub(crate) mod attempt;
 mod read_guard;
 pub(crate) mod waiting_writer;
 
-use attempt::{attempt, layout, read_takeover, read_update, write_update};
+use attempt::{Reading, Writing};
 pub use read_guard::ReadGuard;
 use waiting_writer::WaitingWriter;
 
@@ -358,28 +358,8 @@ impl MongoDistributedReaderWriterLock {
 
     /// Read attempts until one joins the readers or the wait runs out.
     async fn read_within(&self, wait: Wait) -> Result<Option<ReadGuard>> {
-        let target = &self.target;
-        let read = |runtime: &Handle, lock_id: String| {
-            let update = read_update(&target.options, target.details.as_ref(), &lock_id);
-            let attempt = attempt(
-                Arc::clone(target),
-                runtime.clone(),
-                Mode::Read,
-                lock_id.clone(),
-                update,
-            );
-            Attempt {
-                cleanup: target.cleanup(&layout(Mode::Read), &lock_id),
-                work: async move {
-                    let won = attempt.await?;
-                    Ok(won.map(|(lease, _)| ReadGuard { lease }))
-                },
-            }
-        };
-        let takeovers = |runtime: &Handle, lock_id: String| {
-            read_takeover(Arc::clone(target), runtime.clone(), lock_id)
-        };
-        acquire::acquire(self.acquisition(Mode::Read), wait, read, Some(&takeovers)).await
+        let reading = Arc::new(Reading(Arc::clone(&self.target)));
+        acquire::acquire(self.acquisition(Mode::Read), wait, reading).await
     }
 
     /// Write attempts until one takes the lock or the wait runs out. While it waits, the
@@ -390,41 +370,17 @@ impl MongoDistributedReaderWriterLock {
         let Ok(runtime) = Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
-        // Each attempt in flight keeps the marker too: should the caller stop waiting (its
-        // future dropped), the marker is removed once the last attempt's outcome is in, so that
-        // an attempt applied after the removal cannot place it again.
         let marker = Arc::new(WaitingWriter {
             target: Arc::clone(target),
             runtime,
             id: new_lock_id(),
             placed: AtomicBool::new(false),
         });
-        let write = |runtime: &Handle, lock_id: String| {
-            // Only a writer with time left to wait holds readers back.
-            let waits = !wait.is_over();
-            if waits {
-                marker.placed.store(true, Ordering::Relaxed);
-            }
-            let (options, details) = (&target.options, target.details.as_ref());
-            let update = write_update(options, details, &lock_id, &marker.id, waits);
-            let attempt = attempt(
-                Arc::clone(target),
-                runtime.clone(),
-                Mode::Write,
-                lock_id.clone(),
-                update,
-            );
-            let in_flight = Arc::clone(&marker);
-            Attempt {
-                cleanup: target.cleanup(&layout(Mode::Write), &lock_id),
-                work: async move {
-                    let won = attempt.await;
-                    drop(in_flight);
-                    Ok(won?.map(|(lease, token)| LockGuard::new(lease, token)))
-                },
-            }
-        };
-        let result = acquire::acquire(self.acquisition(Mode::Write), wait, write, None).await;
+        let writing = Arc::new(Writing {
+            marker: Arc::clone(&marker),
+            wait,
+        });
+        let result = acquire::acquire(self.acquisition(Mode::Write), wait, writing).await;
         match &result {
             // The winning update removed the marker.
             Ok(Some(_)) => marker.placed.store(false, Ordering::Relaxed),

@@ -1,6 +1,6 @@
 //! The guard of a reader.
 
-use crate::lease::acquire::Granted;
+use crate::lease::claim::Granted;
 use crate::lease::held::HeldLease;
 use crate::{FencingToken, LostSignal, Result};
 

@@ -51,7 +51,7 @@ mod transfer;
 
 pub(crate) use queue::Wake;
 use queue::{Queue, Waiter};
-pub(crate) use transfer::{Handoff, Offer, TakeoverUpdate, Transfer, takes_over};
+pub(crate) use transfer::{Handoff, Offer, Taker, Transfer, takes_over};
 
 use super::protocol::{self, Handover, InLine};
 
@@ -188,7 +188,7 @@ impl Ticket {
             }
         };
         if let Some(replaced) = replaced {
-            (replaced.deliver)(Transfer::NotDone);
+            replaced.taker.deliver(Transfer::NotDone);
         }
     }
 
@@ -201,7 +201,7 @@ impl Ticket {
         });
         match withdrawn {
             Some(Some(Some(offer))) => {
-                (offer.deliver)(Transfer::NotDone);
+                offer.taker.deliver(Transfer::NotDone);
                 true
             }
             // Taken by a release.
@@ -269,12 +269,12 @@ impl Drop for Ticket {
             }
             // Last: the wakes above go to this family's group.
             queue.forget_if_departed(family);
-            me.offer.map(|offer| offer.deliver)
+            me.offer.map(|offer| offer.taker)
         });
         // An offer nobody took: nothing to deliver to a waiter that is gone, but the contract
         // is exactly one call.
-        if let Some(Some(deliver)) = deliver {
-            deliver(Transfer::NotDone);
+        if let Some(Some(taker)) = deliver {
+            taker.deliver(Transfer::NotDone);
         }
     }
 }

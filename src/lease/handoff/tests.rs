@@ -107,7 +107,6 @@ fn offer_of(layout: Layout, lock_id: &str, outcome: Arc<Mutex<Option<Transfer>>>
     Offer {
         lock_id: lock_id.to_owned(),
         layout,
-        update: Box::new(|_| Vec::new()),
         cleanup: Undo {
             collection: client.database("db").collection("coll"),
             filter: Document::new(),
@@ -119,7 +118,20 @@ fn offer_of(layout: Layout, lock_id: &str, outcome: Arc<Mutex<Option<Transfer>>>
         },
         receiver: Arc::default(),
         write_concern: WriteConcern::default(),
-        deliver: Box::new(move |transfer| *outcome.lock() = Some(transfer)),
+        taker: Box::new(Recorded(outcome)),
+    }
+}
+
+/// A waiter that records the outcome delivered to it.
+struct Recorded(Arc<Mutex<Option<Transfer>>>);
+
+impl Taker for Recorded {
+    fn update(&self, _replacing: &str) -> Vec<Document> {
+        Vec::new()
+    }
+
+    fn deliver(self: Box<Self>, transfer: Transfer) {
+        *self.0.lock() = Some(transfer);
     }
 }
 

@@ -12,9 +12,6 @@ use crate::lease::in_flight::InFlight;
 use crate::lease::schema::{HOLDERS, Layout, READERS};
 use crate::lease::undo::Undo;
 
-/// Builds the pipeline that takes a lease over from the lease with the given lock id.
-pub(crate) type TakeoverUpdate = Box<dyn Fn(&str) -> Vec<Document> + Send>;
-
 /// A waiter's readiness to take a lease over in a release command: an exclusive lock's waiter
 /// from its holder, a semaphore's from a holder of a place, a reader from the writer (see
 /// [`takes_over`]).
@@ -23,8 +20,6 @@ pub(crate) struct Offer {
     pub(crate) lock_id: String,
     /// Where the waiter's lease would be stored.
     pub(crate) layout: Layout,
-    /// The attempt's pipeline, taking over from the lease with the given lock id.
-    pub(crate) update: TakeoverUpdate,
     /// Ends the lease the waiter may have been given, should the outcome be unknown.
     pub(crate) cleanup: Undo,
     /// The waiter's family's work under way: a transfer to it is tracked there too, so that
@@ -32,10 +27,20 @@ pub(crate) struct Offer {
     pub(crate) receiver: Arc<InFlight>,
     /// The waiter's write concern: only a releaser with the same one transfers to it.
     pub(crate) write_concern: WriteConcern,
-    /// Receives the outcome (and builds the waiter's guard from it). Called exactly once: with
-    /// [`Transfer::NotDone`] if the offer is replaced, withdrawn, or its waiter leaves without
-    /// it.
-    pub(crate) deliver: Box<dyn FnOnce(Transfer) + Send>,
+    /// The waiting caller: builds the takeover's update, and receives the outcome.
+    pub(crate) taker: Box<dyn Taker>,
+}
+
+/// A waiting caller that offered to take a lease over (`acquire`'s waiter, of any kind).
+pub(crate) trait Taker: Send {
+    /// The pipeline that takes the lease `replacing` over for this waiter (its kind's
+    /// `Claim::update`).
+    fn update(&self, replacing: &str) -> Vec<Document>;
+
+    /// Receives the outcome, and builds the waiter's guard from it (its kind's `Claim::won`).
+    /// Called exactly once per offer: with [`Transfer::NotDone`] if the offer is replaced,
+    /// withdrawn, or its waiter leaves without it.
+    fn deliver(self: Box<Self>, transfer: Transfer);
 }
 
 impl std::fmt::Debug for Offer {
