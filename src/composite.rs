@@ -2,8 +2,11 @@
 
 use std::sync::Arc;
 
+use crate::error::{Error, Result};
 use crate::lease::held::HeldLease;
-use crate::{Error, FencingToken, LockKind, LostSignal, Result};
+use crate::lease::lost::LostSignal;
+use crate::lock_status::LockKind;
+use crate::token::FencingToken;
 
 /// One member of a composite lock (see
 /// [`Provider::acquire_all`](crate::Provider::acquire_all)): which lock, of which kind, in the

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::LockStatus;
+use crate::lock_status::LockStatus;
 
 /// How many characters of a lock name appear in messages and traces. Names can be up to
 /// MongoDB's document size, and a megabyte-long log line helps nobody.

@@ -4,7 +4,8 @@ use mongodb::Collection;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
 
-use crate::{Error, FencingToken, Result};
+use crate::error::{Error, Result};
+use crate::token::FencingToken;
 
 /// Accepts only update-operator documents that leave `protected` (a field) alone.
 pub(crate) fn check_operators(update: &Document, protected: &str) -> Result<()> {

@@ -1,9 +1,11 @@
 //! The guard of a held lock with a fencing token: an exclusive lock, a reader-writer lock's
 //! writer, or a semaphore place.
 
+use crate::error::Result;
 use crate::lease::claim::Granted;
 use crate::lease::held::HeldLease;
-use crate::{FencingToken, LostSignal, Result};
+use crate::lease::lost::LostSignal;
+use crate::token::FencingToken;
 
 /// Proof that the lock is held; returned by the `acquire*` methods of
 /// [`MongoDistributedLock`](crate::MongoDistributedLock), by those of

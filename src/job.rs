@@ -4,8 +4,12 @@ use std::time::Duration;
 
 use mongodb::Database;
 
+use crate::details::LockDetails;
+use crate::error::Result;
+use crate::guard::LockGuard;
 use crate::lease::held;
-use crate::{LockDetails, LockGuard, LockStatus, MongoDistributedLock, Result};
+use crate::lock::MongoDistributedLock;
+use crate::lock_status::LockStatus;
 
 /// A job that runs at most once per window across every instance of a service, whatever
 /// scheduler fires it and however far apart the instances' timers are.

@@ -6,9 +6,13 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::error::shown_name;
+use crate::error::{Error, Result, shown_name};
+use crate::guard::LockGuard;
+use crate::lease::lost::LostSignal;
+use crate::lock::MongoDistributedLock;
 use crate::sync::Mutex;
-use crate::{Error, FencingToken, LockGuard, LockWatch, LostSignal, MongoDistributedLock, Result};
+use crate::token::FencingToken;
+use crate::watch::LockWatch;
 
 /// After a failed campaign (an error other than a busy lock), the next one waits this long.
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);

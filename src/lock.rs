@@ -7,16 +7,18 @@ use mongodb::Database;
 use mongodb::bson::Document;
 use tokio::runtime::Handle;
 
-use crate::LockKind;
+use crate::details::LockDetails;
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::claim::{Claim, Request};
-use crate::lease::held;
-use crate::lease::hub::RenewalHub;
+use crate::lease::family::Family;
 use crate::lease::schema::{self, AttemptReply, Layout};
-use crate::lease::{Problem, Target, admin};
-use crate::{
-    Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
-};
+use crate::lease::{Problem, Target, admin, held};
+use crate::lock_status::{LockKind, LockStatus};
+use crate::options::LockOptions;
+use crate::token::FencingToken;
+use crate::watch::LockWatch;
 use futures::future::BoxFuture;
 
 /// The default collection of exclusive locks, shared with DistributedLock.MongoDB.
@@ -89,15 +91,15 @@ impl MongoDistributedLock {
         self
     }
 
-    /// Shares `renewals` (a provider's) and stores `details` (a provider's choice).
+    /// Joins `family` (a provider's) and stores `details` (a provider's choice).
     pub(crate) fn with_provider_settings(
         mut self,
-        renewals: &Arc<RenewalHub>,
+        family: &Arc<Family>,
         details: Option<Document>,
         refusal: Option<Problem>,
     ) -> Self {
         let target = Arc::make_mut(&mut self.target);
-        target.share_renewals(renewals, refusal);
+        target.join_family(family, refusal);
         target.details = details;
         self
     }
@@ -282,7 +284,7 @@ impl MongoDistributedLock {
             waiters: Some(&target.waiters),
             shared: false,
             renews_while_waiting: false,
-            family: &target.renewals,
+            family: &target.family,
             push: Some(&target.collection),
             places: None,
             holders: self,

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use mongodb::bson::DateTime;
 
-use crate::{FencingToken, LockDetails};
+use crate::details::LockDetails;
+use crate::token::FencingToken;
 
 /// What kind of lock a [`LockStatus`] describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

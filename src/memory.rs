@@ -58,11 +58,12 @@ use tokio::time::Instant;
 
 use mongodb::bson::{Bson, Document, doc};
 
+use crate::error::{Error, Result};
 use crate::fencing::check_operators;
-use crate::lease::Problem;
-use crate::lease::lost::LeaseState;
-use crate::lease::{max_count_mismatch, max_count_problem, name_problem};
+use crate::lease::lost::{LeaseState, LostSignal};
+use crate::lease::{Problem, max_count_mismatch, max_count_problem, name_problem};
 use crate::sync::Mutex;
+use crate::token::FencingToken;
 use crate::traits::{
     DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
 };
@@ -70,7 +71,6 @@ use crate::traits::{
 /// The field the MongoDB document locks keep their lock in by default: reserved in the
 /// documents of the in-memory ones too.
 const LOCK_FIELD: &str = "lock";
-use crate::{Error, FencingToken, LostSignal, Result};
 
 /// Creates in-memory locks that exclude each other by name; clones share the locks. See the
 /// [module docs](self).

@@ -8,8 +8,10 @@
 
 use mongodb::bson::{Bson, Document};
 
+use crate::fencing::Fence;
 use crate::lease::schema;
-use crate::{Fence, FencingToken, LockOptions};
+use crate::options::LockOptions;
+use crate::token::FencingToken;
 
 /// The protocol's decisions without I/O, which the engine runs on its clocks and the model on
 /// its ticks: a holder's [`Lease`] (its deadline and the extension rule), the renewal loop's

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use mongodb::options::{Acknowledgment, WriteConcern};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 const DEFAULT_EXPIRY: Duration = Duration::from_secs(30);
 const MIN_EXPIRY: Duration = Duration::from_millis(100);

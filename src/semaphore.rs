@@ -7,20 +7,22 @@ use mongodb::Database;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 
-use crate::LockKind;
+use crate::details::LockDetails;
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::claim::{Claim, Granted, Request};
-use crate::lease::held;
-use crate::lease::hub::RenewalHub;
+use crate::lease::family::Family;
 use crate::lease::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
     MAX_COUNT,
 };
-use crate::lease::{self, Problem, Target, admin};
+use crate::lease::{self, Problem, Target, admin, held};
+use crate::lock_status::{LockKind, LockStatus};
+use crate::options::LockOptions;
+use crate::token::FencingToken;
 use crate::token::read_i64;
-use crate::{
-    Error, FencingToken, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result,
-};
+use crate::watch::LockWatch;
 use futures::future::BoxFuture;
 
 /// The default collection of semaphores.
@@ -110,13 +112,9 @@ impl MongoDistributedSemaphore {
         self
     }
 
-    /// Shares `renewals` (a provider's).
-    pub(crate) fn with_renewals(
-        mut self,
-        renewals: &Arc<RenewalHub>,
-        refusal: Option<Problem>,
-    ) -> Self {
-        Arc::make_mut(&mut self.target).share_renewals(renewals, refusal);
+    /// Joins `family` (a provider's).
+    pub(crate) fn in_family(mut self, family: &Arc<Family>, refusal: Option<Problem>) -> Self {
+        Arc::make_mut(&mut self.target).join_family(family, refusal);
         self
     }
 
@@ -268,7 +266,7 @@ impl MongoDistributedSemaphore {
             waiters: Some(&target.waiters),
             shared: false,
             renews_while_waiting: false,
-            family: &target.renewals,
+            family: &target.family,
             push: Some(&target.collection),
             places: Some(self.max_count),
             holders: self,

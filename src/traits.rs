@@ -48,7 +48,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use mongodb::bson::{Bson, Document};
 
-use crate::{FencingToken, LostSignal, Result};
+use crate::error::Result;
+use crate::lease::lost::LostSignal;
+use crate::token::FencingToken;
 
 /// A held lock of any implementation, boxed: what the [`DistributedLock`] methods return.
 pub type BoxedGuard = Box<dyn DistributedLockGuard>;

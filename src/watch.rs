@@ -6,9 +6,10 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::error::{Error, Result};
 use crate::lease::acquire::ReadHolders;
 use crate::lease::{ATTEMPT_SERVER_TIME, Observation, PushFrom};
-use crate::{Error, LockStatus, Result};
+use crate::lock_status::LockStatus;
 
 /// The holders of a lock, watched without holding it (every kind has a `watch`): free or held,
 /// by whom (lock ids, details), with which fencing tokens and how much of each lease is left,

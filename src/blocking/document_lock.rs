@@ -9,7 +9,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Background, LockWatch, twins, wait_lost, wrapper};
-use crate::{FencingToken, LockOptions, LockStatus, LostSignal, Result};
+use crate::error::Result;
+use crate::lease::lost::LostSignal;
+use crate::lock_status::LockStatus;
+use crate::options::LockOptions;
+use crate::token::FencingToken;
 
 /// Locks on documents of one collection, with blocking methods; see [`crate::DocumentLock`].
 /// Created by [`Provider::create_document_lock`](super::Provider::create_document_lock);

@@ -6,7 +6,9 @@ use mongodb::Database;
 use mongodb::bson::Document;
 
 use super::Background;
-use crate::{FenceOutcome, FencingToken, Result};
+use crate::error::Result;
+use crate::fencing::FenceOutcome;
+use crate::token::FencingToken;
 
 /// Fenced writes to the collections of the provider's database, with blocking methods; see
 /// [`crate::Fence`]. Created by [`Provider::create_fence`](super::Provider::create_fence).

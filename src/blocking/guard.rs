@@ -4,7 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Background, wait_lost, wrapper};
-use crate::{FencingToken, LockKind, LostSignal, Result};
+use crate::error::Result;
+use crate::lease::lost::LostSignal;
+use crate::lock_status::LockKind;
+use crate::token::FencingToken;
 
 /// Proof that a lock is held (an exclusive lock, a writer, or a semaphore place); see
 /// [`crate::LockGuard`].

@@ -6,7 +6,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::{Background, LockWatch, MongoDistributedLock, wrapper};
-use crate::{FencingToken, LostSignal, Result};
+use crate::error::Result;
+use crate::lease::lost::LostSignal;
+use crate::token::FencingToken;
 
 /// Campaigns for leadership of a name on the provider's runtime; see
 /// [`crate::LeaderElection`], whose guarantees hold here too. Created by

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Background, LockGuard, LockWatch, twins, wrapper};
-use crate::{LockOptions, LockStatus};
+use crate::lock_status::LockStatus;
+use crate::options::LockOptions;
 
 /// A named mutual-exclusion lock with blocking methods; see
 /// [`crate::MongoDistributedLock`]. Created by [`Provider::create_lock`](super::Provider::create_lock);

@@ -64,7 +64,9 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-use crate::{Error, LockStatus, LostSignal, Result};
+use crate::error::{Error, Result};
+use crate::lease::lost::LostSignal;
+use crate::lock_status::LockStatus;
 
 mod document_lock;
 mod fencing;

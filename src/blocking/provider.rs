@@ -13,7 +13,11 @@ use super::{
     MongoDistributedLock, MongoDistributedReaderWriterLock, MongoDistributedSemaphore,
     OwnedRuntime, start_runtime, twins,
 };
-use crate::{CompositeMember, LockDetails, LockFilter, LockOptions, LockStatus, Result};
+use crate::composite::CompositeMember;
+use crate::details::LockDetails;
+use crate::error::Result;
+use crate::lock_status::{LockFilter, LockStatus};
+use crate::options::LockOptions;
 
 /// A factory of blocking locks: the blocking counterpart of [`crate::Provider`], with its own
 /// runtime and MongoDB client (see the [module docs](super)).

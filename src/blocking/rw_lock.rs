@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Background, LockGuard, LockWatch, ReadGuard, twins, wrapper};
-use crate::{LockOptions, LockStatus};
+use crate::lock_status::LockStatus;
+use crate::options::LockOptions;
 
 /// A reader-writer lock with blocking methods; see [`crate::MongoDistributedReaderWriterLock`].
 /// Created by [`Provider::create_reader_writer_lock`](super::Provider::create_reader_writer_lock);

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Background, LockGuard, LockWatch, twins, wrapper};
-use crate::{LockOptions, LockStatus};
+use crate::lock_status::LockStatus;
+use crate::options::LockOptions;
 
 /// A semaphore with blocking methods; see [`crate::MongoDistributedSemaphore`]. Created by
 /// [`Provider::create_semaphore`](super::Provider::create_semaphore); cheap to clone.

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Background, wrapper};
-use crate::{LockStatus, Result};
+use crate::error::Result;
+use crate::lock_status::LockStatus;
 
 /// The holders of a lock, kept up to date on the provider's runtime; see
 /// [`crate::LockWatch`]. Returned by the `watch` methods of the blocking locks; the reads stop

@@ -8,14 +8,16 @@ use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 
 use crate::clock;
-use crate::error::is_duplicate_id;
+use crate::error::{Error, Result, is_duplicate_id};
 use crate::fencing::exists_on_primary;
 use crate::lease::claim::{Claim, Request};
-use crate::lease::schema::Layout;
-use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, lease_end, next_fencing_token};
+use crate::lease::schema::{
+    EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, lease_end, next_fencing_token,
+};
 use crate::lease::{DocumentAttempt, DocumentStep, Sent, Target};
+use crate::options::LockOptions;
+use crate::token::FencingToken;
 use crate::token::read_i64;
-use crate::{Error, FencingToken, LockOptions, Result};
 
 use super::DocumentGuard;
 use super::Documents;

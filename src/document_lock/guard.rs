@@ -9,12 +9,13 @@ use serde::Serialize;
 use tokio::runtime::Handle;
 use tokio::time::{Instant, timeout_at};
 
-use crate::error::Operation;
+use crate::error::{Error, Operation, Result};
 use crate::fencing::check_operators;
 use crate::lease::claim::Granted;
 use crate::lease::held::HeldLease;
+use crate::lease::lost::LostSignal;
 use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout};
-use crate::{Error, FencingToken, LostSignal, Result};
+use crate::token::FencingToken;
 
 use super::{Documents, to_document};
 

@@ -10,13 +10,14 @@ use mongodb::{Collection, Database};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::LockKind;
+use crate::error::{Error, Result};
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
-use crate::lease::held;
-use crate::lease::hub::RenewalHub;
+use crate::lease::family::Family;
 use crate::lease::schema::Layout;
-use crate::lease::{Problem, Target, admin};
-use crate::{Error, LockOptions, LockStatus, LockWatch, Result};
+use crate::lease::{Problem, Target, admin, held};
+use crate::lock_status::{LockKind, LockStatus};
+use crate::options::LockOptions;
+use crate::watch::LockWatch;
 use futures::future::BoxFuture;
 
 pub(crate) mod attempt;
@@ -160,9 +161,9 @@ where
         self.rebuilt(|target| target.lock.options = options)
     }
 
-    /// Shares `renewals` (a provider's).
-    pub(crate) fn with_renewals(self, renewals: &Arc<RenewalHub>) -> Self {
-        self.rebuilt(|target| target.lock.share_renewals(renewals, None))
+    /// Joins `family` (a provider's).
+    pub(crate) fn in_family(self, family: &Arc<Family>) -> Self {
+        self.rebuilt(|target| target.lock.join_family(family, None))
     }
 
     /// Its collection was made from `database` (a provider's): its leases are renewed with the
@@ -368,7 +369,7 @@ where
             waiters: None,
             shared: false,
             renews_while_waiting: false,
-            family: &target.lock.renewals,
+            family: &target.lock.family,
             push: None,
             places: None,
             holders: &matching,

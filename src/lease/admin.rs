@@ -18,9 +18,12 @@ use super::schema::{
     Layout, MIN_HOLD_UNTIL, READERS, RENEWED_AT, RETENTION, Stored, WAITING_WRITER, WRITER,
     end_lease, live_members, primary,
 };
-use crate::error::{Operation, shown_name};
+use crate::details::LockDetails;
+use crate::error::{Error, Operation, Result, shown_name};
+use crate::lock_status::{LockKind, LockStatus};
+use crate::options::LockOptions;
+use crate::token::FencingToken;
 use crate::token::read_i64;
-use crate::{Error, FencingToken, LockDetails, LockKind, LockOptions, LockStatus, Result};
 
 /// How long an administration call (or a read of a lock's holders) waits for MongoDB: the
 /// lock's `expiry`, at least [`MIN_ATTEMPT_WAIT`](super::protocol::MIN_ATTEMPT_WAIT). A reply

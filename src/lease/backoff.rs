@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::LockOptions;
+use crate::options::LockOptions;
 
 /// Growth factor of adaptive backoff per consecutive failed attempt.
 const GROWTH: f64 = 1.5;

@@ -16,7 +16,9 @@ use super::Target;
 use super::protocol::Sent;
 use super::schema::Layout;
 use super::undo::Undo;
-use crate::{FencingToken, Result, clock};
+use crate::clock;
+use crate::error::Result;
+use crate::token::FencingToken;
 
 /// The stamp of a request that won a lease: when it was sent.
 pub(crate) type Request = Sent<clock::Instant>;

@@ -10,20 +10,19 @@ use mongodb::options::ReadConcern;
 use mongodb::results::UpdateResult;
 use mongodb::{Client, ClientSession, Collection};
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::hub::RenewalHub;
+use super::family::Family;
 use super::lost::{LeaseState, LostSignal};
 use super::metrics;
 use super::protocol::Transaction;
 use super::record::{Lease, Place};
-use super::renewal::{self, Command};
+use super::renewal::Command;
 use super::schema;
-use crate::LockKind;
 use crate::clock;
-use crate::error::shown_name;
-use crate::{Error, Operation, Result};
+use crate::error::{Error, Operation, Result, shown_name};
+use crate::lock_status::LockKind;
 
 /// A lease won by an attempt, renewed by a renewal loop until it is released or lost.
 #[derive(Debug)]
@@ -33,7 +32,7 @@ pub(crate) struct HeldLease {
     /// `None` once the lease was handed back to the renewal loop.
     lock_id: Option<String>,
     state: Arc<LeaseState>,
-    renewals: mpsc::UnboundedSender<Command>,
+    renewal_loop: mpsc::UnboundedSender<Command>,
     /// Where the lease is stored (its document's `_id` in `place`), for transactions that
     /// check it.
     place: Place,
@@ -48,14 +47,14 @@ pub(crate) struct HeldLease {
 const TRANSACTION_RETRY_LIMIT: Duration = Duration::from_secs(120);
 
 impl HeldLease {
-    /// Registers `lease` (just won) with the renewal loop of `renewals` for `place`.
+    /// Registers `lease` (just won) with the renewal loop of `family` for `place`.
     ///
     /// `None` when the reply came too late to trust the lease (its local deadline has passed:
     /// the lease may already have ended on the server and someone else taken over); the lease
     /// is then released at once, since whatever is left of it is of no use.
     pub(crate) fn hold(
         runtime: &Handle,
-        renewals: &RenewalHub,
+        family: &Family,
         place: &Place,
         lease: Lease,
     ) -> Option<HeldLease> {
@@ -72,7 +71,7 @@ impl HeldLease {
             held_since: Instant::now(),
             id: lease.id.clone(),
             place: place.clone(),
-            renewals: renewals.hold(runtime, place, lease),
+            renewal_loop: family.hold(runtime, place, lease),
         };
         if held.is_lost() {
             // Nobody is given this lease: its release (by the drop) ends it at once.
@@ -304,11 +303,11 @@ impl HeldLease {
         }
     }
 
-    /// Stops renewing and ends the lease (see [`renewal::release`]). A lease its loop no longer
+    /// Stops renewing and ends the lease (see [`request_release`]). A lease its loop no longer
     /// has because it was lost (its family shut down) reports that.
     pub(crate) async fn release(mut self) -> Result<()> {
         let lock_id = self.hand_back();
-        match renewal::release(&self.renewals, lock_id).await {
+        match request_release(&self.renewal_loop, lock_id).await {
             Err(Error::BackgroundTaskEnded { .. }) if self.state.is_lost() => {
                 Err(self.lost_error())
             }
@@ -328,7 +327,7 @@ impl HeldLease {
     pub(crate) fn ended_by_write(mut self) {
         if let Some(lock_id) = self.hand_back() {
             self.state.mark_released();
-            let _ = self.renewals.send(Command::Forget { lock_id });
+            let _ = self.renewal_loop.send(Command::Forget { lock_id });
         }
     }
 }
@@ -336,7 +335,45 @@ impl HeldLease {
 impl Drop for HeldLease {
     fn drop(&mut self) {
         let lock_id = self.hand_back();
-        renewal::release_in_background(&self.renewals, lock_id);
+        request_release_in_background(&self.renewal_loop, lock_id);
+    }
+}
+
+/// Asks the renewal loop to release `lock_id` and waits for the outcome (a guard's `release`).
+/// `None`: the guard already handed its lease back.
+async fn request_release(
+    renewal_loop: &mpsc::UnboundedSender<Command>,
+    lock_id: Option<String>,
+) -> Result<()> {
+    let ended = Error::BackgroundTaskEnded {
+        operation: Operation::Release,
+    };
+    let Some(lock_id) = lock_id else {
+        return Err(ended);
+    };
+    let (reply, answer) = oneshot::channel();
+    let request = Command::Release {
+        lock_id,
+        reply: Some(reply),
+    };
+    if renewal_loop.send(request).is_err() {
+        return Err(ended);
+    }
+    answer.await.unwrap_or(Err(ended))
+}
+
+/// Asks the renewal loop to release `lock_id` in the background (a guard's drop): a plain
+/// channel send, so it never blocks and works off the runtime. If the loop is gone (its runtime
+/// shut down), the lease expires by itself.
+fn request_release_in_background(
+    renewal_loop: &mpsc::UnboundedSender<Command>,
+    lock_id: Option<String>,
+) {
+    if let Some(lock_id) = lock_id {
+        let _ = renewal_loop.send(Command::Release {
+            lock_id,
+            reply: None,
+        });
     }
 }
 

@@ -1,6 +1,6 @@
 //! Work of a family of locks that may leave a lease on the server until it is over: acquisition
 //! attempts, releases, transfers, cleanups, a waiting writer's marker. Each piece of work is
-//! tracked with what undoes it, so that [`RenewalHub::shut_down`](super::hub::RenewalHub) can
+//! tracked with what undoes it, so that [`Family::shut_down`](super::family::Family) can
 //! finish the job: it waits for work whose outcome is still coming (attempts and transfers, at
 //! most until the server gives up on them) and sends the undo of everything still under way
 //! itself, on its own runtime, whatever runtime the work was started on (that one may not be

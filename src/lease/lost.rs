@@ -1,4 +1,4 @@
-//! Whether a held lease is still safe to rely on.
+//! Whether a held lease is still safe to rely on, and if not, why ([`Loss`]).
 //!
 //! A lease is lost when its renewal loop finds it gone, when the loop itself ends (its runtime
 //! shut down, it panicked), or when its *lost deadline* (the send instant of the last confirmed
@@ -19,8 +19,8 @@ use tokio::sync::watch;
 use tokio::time::sleep_until;
 
 use super::protocol::{Lease, Phase, Sent, Transaction};
-use crate::LockOptions;
 use crate::clock::{self, Instant};
+use crate::options::LockOptions;
 use crate::sync::{Mutex, MutexGuard};
 
 /// The state of one lease, shared by its guard, its renewal loop and every [`LostSignal`]: the
@@ -251,6 +251,60 @@ impl LostSignal {
         }
         let waits = self.leases.iter().map(|lease| Box::pin(lease.wait()));
         select_all(waits).await;
+    }
+}
+
+/// Why a lease was lost, for the tracing message and the metrics label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loss {
+    /// A renewal matched nothing: deleted, taken over or expired on the server.
+    Gone,
+    /// The release matched nothing.
+    GoneAtRelease,
+    /// No renewal was confirmed before the local deadline.
+    Deadline,
+    /// A renewal was confirmed only after the local deadline.
+    LateConfirmation,
+    /// `max_hold` has passed.
+    MaxHold,
+    /// The provider was shut down.
+    ShutDown,
+    /// The renewal loop ended (its runtime shut down, or it panicked).
+    LoopEnded,
+    /// The server's clock jumped forward by more than `max_clock_skew` between two renewals.
+    ClockJump,
+}
+
+impl Loss {
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Loss::Gone => {
+                "the lease was no longer in the database (deleted, taken over or expired)"
+            }
+            Loss::GoneAtRelease => "the lease was no longer in the database at release",
+            Loss::Deadline => "no renewal was confirmed before the lease's deadline",
+            Loss::LateConfirmation => "the renewal was confirmed after the lease's deadline",
+            Loss::MaxHold => "max_hold has passed: the lease is no longer renewed",
+            Loss::ShutDown => "the provider was shut down",
+            Loss::LoopEnded => "the renewal loop has ended",
+            Loss::ClockJump => {
+                "the server's clock jumped forward by more than max_clock_skew: the lease may \
+                 have ended early"
+            }
+        }
+    }
+
+    /// The `reason` label: `gone`, `deadline`, `max_hold`, `shutdown`, `loop_ended` or
+    /// `clock_jump`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Loss::Gone | Loss::GoneAtRelease => "gone",
+            Loss::Deadline | Loss::LateConfirmation => "deadline",
+            Loss::MaxHold => "max_hold",
+            Loss::ShutDown => "shutdown",
+            Loss::LoopEnded => "loop_ended",
+            Loss::ClockJump => "clock_jump",
+        }
     }
 }
 

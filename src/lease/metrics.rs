@@ -1,62 +1,9 @@
 //! Metrics through the [`metrics`](https://docs.rs/metrics) facade, with the `metrics` feature;
 //! without it every function here is a no-op. Names and labels are listed in the README.
 
-use crate::LockKind;
+use super::lost::Loss;
+use crate::lock_status::LockKind;
 use std::time::Duration;
-
-/// Why a lease was lost, for the tracing message and the metrics label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Loss {
-    /// A renewal matched nothing: deleted, taken over or expired on the server.
-    Gone,
-    /// The release matched nothing.
-    GoneAtRelease,
-    /// No renewal was confirmed before the local deadline.
-    Deadline,
-    /// A renewal was confirmed only after the local deadline.
-    LateConfirmation,
-    /// `max_hold` has passed.
-    MaxHold,
-    /// The provider was shut down.
-    ShutDown,
-    /// The renewal loop ended (its runtime shut down, or it panicked).
-    LoopEnded,
-    /// The server's clock jumped forward by more than `max_clock_skew` between two renewals.
-    ClockJump,
-}
-
-impl Loss {
-    pub(crate) fn describe(self) -> &'static str {
-        match self {
-            Loss::Gone => {
-                "the lease was no longer in the database (deleted, taken over or expired)"
-            }
-            Loss::GoneAtRelease => "the lease was no longer in the database at release",
-            Loss::Deadline => "no renewal was confirmed before the lease's deadline",
-            Loss::LateConfirmation => "the renewal was confirmed after the lease's deadline",
-            Loss::MaxHold => "max_hold has passed: the lease is no longer renewed",
-            Loss::ShutDown => "the provider was shut down",
-            Loss::LoopEnded => "the renewal loop has ended",
-            Loss::ClockJump => {
-                "the server's clock jumped forward by more than max_clock_skew: the lease may \
-                 have ended early"
-            }
-        }
-    }
-
-    /// The `reason` label: `gone`, `deadline`, `max_hold`, `shutdown`, `loop_ended` or
-    /// `clock_jump`.
-    fn label(self) -> &'static str {
-        match self {
-            Loss::Gone | Loss::GoneAtRelease => "gone",
-            Loss::Deadline | Loss::LateConfirmation => "deadline",
-            Loss::MaxHold => "max_hold",
-            Loss::ShutDown => "shutdown",
-            Loss::LoopEnded => "loop_ended",
-            Loss::ClockJump => "clock_jump",
-        }
-    }
-}
 
 /// One acquisition call ended: `outcome` is `acquired`, `not_acquired` or `error`.
 pub(crate) fn acquisition(kind: LockKind, outcome: &'static str, waited: Duration) {

@@ -12,7 +12,7 @@
 //!   outcome is unknown).
 //! - [`held`]: the held-lease core every guard wraps (lock id, `lost`, release, `Drop`, and
 //!   lease-checked transactions).
-//! - [`hub`]: a family's renewal loops, work under way (`in_flight`) and shutdown;
+//! - [`family`]: a family's renewal loops, work under way (`in_flight`) and shutdown;
 //!   `record`: a held lease and where it lives; `renewal`: the renewal loops; `release`:
 //!   releases and transfers; `undo`: what ends a lease whose fate is unknown.
 //! - [`lost`]: when a lease counts as lost, on the suspend-aware [`clock`](crate::clock);
@@ -31,8 +31,8 @@
 pub(crate) mod acquire;
 pub(crate) mod admin;
 pub(crate) mod claim;
+pub(crate) mod family;
 pub(crate) mod held;
-pub(crate) mod hub;
 pub(crate) mod lost;
 pub(crate) mod schema;
 
@@ -74,11 +74,11 @@ use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::runtime::Handle;
 
-use crate::LockKind;
-use crate::error::{is_duplicate_key, shown_name};
-use crate::{Error, LockOptions, Result};
+use crate::error::{Error, Result, is_duplicate_key, shown_name};
+use crate::lock_status::LockKind;
+use crate::options::LockOptions;
+use family::Family;
 use held::HeldLease;
-use hub::RenewalHub;
 use record::{Deployment, Lease, Place};
 use schema::Layout;
 use undo::Undo;
@@ -129,7 +129,7 @@ pub(crate) struct Target {
     pub(crate) collection: Collection<Document>,
     pub(crate) options: LockOptions,
     /// The renewal loops, shared with the locks of the same provider.
-    pub(crate) renewals: Arc<RenewalHub>,
+    pub(crate) family: Arc<Family>,
     /// This lock's queue of in-process waiters.
     pub(crate) waiters: handoff::Key,
     /// The deployment its commands reach (for its renewal loop).
@@ -181,7 +181,7 @@ impl Target {
             database: database.clone(),
             collection: database.collection(collection),
             options: LockOptions::default(),
-            renewals: Arc::default(),
+            family: Arc::default(),
             details: None,
             problem: None,
             name,
@@ -198,11 +198,11 @@ impl Target {
         self.waiters = self.queue_key();
     }
 
-    /// Shares `renewals` (a provider's), and with them the in-process queues of its locks; a
+    /// Joins `family` (a provider's), and with them the in-process queues of its locks; a
     /// `refusal` (a provider setting that forbids using the lock) is reported as the lock's
     /// problem.
-    pub(crate) fn share_renewals(&mut self, renewals: &Arc<RenewalHub>, refusal: Option<Problem>) {
-        self.renewals = Arc::clone(renewals);
+    pub(crate) fn join_family(&mut self, family: &Arc<Family>, refusal: Option<Problem>) {
+        self.family = Arc::clone(family);
         self.waiters = self.queue_key();
         if let Some(refusal) = refusal {
             self.problem.get_or_insert(refusal);
@@ -216,7 +216,7 @@ impl Target {
 
     fn queue_key(&self) -> handoff::Key {
         handoff::key(
-            self.renewals.id(),
+            self.family.id(),
             self.database.name(),
             self.collection.name(),
             &self.name,
@@ -329,7 +329,7 @@ impl Target {
         if self.options.automatic_ttl_index() {
             ttl_index::ensure(runtime, &self.collection);
         }
-        HeldLease::hold(runtime, &self.renewals, &self.place(layout), lease)
+        HeldLease::hold(runtime, &self.family, &self.place(layout), lease)
     }
 }
 
@@ -387,7 +387,7 @@ impl Target {
             holding: None,
             lock_id,
         };
-        HeldLease::hold(runtime, &self.renewals, &self.place(layout), lease)
+        HeldLease::hold(runtime, &self.family, &self.place(layout), lease)
     }
 
     /// What unlocks whichever document the attempt with `lock_id` may have locked (its lease

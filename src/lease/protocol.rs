@@ -13,7 +13,7 @@
 //! every acquisition attempt (`acquire`), [`DocumentAttempt`] in every attempt to lock a
 //! document (`document_lock`), [`hands_over`], [`handover`] and [`transfer_answered`]
 //! in every release (`release`, `handoff`), [`keeps_window`] in how a lease ends (`record`), [`Work`] in what a
-//! shutdown waits for and undoes (`in_flight`, `hub`). The model checker (`model/`, through the
+//! shutdown waits for and undoes (`in_flight`, `family`). The model checker (`model/`, through the
 //! hidden `crate::__model`) runs the very same code on its ticks: a decision exists once, so a
 //! mistake planted in it changes what the checker explores.
 //!
@@ -35,7 +35,7 @@ use std::fmt::Debug;
 use std::ops::Add;
 use std::time::Duration;
 
-use crate::LockOptions;
+use crate::options::LockOptions;
 
 /// An instant on a clock that never steps back: the engine's suspend-aware clock and Tokio's
 /// clock, or the model checker's ticks.

@@ -36,9 +36,31 @@ use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use super::handoff::{self, Key, Pushed};
+use super::handoff::{self, Key};
 use super::schema;
 use crate::sync::Mutex;
+
+/// What a change stream told a poller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pushed {
+    /// A lease of the lock ended (a release, a deletion, a dropped collection).
+    Freed,
+    /// Someone holds the lock (an acquisition, a renewal).
+    Taken,
+    /// The stream starts watching the lock: a release may have come since the last attempt.
+    MaybeMissed,
+}
+
+impl Pushed {
+    /// Tells `key`'s local waiters (see `handoff`).
+    fn tell(self, key: &Key) {
+        match self {
+            Pushed::Taken => handoff::pushed_taken(key),
+            Pushed::Freed => handoff::pushed_free(key, true),
+            Pushed::MaybeMissed => handoff::pushed_free(key, false),
+        }
+    }
+}
 
 /// Pause before opening a stream again after it failed.
 const REOPEN_PAUSE: Duration = Duration::from_secs(1);
@@ -47,7 +69,7 @@ pub(crate) const NO_STREAMS_PAUSE: Duration = Duration::from_secs(60);
 /// MongoDB's error for `$changeStream` on a standalone server.
 const NOT_A_REPLICA_SET: i32 = 40573;
 
-/// Where a lock's changes can be pushed from: its collection, its family (renewal hub) and name.
+/// Where a lock's changes can be pushed from: its collection, its family (`Family`) and name.
 pub(crate) type PushFrom = (Collection<Document>, u64, String);
 
 /// Identifies a family's stream: family id, database and collection.
@@ -104,7 +126,7 @@ struct Position {
 /// How long a stream's position is kept for the next stream of its family and collection.
 const POSITION_KEPT: Duration = Duration::from_secs(10);
 
-/// The family `family` is gone (its hub was dropped): so are its streams' positions.
+/// The family `family` is gone (its `Family` was dropped): so are its streams' positions.
 pub(crate) fn forget_family(family: u64) {
     POSITIONS.lock().retain(|(of, _, _), _| *of != family);
 }
@@ -166,7 +188,7 @@ impl Subscription {
         // As a stream starting to watch: it also ends the "skip the echo" exception, since
         // what was kept may be any number of releases.
         if unheard {
-            handoff::pushed(key, Pushed::MaybeMissed);
+            handoff::pushed_free(key, false);
         }
         subscription
     }
@@ -308,7 +330,7 @@ impl Drop for Observation {
 }
 
 /// Tells the pollers of `names` (all subscribed names when `None`) what the stream saw (see
-/// [`handoff::pushed`]), and their observers that something changed. A release of a name
+/// [`Pushed::tell`]), and their observers that something changed. A release of a name
 /// nobody polls for right now is kept for its next poller (`Watcher::unheard`).
 fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
     let wanted = |name: &String| names.is_none_or(|names| names.contains(name));
@@ -338,7 +360,7 @@ fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
         None => return,
     };
     for key in keys {
-        handoff::pushed(&key, event);
+        event.tell(&key);
     }
 }
 

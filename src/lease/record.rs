@@ -1,5 +1,5 @@
 //! A held lease as the engine tracks it, where it lives, and the table of a renewal loop's leases
-//! (shared with the family's hub, so that a shutdown can release them without the loop).
+//! (shared with the family, so that a shutdown can release them without the loop).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,12 +9,13 @@ use mongodb::{Collection, Database, Namespace};
 
 use super::handoff;
 use super::lost::LeaseState;
-use super::metrics::{self, Loss};
+use super::lost::Loss;
+use super::metrics;
 use super::schema::{Ending, Layout};
 use super::undo::Undo;
-use crate::LockKind;
-use crate::LockOptions;
 use crate::error::shown_name;
+use crate::lock_status::LockKind;
+use crate::options::LockOptions;
 use crate::sync::{Mutex, MutexGuard};
 
 /// Where leases live and how they are renewed: a collection (of a deployment), the layout of
@@ -177,7 +178,7 @@ impl Lease {
     }
 }
 
-/// The leases of one renewal loop, by lock id. The loop renews them; the hub adds them (so that
+/// The leases of one renewal loop, by lock id. The loop renews them; the family adds them (so that
 /// a lease is in the table before its guard exists) and takes them all on shutdown.
 #[derive(Debug, Default)]
 pub(crate) struct LeaseTable {

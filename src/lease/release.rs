@@ -20,14 +20,14 @@ use tokio::time::sleep_until;
 use super::backoff::ATTEMPT_SERVER_TIME;
 use super::handoff::{self, Handoff, Offer, Taker, Transfer};
 use super::in_flight::{InFlight, Tracked};
-use super::metrics::Loss;
+use super::lost::Loss;
 use super::protocol::{self, Sent, TransferReply, retry_delay};
 use super::record::{Lease, Place};
 use super::schema;
 use super::undo::Undo;
 use crate::clock;
-use crate::error::{Operation, shown_name};
-use crate::{Error, LockOptions, Result};
+use crate::error::{Error, Operation, Result, shown_name};
+use crate::options::LockOptions;
 
 /// Where the answer to a release request goes.
 pub(crate) type ReleaseReply = oneshot::Sender<Result<()>>;
@@ -362,7 +362,7 @@ async fn transfer(
         .map_or_else(|| place.layout.clone(), |offer| offer.layout.clone());
     let waiters: Vec<&str> = offers.iter().map(|offer| offer.lock_id.as_str()).collect();
     // In each waiter's family too: its shutdown waits for the lease this may hand it (and for
-    // that lease's release, which its hub starts on delivery) before returning.
+    // that lease's release, which its family starts on delivery) before returning.
     let receiving: Vec<Tracked> = offers
         .iter()
         .map(|offer| {
@@ -402,7 +402,7 @@ async fn transfer(
         }
         for receiving in &receiving {
             // Taken by the waiter's family's shutdown: it has sent the waiter's cleanup, and
-            // a lease delivered to it now is released by its hub.
+            // a lease delivered to it now is released by its family.
             let _ = receiving.settle_by(settle_by);
         }
         let (collection, filter, update) =
@@ -457,7 +457,7 @@ async fn transfer(
     // Unless handed over above: the waiters go on waiting.
     delivery.deliver(|| Transfer::NotDone);
     // Delivered (a lease handed to a waiter of a family shut down is being released, tracked by
-    // its hub): nothing of the transfer is left for the waiters' families to wait for.
+    // its family): nothing of the transfer is left for the waiters' families to wait for.
     for receiving in receiving {
         receiving.finish();
     }

@@ -2,8 +2,8 @@
 //!
 //! Guards do not each run a task. Every held lease is in the table of a *renewal loop*: one task
 //! per (Tokio runtime, collection, layout, expiry, cadence, clock skew, write concern) within a
-//! family's hub, which renews all its leases with a few commands per cadence, whatever their
-//! number. The hub is shared by the locks of one [`Provider`](crate::Provider) (and by clones of
+//! family (`family::Family`), which renews all its leases with a few commands per cadence, whatever their
+//! number. A family is shared by the locks of one [`Provider`](crate::Provider) (and by clones of
 //! one [`MongoDistributedLock`](crate::MongoDistributedLock)); a `mongodb::Client` has no public
 //! identity, so sharing never crosses what the application itself tied together.
 //!
@@ -71,22 +71,22 @@ use std::time::Duration;
 
 use mongodb::bson::Bson;
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::sleep_until;
 
 use super::in_flight::InFlight;
-use super::metrics::{self, Loss};
+use super::lost::Loss;
+use super::metrics;
 use super::protocol::{Renewals, Sent, give_up_at, suspect_at};
 use super::record::{Lease, LeaseTable, Place};
 use super::release::{ReleaseContext, ReleaseReply, first_finished};
 use super::renewal_commands::{Failure, Renewed, Reply, renew_many, renew_one};
-use crate::LockKind;
 use crate::clock;
-use crate::error::{Operation, shown_name};
-use crate::{Error, Result};
+use crate::error::{Error, Operation, shown_name};
+use crate::lock_status::LockKind;
 
-/// What a guard (or the hub) tells a renewal loop.
+/// What a guard (or the family) tells a renewal loop.
 #[derive(Debug)]
 pub(crate) enum Command {
     /// A lease was added to the loop's table: renew it.
@@ -98,46 +98,8 @@ pub(crate) enum Command {
     },
     /// Forget the lease: its guard ended it itself (a document lock's commit).
     Forget { lock_id: String },
-    /// The family was shut down (the hub took the leases): stop renewing and end.
+    /// The family was shut down (it took the leases): stop renewing and end.
     ShutDown,
-}
-
-/// Asks the renewal loop to release `lock_id` and waits for the outcome (a guard's `release`).
-/// `None`: the guard already handed its lease back.
-pub(crate) async fn release(
-    renewals: &mpsc::UnboundedSender<Command>,
-    lock_id: Option<String>,
-) -> Result<()> {
-    let ended = Error::BackgroundTaskEnded {
-        operation: Operation::Release,
-    };
-    let Some(lock_id) = lock_id else {
-        return Err(ended);
-    };
-    let (reply, answer) = oneshot::channel();
-    let request = Command::Release {
-        lock_id,
-        reply: Some(reply),
-    };
-    if renewals.send(request).is_err() {
-        return Err(ended);
-    }
-    answer.await.unwrap_or(Err(ended))
-}
-
-/// Asks the renewal loop to release `lock_id` in the background (a guard's drop): a plain
-/// channel send, so it never blocks and works off the runtime. If the loop is gone (its runtime
-/// shut down), the lease expires by itself.
-pub(crate) fn release_in_background(
-    renewals: &mpsc::UnboundedSender<Command>,
-    lock_id: Option<String>,
-) {
-    if let Some(lock_id) = lock_id {
-        let _ = renewals.send(Command::Release {
-            lock_id,
-            reply: None,
-        });
-    }
 }
 
 /// Starts the renewal loop of `leases` on `runtime`; returns its command channel.
@@ -228,7 +190,7 @@ impl Drop for RenewalLoop {
 }
 
 impl RenewalLoop {
-    /// Runs until told to shut down or every sender is gone (the hub and all guards).
+    /// Runs until told to shut down or every sender is gone (the family and all guards).
     ///
     /// Every cadence, a round of renewals goes out. While a round is unanswered the next one
     /// waits, so a slow server gets no extra load, but only until the unanswered commands are

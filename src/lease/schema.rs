@@ -16,7 +16,7 @@ use std::time::Duration;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::{ReadPreference, SelectionCriteria};
 
-use crate::LockOptions;
+use crate::options::LockOptions;
 use crate::token::read_i64;
 
 pub(crate) const ID: &str = "_id";

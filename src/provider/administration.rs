@@ -4,10 +4,10 @@ use mongodb::Collection;
 use mongodb::bson::{Document, doc};
 
 use super::Provider;
-use crate::error::shown_name;
+use crate::error::{Error, Result, shown_name};
 use crate::lease::schema::{HOLDERS, Layout, READERS, Stored};
 use crate::lease::{admin, create_ttl_index};
-use crate::{Error, LockFilter, LockKind, LockStatus, Purgeable, Result};
+use crate::lock_status::{LockFilter, LockKind, LockStatus, Purgeable};
 
 impl Provider {
     /// The status of exclusive lock `name` (holder, lease, fencing token, and details if it

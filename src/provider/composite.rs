@@ -5,10 +5,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Provider;
-use crate::composite::HeldMember;
-use crate::error::shown_name;
+use crate::composite::{CompositeGuard, CompositeMember, HeldMember};
+use crate::error::{Error, Result, shown_name};
+use crate::guard::LockGuard;
 use crate::lease::{acquire, held};
-use crate::{CompositeGuard, CompositeMember, Error, LockGuard, LockKind, LockStatus, Result};
+use crate::lock_status::{LockKind, LockStatus};
 
 impl Provider {
     /// Acquires `members` together (as [`acquire_all`](Self::acquire_all) does), runs `work`

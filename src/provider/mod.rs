@@ -8,15 +8,19 @@ use mongodb::{Collection, Database};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::details::LockDetails;
+use crate::document_lock::DocumentLock;
+use crate::error::Result;
+use crate::job::Job;
+use crate::leader::LeaderElection;
 use crate::lease::Problem;
-use crate::lease::hub::RenewalHub;
+use crate::lease::family::Family;
+use crate::lock::{DEFAULT_LOCK_COLLECTION, MongoDistributedLock};
+use crate::options::LockOptions;
+use crate::rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock};
+use crate::semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 use crate::traits::{
     DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
-};
-use crate::{
-    DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION, DocumentLock,
-    Job, LeaderElection, LockDetails, LockOptions, MongoDistributedLock,
-    MongoDistributedReaderWriterLock, MongoDistributedSemaphore, Result,
 };
 
 mod administration;
@@ -55,7 +59,7 @@ pub struct Provider {
     reader_writer_collection: CollectionName,
     semaphore_collection: CollectionName,
     options: LockOptions,
-    renewals: Arc<RenewalHub>,
+    family: Arc<Family>,
     details: LockDetails,
     exclusive_details: bool,
 }
@@ -69,7 +73,7 @@ impl Provider {
             reader_writer_collection: CollectionName::new(DEFAULT_RW_COLLECTION.to_owned()),
             semaphore_collection: CollectionName::new(DEFAULT_SEMAPHORE_COLLECTION.to_owned()),
             options: LockOptions::default(),
-            renewals: Arc::default(),
+            family: Arc::default(),
             details: LockDetails::new(),
             exclusive_details: false,
         }
@@ -219,7 +223,7 @@ impl Provider {
     /// and undos this task sends (releases already under way elsewhere go on); those it had not
     /// finished are sent by the next call.
     pub async fn shutdown(&self) {
-        self.renewals.shut_down().await;
+        self.family.shut_down().await;
     }
 
     /// A semaphore called `name` allowing `max_count` holders, with this provider's options and
@@ -233,7 +237,7 @@ impl Provider {
             .with_collection(self.semaphore_collection.name.as_str())
             .with_options(self.options.clone())
             .with_details(self.details.clone())
-            .with_renewals(&self.renewals, self.shared_collection())
+            .in_family(&self.family, self.shared_collection())
     }
 
     /// A reader-writer lock called `name`, with this provider's options and details, in its
@@ -246,7 +250,7 @@ impl Provider {
             .with_collection(self.reader_writer_collection.name.as_str())
             .with_options(self.options.clone())
             .with_details(self.details.clone())
-            .with_renewals(&self.renewals, self.shared_collection())
+            .in_family(&self.family, self.shared_collection())
     }
 
     /// A lock called `name` with this provider's collection and options (and details, with
@@ -256,7 +260,7 @@ impl Provider {
         MongoDistributedLock::new(name, &self.database)
             .with_collection(self.collection.name.as_str())
             .with_options(self.options.clone())
-            .with_provider_settings(&self.renewals, details, self.shared_collection())
+            .with_provider_settings(&self.family, details, self.shared_collection())
     }
 
     /// A job called `name` (an exclusive lock of this provider, with this process's details
@@ -266,7 +270,7 @@ impl Provider {
             .with_collection(self.collection.name.as_str())
             .with_options(self.options.clone())
             .with_provider_settings(
-                &self.renewals,
+                &self.family,
                 Some(self.details.to_document()),
                 self.shared_collection(),
             );
@@ -286,7 +290,7 @@ impl Provider {
     {
         DocumentLock::new(collection)
             .with_options(self.options.clone())
-            .with_renewals(&self.renewals)
+            .in_family(&self.family)
     }
 }
 

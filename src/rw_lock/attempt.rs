@@ -7,6 +7,8 @@ use std::time::Duration;
 use mongodb::bson::{Bson, Document, doc};
 use tokio::runtime::Handle;
 
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
 use crate::lease::Target;
 use crate::lease::acquire::Wait;
 use crate::lease::claim::{Claim, Request};
@@ -16,8 +18,9 @@ use crate::lease::schema::{
     WAITING_WRITER, WRITER, lease_end, literal, live_members, member_ids, next_fencing_token,
     retain,
 };
+use crate::options::LockOptions;
+use crate::token::FencingToken;
 use crate::token::read_i64;
-use crate::{Error, FencingToken, LockGuard, LockOptions, Result};
 
 use super::waiting_writer::WaitingWriter;
 use super::{Mode, ReadGuard};

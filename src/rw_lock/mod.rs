@@ -8,14 +8,17 @@ use mongodb::Database;
 use mongodb::bson::doc;
 use tokio::runtime::Handle;
 
-use crate::LockKind;
+use crate::details::LockDetails;
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
+use crate::lease::family::Family;
 use crate::lease::held::{self};
-use crate::lease::hub::RenewalHub;
-use crate::lease::schema::ID;
-use crate::lease::schema::new_lock_id;
+use crate::lease::schema::{ID, new_lock_id};
 use crate::lease::{Problem, Target, admin};
-use crate::{Error, LockDetails, LockGuard, LockOptions, LockStatus, LockWatch, Result};
+use crate::lock_status::{LockKind, LockStatus};
+use crate::options::LockOptions;
+use crate::watch::LockWatch;
 use futures::future::BoxFuture;
 
 pub(crate) mod attempt;
@@ -143,13 +146,9 @@ impl MongoDistributedReaderWriterLock {
         self
     }
 
-    /// Shares `renewals` (a provider's).
-    pub(crate) fn with_renewals(
-        mut self,
-        renewals: &Arc<RenewalHub>,
-        refusal: Option<Problem>,
-    ) -> Self {
-        Arc::make_mut(&mut self.target).share_renewals(renewals, refusal);
+    /// Joins `family` (a provider's).
+    pub(crate) fn in_family(mut self, family: &Arc<Family>, refusal: Option<Problem>) -> Self {
+        Arc::make_mut(&mut self.target).join_family(family, refusal);
         self
     }
 
@@ -414,7 +413,7 @@ impl MongoDistributedReaderWriterLock {
             shared: mode == Mode::Read,
             // A waiting writer's attempts renew its marker: every waiting writer polls.
             renews_while_waiting: mode == Mode::Write,
-            family: &target.renewals,
+            family: &target.family,
             push: Some(&target.collection),
             places: None,
             holders: self,

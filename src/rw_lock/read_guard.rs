@@ -1,8 +1,10 @@
 //! The guard of a reader.
 
+use crate::error::Result;
 use crate::lease::claim::Granted;
 use crate::lease::held::HeldLease;
-use crate::{FencingToken, LostSignal, Result};
+use crate::lease::lost::LostSignal;
+use crate::token::FencingToken;
 
 /// Proof that a read lock is held; returned by the `acquire_read*` methods of
 /// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock).

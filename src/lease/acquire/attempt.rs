@@ -8,13 +8,13 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
 use crate::clock;
-use crate::error::{Operation, is_duplicate_key};
+use crate::error::{Error, Operation, Result, is_duplicate_key};
 use crate::lease::backoff;
 use crate::lease::claim::Granted;
 use crate::lease::in_flight::InFlight;
 use crate::lease::protocol::{self, Reply, Tell};
 use crate::lease::undo::Undo;
-use crate::{Error, LockOptions, Result};
+use crate::options::LockOptions;
 
 /// Runs one attempt in its own task and waits for its outcome.
 ///

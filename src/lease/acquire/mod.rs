@@ -14,13 +14,13 @@ use tracing::Instrument;
 
 use super::backoff;
 use super::claim::{Claim, Granted};
+use super::family::Family;
 use super::handoff;
-use super::hub::RenewalHub;
 use super::metrics;
 use super::schema::new_lock_id;
-use crate::LockKind;
-use crate::error::{Operation, holders_text, shown_name};
-use crate::{Error, LockOptions, LockStatus, Result};
+use crate::error::{Error, Operation, Result, holders_text, shown_name};
+use crate::lock_status::{LockKind, LockStatus};
+use crate::options::LockOptions;
 use mongodb::Collection;
 use mongodb::bson::Document;
 
@@ -28,7 +28,7 @@ mod attempt;
 mod waiting;
 
 use attempt::spawned;
-use waiting::{Queue, retry};
+use waiting::{WaitQueue, retry};
 
 /// How long a caller waits for a lock.
 #[derive(Clone, Copy, Debug)]
@@ -149,7 +149,7 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) holders: &'a dyn ReadHolders,
     /// The lock's family: when it is shut down acquisitions end with [`Error::ShutDown`], and
     /// its shutdown waits for (or undoes) the attempts under way.
-    pub(crate) family: &'a RenewalHub,
+    pub(crate) family: &'a Family,
     /// The lock's collection, if a release of the lock can be pushed to its poller by a change
     /// stream (see `push`).
     pub(crate) push: Option<&'a Collection<Document>>,
@@ -188,7 +188,7 @@ pub(crate) async fn acquire<K: Claim>(
             return Err(Error::ShutDown);
         }
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        let queue = what.waiters.map(|key| Queue {
+        let queue = what.waiters.map(|key| WaitQueue {
             key,
             shared: what.shared,
             renews_while_waiting: what.renews_while_waiting,

@@ -11,18 +11,17 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
-use crate::lease::backoff;
+use crate::error::Result;
 use crate::lease::claim::{Claim, Granted};
 use crate::lease::handoff::{self, Offer, Taker, Ticket, Transfer, Wake};
 use crate::lease::in_flight::InFlight;
-use crate::lease::protocol;
-use crate::lease::push;
 use crate::lease::schema::new_lock_id;
 use crate::lease::undo::Undo;
-use crate::{LockOptions, Result};
+use crate::lease::{backoff, protocol, push};
+use crate::options::LockOptions;
 
 /// Where a waiter queues for in-process handoff.
-pub(super) struct Queue<'a, K> {
+pub(super) struct WaitQueue<'a, K> {
     pub(super) key: &'a handoff::Key,
     pub(super) shared: bool,
     pub(super) renews_while_waiting: bool,
@@ -53,7 +52,7 @@ pub(super) struct Waiting<'a, K: Claim> {
     options: &'a LockOptions,
     /// `None`: never.
     deadline: Option<Instant>,
-    queue: Option<Queue<'a, K>>,
+    queue: Option<WaitQueue<'a, K>>,
     /// Attempts that found the lock busy (or failed), for the backoff.
     failed_attempts: u32,
     /// Since when every attempt has failed with a transient error.
@@ -80,7 +79,7 @@ pub(super) struct Waiting<'a, K: Claim> {
 pub(super) async fn retry<K, F, Fut>(
     options: &LockOptions,
     deadline: Option<Instant>,
-    queue: Option<Queue<'_, K>>,
+    queue: Option<WaitQueue<'_, K>>,
     mut attempt: F,
 ) -> Result<Option<K::Won>>
 where
@@ -119,7 +118,7 @@ impl<'a, K: Claim> Waiting<'a, K> {
     fn new(
         options: &'a LockOptions,
         deadline: Option<Instant>,
-        queue: Option<Queue<'a, K>>,
+        queue: Option<WaitQueue<'a, K>>,
     ) -> Waiting<'a, K> {
         let skipped_first_attempt = deadline.is_none_or(|deadline| Instant::now() < deadline)
             && queue.as_ref().is_some_and(|queue| {

@@ -21,7 +21,7 @@
 //!
 //! The queue is process-wide, keyed by database, collection and lock name, and shared by every
 //! lock object of that name, whether they come from one provider or were built apart. Its
-//! waiters belong to *families* (the locks of one [`RenewalHub`](super::hub::RenewalHub): one
+//! waiters belong to *families* (the locks of one [`Family`](super::family::Family): one
 //! provider's, or clones of one lock): a family talks to one deployment, but locks built apart
 //! could talk to different ones, where a transfer, a wake or a single poller would be wrong, and
 //! a `mongodb::Client` has no public identity to compare. So the queue serves each *group* of
@@ -31,7 +31,7 @@
 //! another holds in this process (lock ids are random UUIDs, so a document holding one is that
 //! lease's document). A family keeps its group while it lives (a client never changes
 //! deployment): one that leaves the queue and comes back waits in line at once, without an
-//! attempt to prove it again. A family is forgotten when its hub is dropped, and the groups with
+//! attempt to prove it again. A family is forgotten when its `Family` is dropped, and the groups with
 //! the queue once nobody uses the lock, so their memory is bounded by the live lock objects that
 //! use the lock. A transfer also requires the releaser and the waiter to use the same write
 //! concern.
@@ -56,7 +56,7 @@ pub(crate) use transfer::{Handoff, Offer, Taker, Transfer, takes_over};
 use super::protocol::{self, Handover, InLine};
 
 /// Identifies one lock across the process (database, collection and name: its queue) and the
-/// family of locks that uses it (its renewal hub's id).
+/// family of locks that uses it (its `Family`'s id).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
     lock: Arc<str>,
@@ -64,7 +64,7 @@ pub(crate) struct Key {
 }
 
 impl Key {
-    /// The family of locks (renewal hub) this key belongs to.
+    /// The family of locks (`Family`) this key belongs to.
     pub(crate) fn family(&self) -> u64 {
         self.family
     }
@@ -81,10 +81,10 @@ pub(crate) fn key(family: u64, database: &str, collection: &str, name: &str) -> 
 static QUEUES: LazyLock<Mutex<HashMap<Arc<str>, Queue>>> = LazyLock::new(Mutex::default);
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-/// Families linked to another in some queue, until their hub is gone. Locked after `QUEUES` (by
+/// Families linked to another in some queue, until they are gone. Locked after `QUEUES` (by
 /// `saw_stored`), before `GONE` (by `forget_family`).
 static LINKED: LazyLock<Mutex<HashSet<u64>>> = LazyLock::new(Mutex::default);
-/// Linked families whose hub is gone, not yet forgotten by the queues (see `forget_family`).
+/// Linked families that is gone, not yet forgotten by the queues (see `forget_family`).
 static GONE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
 fn queues() -> MutexGuard<'static, HashMap<Arc<str>, Queue>> {
@@ -98,10 +98,10 @@ fn queues() -> MutexGuard<'static, HashMap<Arc<str>, Queue>> {
     queues
 }
 
-/// Forgets `family`, whose hub is gone (its guards may outlive it), in every queue it was
-/// linked in. Noted here, done by the next use of the queues: a hub may be dropped while they
+/// Forgets `family`, that is gone (its guards may outlive it), in every queue it was
+/// linked in. Noted here, done by the next use of the queues: a family may be dropped while they
 /// are locked (with an offer it made, say), and their lock is not reentrant. Families never
-/// linked (most: every lock object of a provider starts with a hub of its own that it drops)
+/// linked (most: every lock object of a provider starts with a family of its own that it drops)
 /// cost nothing.
 pub(crate) fn forget_family(family: u64) {
     let linked = LINKED.lock().remove(&family);
@@ -299,30 +299,24 @@ pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
     with_queue(key, |queue| queue.wake_first(key.family)).unwrap_or_default()
 }
 
-/// What a change stream told a poller.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Pushed {
-    /// A lease of the lock ended (a release, a deletion, a dropped collection).
-    Freed,
-    /// Someone holds the lock (an acquisition, a renewal).
-    Taken,
-    /// The stream starts watching the lock: a release may have come since the last attempt.
-    MaybeMissed,
+/// A change stream saw someone hold `key`'s lock (an acquisition, a renewal): the next release
+/// it pushes is not the echo of one that ended a run of transfers.
+pub(crate) fn pushed_taken(key: &Key) {
+    with_queue(key, |queue| queue.others_turn = false);
 }
 
-/// A change stream told `key`'s poller `what`. A lock that may be free wakes the first waiter of
-/// the group to attempt, as a local release does (if every waiter is attempting already, the
-/// first attempts once more: its attempt may have reached the server before the release);
-/// except the first release pushed after one that ended a run of transfers (most likely that
-/// one, whose waiter it woke already). Someone holding the lock ends that exception, and so
-/// does a stream starting to watch the lock: it may have missed any release before it (its
-/// poller attempts), and the echo it skipped was one of them.
-pub(crate) fn pushed(key: &Key, what: Pushed) {
-    with_queue(key, |queue| match what {
-        Pushed::Taken => queue.others_turn = false,
-        Pushed::Freed if queue.others_turn => queue.others_turn = false,
-        Pushed::Freed | Pushed::MaybeMissed => {
-            queue.others_turn = false;
+/// A change stream told `key`'s poller that the lock may be free: a lease ended (`may_echo`), or
+/// the stream starts watching the lock (it may have missed any release before it). The first
+/// waiter of the group is woken to attempt, as by a local release (if every waiter is attempting
+/// already, the first attempts once more: its attempt may have reached the server before the
+/// release); except the first release pushed after one that ended a run of transfers (most
+/// likely that one, whose waiter it woke already). Someone holding the lock ends that
+/// exception, and so does a stream starting to watch: the echo it skipped came before it.
+pub(crate) fn pushed_free(key: &Key, may_echo: bool) {
+    with_queue(key, |queue| {
+        let echo = may_echo && queue.others_turn;
+        queue.others_turn = false;
+        if !echo {
             queue.wake_first(key.family);
         }
     });

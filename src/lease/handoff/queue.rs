@@ -55,7 +55,7 @@ pub(super) struct Queue {
     /// The groups of families known to reach the same deployment, as family → group (the
     /// smallest family id of the group); a family not listed is a group of its own.
     pub(super) groups: HashMap<u64, u64>,
-    /// Families whose hub is gone but that still have a waiter or a lease here.
+    /// Families that is gone but that still have a waiter or a lease here.
     pub(super) departed: HashSet<u64>,
     pub(super) transfers_in_a_row: u32,
     /// Set by a release that ended a run of transfers (they reached their bound): its waiter
@@ -81,7 +81,7 @@ impl Queue {
             || self.held.iter().any(|&(_, holder)| holder == family)
     }
 
-    /// Forgets `family`, whose hub is gone, once it has neither a waiter nor a lease here (a
+    /// Forgets `family`, that is gone, once it has neither a waiter nor a lease here (a
     /// guard outlives its lock object): the others of its group stay together.
     pub(super) fn forget(&mut self, family: u64) {
         if self.has(family) {
@@ -91,7 +91,7 @@ impl Queue {
         }
     }
 
-    /// Forgets `family` if its hub is gone and it has left.
+    /// Forgets `family` if it is gone and it has left.
     pub(super) fn forget_if_departed(&mut self, family: u64) {
         if self.departed.contains(&family) && !self.has(family) {
             self.departed.remove(&family);

@@ -311,24 +311,24 @@ async fn a_lease_held_here_slows_the_poller_and_its_end_tells_it_to_poll() {
 async fn a_pushed_release_wakes_the_poller_unless_it_echoes_the_one_that_ended_the_transfers() {
     let key = key(0, "db", "coll", "pushed");
     let waiter = Ticket::join(&key, false);
-    pushed(&key, Pushed::Taken); // taken or renewed by someone: nothing to do
+    pushed_taken(&key); // taken or renewed by someone: nothing to do
     assert_eq!(woken_within(&waiter, 20).await, None);
-    pushed(&key, Pushed::Freed);
+    pushed_free(&key, true);
     assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
     // Attempting already: its attempt may have come before the release, so it attempts
     // once more.
-    pushed(&key, Pushed::Freed);
+    pushed_free(&key, true);
     assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
     // The echo of the release that ended a run of transfers (it woke its waiter itself) is
     // skipped, once.
     queues().get_mut(&key.lock).unwrap().others_turn = true;
-    pushed(&key, Pushed::Freed);
+    pushed_free(&key, true);
     assert_eq!(woken_within(&waiter, 20).await, None);
-    pushed(&key, Pushed::Freed);
+    pushed_free(&key, true);
     assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
     // Someone holding the lock ends the exception, here or elsewhere.
     queues().get_mut(&key.lock).unwrap().others_turn = true;
-    pushed(&key, Pushed::Taken);
+    pushed_taken(&key);
     assert!(!queues()[&key.lock].others_turn);
     queues().get_mut(&key.lock).unwrap().others_turn = true;
     let holding = Holding::new(&key, "local");
@@ -346,9 +346,9 @@ async fn a_stream_starting_to_watch_wakes_the_poller_even_after_a_run_of_transfe
     let key = key(0, "db", "coll", "pushed-start");
     let waiter = Ticket::join(&key, false);
     queues().get_mut(&key.lock).unwrap().others_turn = true;
-    pushed(&key, Pushed::MaybeMissed);
+    pushed_free(&key, false);
     assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
-    pushed(&key, Pushed::Freed);
+    pushed_free(&key, true);
     assert_eq!(
         woken_within(&waiter, 100).await,
         Some(Wake::Attempt),
@@ -365,9 +365,9 @@ fn has_offer(ticket: &Ticket) -> bool {
 
 #[tokio::test]
 async fn a_family_keeps_its_group_while_it_lives() {
-    // Ids far from the hubs' (counted from 0 in this process): no real hub forgets them. The
+    // Ids far from the families' (counted from 0 in this process): no real family forgets them. The
     // group keeps the smaller id as its label; a forgotten id never comes back in real use
-    // (hub ids are never reused), so the test forgets the other one.
+    // (family ids are never reused), so the test forgets the other one.
     let (eleven, twelve) = (u64::MAX - 12, u64::MAX - 11);
     let (one, two) = (
         key(eleven, "db", "coll", "kept"),
@@ -385,7 +385,7 @@ async fn a_family_keeps_its_group_while_it_lives() {
         "known to share the deployment without a new proof"
     );
     drop(back);
-    // Its hub is dropped while it waits: forgotten once it leaves, though family 11 still
+    // Its family is dropped while it waits: forgotten once it leaves, though family 11 still
     // uses the queue.
     let last = Ticket::join(&two, false);
     forget_family(twelve);

@@ -1,4 +1,4 @@
-//! The hub of a family of locks (the locks of one [`Provider`](crate::Provider), or the clones of
+//! A family of locks (the locks of one [`Provider`](crate::Provider), or the clones of
 //! one lock): its renewal loops, its work under way, and its shutdown.
 
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
 use super::in_flight::InFlight;
-use super::metrics::Loss;
+use super::lost::Loss;
 use super::record::{Deployment, Lease, LeaseTable, Place};
 use super::release::ReleaseContext;
 use super::renewal::{self, Command};
@@ -55,7 +55,7 @@ impl LoopKey {
     }
 }
 
-/// A running renewal loop, as the hub sees it.
+/// A running renewal loop, as the family sees it.
 #[derive(Debug)]
 struct LoopHandle {
     commands: mpsc::UnboundedSender<Command>,
@@ -66,7 +66,7 @@ struct LoopHandle {
 /// The renewal loops of a family of locks (one per runtime and place), the family's work under
 /// way, and whether it was shut down.
 #[derive(Debug)]
-pub(crate) struct RenewalHub {
+pub(crate) struct Family {
     /// Unique in the process: the family's locks share in-process queues (see `handoff`).
     id: u64,
     loops: Mutex<HashMap<LoopKey, LoopHandle>>,
@@ -77,10 +77,10 @@ pub(crate) struct RenewalHub {
     shutting_down: tokio::sync::Mutex<()>,
 }
 
-impl Default for RenewalHub {
-    fn default() -> RenewalHub {
+impl Default for Family {
+    fn default() -> Family {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-        RenewalHub {
+        Family {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             loops: Mutex::default(),
             shut_down: watch::Sender::new(false),
@@ -90,7 +90,7 @@ impl Default for RenewalHub {
     }
 }
 
-impl Drop for RenewalHub {
+impl Drop for Family {
     fn drop(&mut self) {
         // Its family's lock objects are all gone: the queues forget it.
         super::handoff::forget_family(self.id);
@@ -98,8 +98,8 @@ impl Drop for RenewalHub {
     }
 }
 
-impl RenewalHub {
-    /// Identifies this hub (this family of locks) in the process.
+impl Family {
+    /// Identifies this family of locks in the process.
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
@@ -289,14 +289,14 @@ mod tests {
 
     #[tokio::test]
     async fn the_undos_of_a_cancelled_shutdown_are_left_for_the_next() {
-        let hub = RenewalHub::default();
-        drop(hub.in_flight().track(
+        let family = Family::default();
+        drop(family.in_flight().track(
             vec![Undo::unanswered(Duration::from_millis(800)).await],
             None,
         ));
-        let cancelled = tokio::time::timeout(Duration::from_millis(100), hub.shut_down()).await;
+        let cancelled = tokio::time::timeout(Duration::from_millis(100), family.shut_down()).await;
         assert!(cancelled.is_err(), "its undo takes 800 ms: cut short");
-        let due = hub.in_flight().take_due(clock::now());
+        let due = family.in_flight().take_due(clock::now());
         assert_eq!(
             due.undo.len(),
             1,
@@ -327,7 +327,7 @@ mod tests {
             }
         });
         drop(runtime);
-        let hub = RenewalHub::default();
+        let family = Family::default();
         let lease = Lease {
             id: "n".into(),
             name: "n".into(),
@@ -341,10 +341,11 @@ mod tests {
             holding: None,
         };
         let state = Arc::clone(&lease.state);
-        let _commands = hub.hold(&dead, &place, lease);
+        let _commands = family.hold(&dead, &place, lease);
         assert!(state.is_lost(), "nobody renews it");
         assert!(
-            hub.loops
+            family
+                .loops
                 .lock()
                 .values()
                 .any(|running| running.leases.lock().contains_key("won")),
@@ -355,19 +356,19 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_second_shutdown_returns_only_after_the_first_is_done() {
         let undo = Undo::unanswered(Duration::from_millis(800)).await;
-        let hub = Arc::new(RenewalHub::default());
-        let work = hub.in_flight().track(vec![undo], None);
+        let family = Arc::new(Family::default());
+        let work = family.in_flight().track(vec![undo], None);
         let started = std::time::Instant::now();
         let first = tokio::spawn({
-            let hub = Arc::clone(&hub);
-            async move { hub.shut_down().await }
+            let family = Arc::clone(&family);
+            async move { family.shut_down().await }
         });
-        while !hub.is_shut_down() {
+        while !family.is_shut_down() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // The first is sending the undo now, which takes its whole patience.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        hub.shut_down().await;
+        family.shut_down().await;
         let returned_after = started.elapsed();
         assert!(
             returned_after >= Duration::from_millis(800),
