@@ -1,0 +1,226 @@
+//! The provider's table of names: who holds each lock, semaphore and reader-writer lock, and
+//! who waits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
+use crate::lease::lost::LeaseState;
+use crate::lease::max_count_mismatch;
+use crate::sync::Mutex;
+use crate::token::FencingToken;
+use mongodb::bson::Document;
+
+#[derive(Debug, Default)]
+pub(super) struct Locks {
+    pub(super) names: Mutex<HashMap<Key, Name>>,
+    /// The documents of the document locks, by collection.
+    pub(super) collections: Mutex<HashMap<String, Vec<StoredDocument>>>,
+    /// Tells a document's lock holders apart.
+    pub(super) next_acquisition: AtomicU64,
+    /// Woken whenever a lock becomes free, and at shutdown.
+    pub(super) freed: Notify,
+    /// Set (with `names` locked) by [`MemoryLockProvider::shutdown`](super::MemoryLockProvider::shutdown): nothing is taken any more.
+    pub(super) shut_down: AtomicBool,
+}
+
+/// A lock's, a semaphore's or a reader-writer lock's name: the three kinds of one name are
+/// independent, as they are in their separate collections.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Key {
+    pub(super) kind: Kind,
+    pub(super) name: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Kind {
+    Lock,
+    Semaphore,
+    ReaderWriter,
+}
+
+/// What an acquisition asks of its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Claim {
+    /// One of this many places: 1 for a lock, `max_count` for a semaphore.
+    Places(u32),
+    /// A read lock: shared with other readers, while no writer holds the lock or waits for it.
+    Read,
+    /// The write lock: alone.
+    Write,
+}
+
+/// The state of one name: its last fencing token, its holders, for a semaphore the
+/// `max_count` its first acquisition recorded, and for a reader-writer lock how many writers
+/// wait (holding back new readers, as the waiting-writer marker does).
+#[derive(Debug, Default)]
+pub(super) struct Name {
+    pub(super) last_token: i64,
+    pub(super) last_acquisition: u64,
+    pub(super) holders: Vec<Holder>,
+    pub(super) max_count: Option<u32>,
+    pub(super) waiting_writers: usize,
+}
+
+#[derive(Debug)]
+pub(super) struct Holder {
+    /// Tells this acquisition from later ones of the same name.
+    pub(super) acquisition: u64,
+    /// Whether it holds a reader-writer lock to read.
+    pub(super) reader: bool,
+    pub(super) state: Arc<LeaseState>,
+}
+
+impl Locks {
+    /// Takes `claim` of `key` if the name allows it: the new guard's acquisition number and
+    /// token (a reader's is the last writer's: readers have none of their own), and its state.
+    /// [`Error::ShutDown`](crate::Error::ShutDown) once the provider is shut down; for a semaphore whose first
+    /// acquisition recorded another `max_count`, [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    pub(super) fn try_take(
+        &self,
+        key: &Key,
+        claim: Claim,
+    ) -> Result<Option<(u64, FencingToken, Arc<LeaseState>)>> {
+        let mut names = self.names.lock();
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        let entry = names.entry(key.clone()).or_default();
+        let free = match claim {
+            Claim::Places(places) => {
+                if key.kind == Kind::Semaphore {
+                    let recorded = *entry.max_count.get_or_insert(places);
+                    if recorded != places {
+                        return Err(max_count_mismatch(&key.name, &recorded.to_string(), places));
+                    }
+                }
+                entry.holders.len() < usize::try_from(places).unwrap_or(usize::MAX)
+            }
+            Claim::Read => {
+                entry.waiting_writers == 0 && entry.holders.iter().all(|holder| holder.reader)
+            }
+            Claim::Write => entry.holders.is_empty(),
+        };
+        if !free {
+            return Ok(None);
+        }
+        if claim != Claim::Read {
+            entry.last_token += 1;
+        }
+        entry.last_acquisition += 1;
+        let state = LeaseState::without_deadline();
+        entry.holders.push(Holder {
+            acquisition: entry.last_acquisition,
+            reader: claim == Claim::Read,
+            state: Arc::clone(&state),
+        });
+        Ok(Some((
+            entry.last_acquisition,
+            FencingToken::new(entry.last_token),
+            state,
+        )))
+    }
+
+    /// Counts a writer of `key` as waiting until the returned value is dropped.
+    pub(super) fn writer_waits(self: &Arc<Self>, key: &Key) -> WaitingWriter {
+        self.names
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .waiting_writers += 1;
+        WaitingWriter {
+            locks: Arc::clone(self),
+            key: key.clone(),
+        }
+    }
+
+    /// Refuses every acquisition from now on, and ends every lease: each is lost, then freed.
+    pub(super) fn shut_down(&self) {
+        let ended: Vec<Arc<LeaseState>> = {
+            let mut names = self.names.lock();
+            self.shut_down.store(true, Ordering::SeqCst);
+            let mut collections = self.collections.lock();
+            let documents = collections
+                .values_mut()
+                .flatten()
+                .filter_map(|stored| stored.holder.take());
+            names
+                .values_mut()
+                .flat_map(|entry| entry.holders.drain(..))
+                .chain(documents)
+                .map(|holder| holder.state)
+                .collect()
+        };
+        for state in ended {
+            state.mark_lost();
+        }
+        self.freed.notify_waiters();
+    }
+
+    /// Frees the place of `key` that acquisition `acquisition` holds, if it still does.
+    pub(super) fn free(&self, key: &Key, acquisition: u64) -> bool {
+        let freed = {
+            let mut names = self.names.lock();
+            names.get_mut(key).is_some_and(|entry| {
+                let before = entry.holders.len();
+                entry
+                    .holders
+                    .retain(|holder| holder.acquisition != acquisition);
+                entry.holders.len() < before
+            })
+        };
+        if freed {
+            self.freed.notify_waiters();
+        }
+        freed
+    }
+
+    /// The lease state of the holder of the exclusive lock `name`.
+    pub(super) fn holder_state(&self, name: &str) -> Option<(u64, Arc<LeaseState>)> {
+        let names = self.names.lock();
+        let holder = names.get(&Key::lock(name))?.holders.first()?;
+        Some((holder.acquisition, Arc::clone(&holder.state)))
+    }
+}
+
+/// A writer waiting for a reader-writer lock, holding back new readers until it is dropped.
+#[derive(Debug)]
+pub(super) struct WaitingWriter {
+    pub(super) locks: Arc<Locks>,
+    pub(super) key: Key,
+}
+
+impl Drop for WaitingWriter {
+    fn drop(&mut self) {
+        if let Some(entry) = self.locks.names.lock().get_mut(&self.key) {
+            entry.waiting_writers -= 1;
+        }
+        // Readers held back by this writer may go in now.
+        self.locks.freed.notify_waiters();
+    }
+}
+
+impl Key {
+    pub(super) fn new(kind: Kind, name: impl Into<String>) -> Key {
+        Key {
+            kind,
+            name: name.into(),
+        }
+    }
+
+    pub(super) fn lock(name: &str) -> Key {
+        Key::new(Kind::Lock, name)
+    }
+}
+
+/// A stored document of an in-memory collection, with its lock.
+#[derive(Debug)]
+pub(super) struct StoredDocument {
+    pub(super) document: Document,
+    /// The fencing token of its last lock (0: never locked).
+    pub(super) last_token: i64,
+    pub(super) holder: Option<Holder>,
+}
