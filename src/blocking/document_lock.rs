@@ -160,34 +160,11 @@ where
     twins! { DocumentGuard:
         /// Applies `update` to the document while the lock is still held, and keeps it.
         fn checkpoint(&self, update: Document) -> ();
-    }
-
-    /// Applies `update` and unlocks the document in one write; see
-    /// [`crate::DocumentGuard::commit`].
-    ///
-    /// # Errors
-    /// As [`crate::DocumentGuard::commit`];
-    /// [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio
-    /// runtime (the guard is dropped then, which unlocks the document in the background).
-    pub fn commit(self, update: Document) -> Result<()> {
-        self.background.block_on(self.inner.commit(update))?
-    }
-
-    /// Replaces the document with `new_document` and unlocks it in one write; see
-    /// [`crate::DocumentGuard::replace`].
-    ///
-    /// # Errors
-    /// As [`commit`](Self::commit).
-    pub fn replace(self, new_document: T) -> Result<()> {
-        self.background.block_on(self.inner.replace(new_document))?
-    }
-
-    /// Unlocks the document without changing its data; see
-    /// [`crate::DocumentGuard::release`].
-    ///
-    /// # Errors
-    /// As [`commit`](Self::commit).
-    pub fn release(self) -> Result<()> {
-        self.background.block_on(self.inner.release())?
+        /// Applies `update` and unlocks the document in one write.
+        fn commit(self, update: Document) -> ();
+        /// Replaces the document with `new_document` and unlocks it in one write.
+        fn replace(self, new_document: T) -> ();
+        /// Unlocks the document without changing its data.
+        fn release(self) -> ();
     }
 }

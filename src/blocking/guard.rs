@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Background, wait_lost, wrapper};
+use super::{Background, twins, wait_lost, wrapper};
 use crate::error::Result;
 use crate::lease::lost::LostSignal;
 use crate::lock_status::LockKind;
@@ -64,13 +64,9 @@ impl LockGuard {
         wait_lost(&self.background, &self.inner.lost(), timeout)
     }
 
-    /// Stops renewing and releases the lock; see [`crate::LockGuard::release`].
-    ///
-    /// # Errors
-    /// As [`crate::LockGuard::release`]; [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio
-    /// runtime (the guard is dropped then, which releases the lock in the background).
-    pub fn release(self) -> Result<()> {
-        self.background.block_on(self.inner.release())?
+    twins! { LockGuard:
+        /// Stops renewing and releases the lock.
+        fn release(self) -> ();
     }
 }
 
@@ -116,12 +112,9 @@ impl ReadGuard {
         wait_lost(&self.background, &self.inner.lost(), timeout)
     }
 
-    /// Stops renewing and releases the read lock; see [`crate::ReadGuard::release`].
-    ///
-    /// # Errors
-    /// As [`LockGuard::release`].
-    pub fn release(self) -> Result<()> {
-        self.background.block_on(self.inner.release())?
+    twins! { ReadGuard:
+        /// Stops renewing and releases the read lock.
+        fn release(self) -> ();
     }
 }
 
@@ -178,12 +171,8 @@ impl CompositeGuard {
         wait_lost(&self.background, &self.inner.lost(), timeout)
     }
 
-    /// Releases every member; see [`crate::CompositeGuard::release`].
-    ///
-    /// # Errors
-    /// As [`crate::CompositeGuard::release`]; [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio
-    /// runtime (the members are released in the background then).
-    pub fn release(self) -> Result<()> {
-        self.background.block_on(self.inner.release())?
+    twins! { CompositeGuard:
+        /// Releases every member.
+        fn release(self) -> ();
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{Background, LockWatch, MongoDistributedLock, wrapper};
+use super::{Background, LockWatch, MongoDistributedLock, twins, wrapper};
 use crate::error::Result;
 use crate::lease::lost::LostSignal;
 use crate::token::FencingToken;
@@ -75,13 +75,8 @@ impl LeaderElection {
         Ok(self.background.block_on(elected)? && self.inner.is_leader())
     }
 
-    /// Steps down, releasing leadership if leading; see [`crate::LeaderElection::resign`].
-    ///
-    /// # Errors
-    /// As [`crate::LeaderElection::resign`];
-    /// [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio
-    /// runtime (campaigning stops then, and a held term is released in the background).
-    pub fn resign(self) -> Result<()> {
-        self.background.block_on(self.inner.resign())?
+    twins! { LeaderElection:
+        /// Steps down, releasing leadership if leading.
+        fn resign(self) -> ();
     }
 }
