@@ -50,6 +50,7 @@ mod reader_writer;
 mod round_trips;
 mod script_copy;
 mod semaphore;
+mod send_sync;
 mod shared_renewal;
 mod shutdown;
 mod transactions;
