@@ -3,6 +3,13 @@
 //! Workers lock any pending job nobody holds (one `findAndModify`), work on it while the lease
 //! renews itself, then write the result and unlock it in one update that only the holder can
 //! make. `scripts/run-example claim_job` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! 6 jobs done, each exactly once
+//! ```
 
 mod common;
 

@@ -5,6 +5,15 @@
 //! (GC, a stalled VM) therefore cannot overwrite the work of the holder that came after it.
 //!
 //! `scripts/run-example fencing` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! B (token …) writes 150: applied = true
+//! A (stale token …) writes 90: applied = false
+//! final balance: 150
+//! ```
 
 mod common;
 

@@ -12,6 +12,15 @@
 //! embedded server until Ctrl-C) or start a MongoDB; then, in two terminals with that
 //! `MONGODB_URI` exported, run `scripts/run-example leader_election instance-1 60` and
 //! `... instance-2 60`, and stop the one that leads.
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! instance-1: elected (term …)
+//! instance-1: running the scheduled job (term …)
+//! instance-1: done
+//! ```
 
 mod common;
 

@@ -4,6 +4,15 @@
 //! next renewal finds it gone and `lost` turns true.
 //!
 //! `scripts/run-example lost` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! operator: deleted the lock document
+//! lock lost: stopped writing after … chunks
+//! release reports: lock "file-writer" was lost before it was released
+//! ```
 
 mod common;
 

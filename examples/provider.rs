@@ -2,6 +2,13 @@
 //! application, and create per-entity locks by name.
 //!
 //! `scripts/run-example provider` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! all orders processed
+//! ```
 
 mod common;
 

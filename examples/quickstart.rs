@@ -2,6 +2,16 @@
 //!
 //! Runs against `MONGODB_URI` (default `mongodb://localhost:27017`); `scripts/run-example quickstart`
 //! starts an embedded test server when it is unset.
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! acquired "nightly-report" with fencing token …
+//! a second instance finds the lock busy
+//! released
+//! the other instance acquired it next, with token …
+//! ```
 
 mod common;
 

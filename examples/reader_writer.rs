@@ -1,6 +1,15 @@
 //! Many readers of a shared configuration at once, one writer at a time, and writers are not
 //! starved by a steady stream of readers: a distributed reader-writer lock.
 //! `scripts/run-example reader_writer` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! config-service holds feature-flags to read (host …, pid …)
+//! writer got in after … ms with fencing token …; holders now: write
+//! reader 1 read … times
+//! ```
 
 mod common;
 
@@ -46,7 +55,7 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     for holder in provider.held_locks().await? {
         let pid = holder.pid().map_or("?".to_owned(), |pid| pid.to_string());
         println!(
-            "{} holds {} as {:?} (host {}, pid {pid})",
+            "{} holds {} to {} (host {}, pid {pid})",
             holder.owner().unwrap_or("?"),
             holder.name,
             holder.kind,
@@ -57,11 +66,17 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     // The writer announces itself, so new readers wait while the current ones finish.
     let started = Instant::now();
     let writer = config.acquire_write().await?;
-    let holders: Vec<_> = config.holders().await?.iter().map(|h| h.kind).collect();
+    let holders: Vec<String> = config
+        .holders()
+        .await?
+        .iter()
+        .map(|h| h.kind.to_string())
+        .collect();
     println!(
-        "writer got in after {:?} with fencing token {}; holders now: {holders:?}",
-        started.elapsed(),
+        "writer got in after {} ms with fencing token {}; holders now: {}",
+        started.elapsed().as_millis(),
         writer.fencing_token(),
+        holders.join(", "),
     );
     tokio::time::sleep(Duration::from_millis(100)).await; // write the new configuration
     writer.release().await?;

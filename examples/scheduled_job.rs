@@ -11,6 +11,14 @@
 //! window (4 s, by the server's clock) and skips it, saying who ran it.
 //!
 //! `scripts/run-example scheduled_job [seconds]` (16 by default).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! instance-…: ran the report (…)
+//! instance-…: skipped, ran by instance-… less than a window ago; due again after … (server time)
+//! ```
 
 mod common;
 

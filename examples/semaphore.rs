@@ -1,5 +1,12 @@
 //! At most three downloads at a time across every instance: a distributed semaphore.
 //! `scripts/run-example semaphore` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! all downloads done, never more than 3 at once
+//! ```
 
 mod common;
 

@@ -1,6 +1,17 @@
 //! A holder loses its lock during a long pause, wakes up and tries to write to the protected
 //! account document: the fenced write refuses it, because the next holder already wrote with a
 //! newer fencing token. `scripts/run-example stale_holder` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! A holds the lock with token …
+//! B (token …) adds 50: Applied
+//! A (token …) sets 0: Stale
+//! A's release reports: lock "acct-1" was lost before it was released
+//! final balance: 150
+//! ```
 
 mod common;
 

@@ -10,6 +10,16 @@
 //! starts one); the embedded test server supports them too.
 //!
 //! `scripts/run-example transaction` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! moved 30 while holding the lock
+//! the lock was lost: the second transfer wrote nothing
+//! alice: 70
+//! bob: 30
+//! ```
 
 mod common;
 

@@ -1,6 +1,16 @@
 //! Hold several locks at once: a transfer between two accounts locks both, in a deadlock-free
 //! order, all or nothing; then the lock table is inspected and expired documents purged.
 //! `scripts/run-example transfer` (uses `MONGODB_URI` when set).
+//!
+//! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
+//! these lines come, in this order):
+//!
+//! ```text
+//! transfer acct-… → acct-… holds acct-A and acct-B
+//! held: acct-A (token …, … ms left)
+//! held: acct-C (token …, … ms left)
+//! purged … expired lock documents
+//! ```
 
 mod common;
 

@@ -37,6 +37,14 @@ impl LockKind {
     }
 }
 
+/// The kind in lower case, as `dlock`, the tracing spans and the metrics' `kind` label show it:
+/// `exclusive`, `write`, `read`, `semaphore` or `document`.
+impl std::fmt::Display for LockKind {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.label())
+    }
+}
+
 /// One holder of a lock (or, for an exclusive lock that is free, its last holder), read at one
 /// server instant.
 #[derive(Clone, Debug, PartialEq)]
@@ -234,4 +242,25 @@ pub struct Purgeable {
     pub count: u64,
     /// The names of the first few of each collection, by name.
     pub names: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_displays_as_its_label() {
+        let kinds = [
+            LockKind::Exclusive,
+            LockKind::Write,
+            LockKind::Read,
+            LockKind::Semaphore,
+            LockKind::Document,
+        ];
+        let shown: Vec<String> = kinds.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["exclusive", "write", "read", "semaphore", "document"]
+        );
+    }
 }

@@ -27,6 +27,7 @@ mod fence;
 mod handoff;
 mod infra_architecture;
 mod infra_change_streams;
+mod infra_example_output;
 mod infra_fault_proxy;
 mod infra_fork_server;
 mod infra_plant_mistakes;
