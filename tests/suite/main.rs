@@ -54,6 +54,7 @@ mod semaphore;
 mod send_sync;
 mod shared_renewal;
 mod shutdown;
+mod tracing_events;
 mod transactions;
 mod watch;
 mod who_blocks_me;

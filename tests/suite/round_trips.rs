@@ -579,3 +579,45 @@ async fn waiters_behind_a_lease_held_here_poll_once_at_the_slowest_pace() {
     );
     guard.release().await.unwrap();
 }
+
+/// `adaptive_backoff`: a waiter's sleeps grow by half per failed attempt from the busy-wait
+/// minimum (±20 %), instead of falling anywhere in the range. A document lock's waiter polls
+/// (it has no local queue): over 2 s with a range of 50 ms to 10 s it sends about eight attempts
+/// (the schedule 50, 75, 112, 169, 253, 380, 570, 854 ms, and one at the deadline). A uniform
+/// sleep in that range would average 5 s: one or two attempts.
+#[tokio::test]
+async fn adaptive_backoff_paces_the_attempts_of_a_waiter_that_polls() {
+    let (database, commands) = common::counting_database().await;
+    let collection_name = common::unique("jobs");
+    let holder_side = common::database().await;
+    let holder = distributed_lock_mongodb::DocumentLock::<Document>::new(
+        &holder_side.collection(&collection_name),
+    );
+    holder_side
+        .collection::<Document>(&collection_name)
+        .insert_one(doc! { "_id": 1 })
+        .await
+        .unwrap();
+    let held = holder.lock(doc! { "_id": 1 }).await.unwrap();
+
+    let options = LockOptions::builder()
+        .busy_wait_sleep_time(Duration::from_millis(50), Duration::from_secs(10))
+        .adaptive_backoff(true)
+        .build()
+        .unwrap();
+    let waiter = distributed_lock_mongodb::DocumentLock::<Document>::new(
+        &database.collection(&collection_name),
+    )
+    .with_options(options);
+    let before = commands.count("findAndModify");
+    let outcome = waiter
+        .try_lock_timeout(doc! { "_id": 1 }, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(outcome.is_none(), "the document stayed locked");
+    let attempts = commands.count("findAndModify") - before;
+    // The fastest schedule (-20 %) allows nine in 2 s and one at the deadline; a loaded
+    // machine may fit fewer.
+    assert!((4..=10).contains(&attempts), "{attempts} attempts in 2 s");
+    held.release().await.unwrap();
+}
