@@ -1,4 +1,5 @@
-//! The lease protocol of the exclusive lock and of the semaphore ([`semaphore`]), for the
+//! The lease protocol of every kind of lock (the exclusive lock's here; [`semaphore`] and the
+//! modules below for the others), for the
 //! repository's model checker (`model/`): the client's decisions (`protocol`: deadlines, the extension rule, renewal rounds, an attempt's
 //! outcome) and the filters and update pipelines every command sends. The model runs this very
 //! code (the pipelines through a small evaluator of MongoDB's expressions), so that it checks the

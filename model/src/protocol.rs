@@ -166,7 +166,7 @@ pub enum Mistake {
     /// A takeover keeps the stored fencing token instead of the next one.
     TokenNotIncremented,
     /// A lease a transfer won is handed to its waiter even when the waiter no longer waits (its
-    /// own attempt won first, or it left): the rule of the crate's engine (`acquire.rs`: a guard
+    /// own attempt won first, or it left): the rule of the crate's engine (`acquire::waiting`: a guard
     /// nobody receives is ended at once) that the model's clients copy, broken in the copy. It
     /// breaks the model's bookkeeping of what callers want, which must then yield a path.
     TransferToALeaver,

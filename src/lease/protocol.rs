@@ -17,7 +17,7 @@
 //! hidden `crate::__model`) runs the very same code on its ticks: a decision exists once, so a
 //! mistake planted in it changes what the checker explores.
 //!
-//! The rules, and why they are safe, are in DESIGN.md ("The lease protocol"):
+//! The rules, and why they are safe, are in DESIGN.md ("How it works"):
 //! - a lease is relied on until the *send* instant of the last request that confirmed it, plus
 //!   [`LockOptions::lease_lifetime`] (`expiry − safety margin − max_clock_skew`): the server may
 //!   have applied the request at any instant after it was sent, and its `$$NOW` may run ahead of

@@ -1,5 +1,5 @@
 //! `scripts/plant-mistakes`, which plants mistakes into a copy of the crate and runs the model
-//! checker against each (DESIGN.md, "The model checker"). Its full run builds the crate once per
+//! checker against each (model/README.md). Its full run builds the crate once per
 //! mistake and is run by hand (RELIABILITY.md records its results); CI runs `--check`, which
 //! only plants each mistake into copies of the files it edits. Here: every mistake can be planted
 //! into this tree, and a mistake whose code changed is refused by name, so the list cannot go
