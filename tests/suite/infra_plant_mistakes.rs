@@ -20,7 +20,7 @@ fn every_mistake_can_be_planted_into_this_tree() {
 fn a_mistake_whose_code_changed_is_refused_by_name() {
     let copy = Copy::new(SCRIPT, "changed");
     copy.replace(
-        "src/lease/protocol.rs",
+        "src/lease/protocol/lease.rs",
         "let extended = capped(request.0 + options.lease_lifetime(), self.hold_until);",
         "let extended = capped(request.at() + options.lease_lifetime(), self.hold_until);",
     );
@@ -28,7 +28,7 @@ fn a_mistake_whose_code_changed_is_refused_by_name() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains(
-            "cannot plant deadline-from-reply: its text is found 0 times in src/lease/protocol.rs"
+            "cannot plant deadline-from-reply: its text is found 0 times in src/lease/protocol/lease.rs"
         ),
         "{stderr}"
     );

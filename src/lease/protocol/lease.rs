@@ -1,0 +1,201 @@
+//! A holder's view of its lease: until when it may rely on it, and when it wants renewing
+//! ([`Lease`]); the deadline of a lease-checked transaction ([`Transaction`]).
+
+use std::fmt::Debug;
+
+use super::{Moment, Sent};
+use crate::options::LockOptions;
+
+/// Where a lease stands for its holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase<I> {
+    /// Held.
+    Held {
+        /// Presumed lost then, unless a confirmation extends it first; `None` for a lease
+        /// without a deadline, held until it is marked lost or released.
+        lost_at: Option<I>,
+    },
+    /// Lost.
+    Lost {
+        /// Whether [`Lease::mark_lost`] reported it (a deadline passing is noticed by whoever
+        /// asks first, and reported by the renewal loop).
+        announced: bool,
+    },
+    /// Released by its holder without having been lost.
+    Released,
+}
+
+/// A lease as its holder sees it: until when it may rely on it.
+///
+/// Loss is sticky: once the deadline has been seen to pass, or the lease was marked lost, no
+/// confirmation revives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease<I> {
+    phase: Phase<I>,
+    /// The end of the hold allowed by [`LockOptions::max_hold`]: no confirmation extends the
+    /// deadline past it.
+    hold_until: Option<I>,
+    /// The request that confirmed the lease last (`None` for a lease without a deadline).
+    confirmed: Option<Sent<I>>,
+}
+
+impl<I: Moment> Lease<I> {
+    /// The lease won by `request`, whose reply arrived `now`: relied on until the request's send
+    /// plus the lease's lifetime, never past `max_hold` after the send. A reply that came after
+    /// that deadline yields a lease lost from the start.
+    pub fn won(options: &LockOptions, request: Sent<I>, now: I) -> Lease<I> {
+        let hold_until = options.max_hold().map(|max_hold| request.0 + max_hold);
+        let mut lease = Lease {
+            phase: Phase::Held {
+                lost_at: Some(capped(request.0 + options.lease_lifetime(), hold_until)),
+            },
+            hold_until,
+            confirmed: Some(request),
+        };
+        lease.settle(now);
+        lease
+    }
+
+    /// A lease with no deadline of its own, lost only when marked so (the in-memory locks).
+    pub fn unbounded() -> Lease<I> {
+        Lease {
+            phase: Phase::Held { lost_at: None },
+            hold_until: None,
+            confirmed: None,
+        }
+    }
+
+    /// A lease held until `lost_at`, never past `hold_until` (for tests of what runs it).
+    #[cfg(test)]
+    pub(crate) fn until(lost_at: I, hold_until: Option<I>) -> Lease<I> {
+        Lease {
+            phase: Phase::Held {
+                lost_at: Some(capped(lost_at, hold_until)),
+            },
+            hold_until,
+            confirmed: None,
+        }
+    }
+
+    /// Where the lease stands `now`: `Held` turns into `Lost` once its deadline has passed.
+    pub fn settle(&mut self, now: I) -> Phase<I> {
+        if let Phase::Held {
+            lost_at: Some(lost_at),
+        } = self.phase
+            && now >= lost_at
+        {
+            self.phase = Phase::Lost { announced: false };
+        }
+        self.phase
+    }
+
+    /// Whether the lease is lost `now`.
+    pub fn is_lost(&mut self, now: I) -> bool {
+        matches!(self.settle(now), Phase::Lost { .. })
+    }
+
+    /// The deadline while held `now` (`None` once lost or released, or without one).
+    pub fn lost_at(&mut self, now: I) -> Option<I> {
+        match self.settle(now) {
+            Phase::Held { lost_at } => lost_at,
+            Phase::Lost { .. } | Phase::Released => None,
+        }
+    }
+
+    /// When its loss is due to be reported: its deadline while held, `now` once the deadline has
+    /// passed unreported (`None` once the loss was reported, or the lease released, or without
+    /// a deadline). What the renewal loop wakes up for: a loss whose deadline passed while it
+    /// was busy with something else is still reported.
+    pub fn report_loss_at(&mut self, now: I) -> Option<I> {
+        match self.settle(now) {
+            Phase::Held { lost_at } => lost_at,
+            Phase::Lost { announced: false } => Some(now),
+            Phase::Lost { announced: true } | Phase::Released => None,
+        }
+    }
+
+    /// The server confirmed the lease in reply to `request`, and the reply arrived `now`: the
+    /// deadline moves to the request's send plus the lease's lifetime (never back, never past
+    /// the end of the hold), but only if it has not passed: a lease whose deadline passed is lost
+    /// for good, however its confirmation turned out. Returns whether the lease is still held.
+    pub fn confirmed(&mut self, options: &LockOptions, request: Sent<I>, now: I) -> bool {
+        match self.settle(now) {
+            Phase::Held { lost_at: None } => true,
+            Phase::Held {
+                lost_at: Some(current),
+            } => {
+                let extended = capped(request.0 + options.lease_lifetime(), self.hold_until);
+                self.phase = Phase::Held {
+                    lost_at: Some(current.max(extended)),
+                };
+                self.confirmed = self.confirmed.max(Some(request));
+                true
+            }
+            Phase::Lost { .. } | Phase::Released => false,
+        }
+    }
+
+    /// Marks the lease lost (unless released); returns whether this is the first report of the
+    /// loss (also when its deadline had already passed unreported).
+    pub fn mark_lost(&mut self) -> bool {
+        let first = matches!(
+            self.phase,
+            Phase::Held { .. } | Phase::Lost { announced: false }
+        );
+        if first {
+            self.phase = Phase::Lost { announced: true };
+        }
+        first
+    }
+
+    /// Marks the lease released `now`, unless it is lost by then; returns whether it was.
+    pub fn mark_released(&mut self, now: I) -> bool {
+        let held = matches!(self.settle(now), Phase::Held { .. });
+        if held {
+            self.phase = Phase::Released;
+        }
+        held
+    }
+
+    /// Whether the hold allowed by `max_hold` is over `now`.
+    pub fn hold_ended(&self, now: I) -> bool {
+        self.hold_until.is_some_and(|hold_until| now >= hold_until)
+    }
+
+    /// When the lease wants its next renewal: a cadence after the request that confirmed it last
+    /// was sent (not after its reply: a slow reply has eaten into the lease). `None` for a lease
+    /// without a deadline.
+    pub fn renew_by(&self, options: &LockOptions) -> Option<I> {
+        self.confirmed
+            .map(|request| request.0 + options.extension_cadence())
+    }
+}
+
+/// The renewal inside a lease-checked transaction (`HeldLease::transaction`): the transaction's
+/// first write renews the lease, filtered on it being ours and live, but the write counts only
+/// once the transaction commits (until then nobody else can write the lease's document, and
+/// nobody sees the renewal). Once committed, the lease is confirmed from the renewal's *send*,
+/// like any renewal: the server evaluated its `$$NOW` at some instant after the send, not at the
+/// commit, which may come much later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Transaction<I> {
+    renewal: Sent<I>,
+}
+
+impl<I: Moment> Transaction<I> {
+    /// The transaction's renewal is sent `now`.
+    pub fn renewal_sent(now: I) -> Transaction<I> {
+        Transaction { renewal: Sent(now) }
+    }
+
+    /// The transaction committed, and the reply came `now`: see [`Lease::confirmed`], from the
+    /// renewal's send. Returns whether the lease is still held.
+    pub fn committed(self, lease: &mut Lease<I>, options: &LockOptions, now: I) -> bool {
+        lease.confirmed(options, self.renewal, now)
+    }
+}
+
+/// `deadline`, no later than `hold_until`.
+fn capped<I: Moment>(deadline: I, hold_until: Option<I>) -> I {
+    hold_until.map_or(deadline, |hold_until| deadline.min(hold_until))
+}
