@@ -63,26 +63,6 @@ fn gauge(entries: &Entries, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// Everything the crate logs, for the early-warning check (one subscriber for the process).
-#[derive(Clone, Default)]
-struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 /// Everything recorded so far. (The debugging recorder's snapshots reset what they read, even
 /// gauges, whose increments then count from zero: each snapshot is added to the totals.)
 fn snapshot(snapshots: &Snapshotter) -> Entries {
@@ -124,7 +104,8 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
     recorder
         .install()
         .expect("the only recorder of this binary");
-    let logs = Logs::default();
+    // Everything the crate logs, for the early-warning check (one subscriber for the process).
+    let logs = common::Logs::default();
     let writer = logs.clone();
     tracing_subscriber::fmt()
         .with_writer(move || writer.clone())

@@ -411,3 +411,34 @@ impl Drop for Inside {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+/// What a `tracing_subscriber::fmt` subscriber writes, kept in memory: give it a clone as its
+/// writer (`.with_writer(move || logs.clone())`) and read the text back.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// The lines written so far that contain every one of `parts`.
+    pub fn lines_with(&self, parts: &[&str]) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter(|line| parts.iter().all(|part| line.contains(part)))
+            .map(str::to_owned)
+            .collect()
+    }
+}

@@ -7,68 +7,42 @@
 
 use test_support as common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::Logs;
 use distributed_lock_mongodb::{LeaderElection, MongoDistributedLock};
 use mongodb::bson::doc;
 use tracing::subscriber::DefaultGuard;
 use tracing_subscriber::fmt::format::FmtSpan;
 
-/// What the subscriber wrote: one line per event, and one per span as it closes (with the
-/// fields recorded on it).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+/// Records what this thread logs at `debug` and above, until the guard is dropped: one line per
+/// event, and one per span as it closes (with the fields recorded on it).
+fn record() -> (Logs, DefaultGuard) {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_ansi(false)
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
 }
 
-impl Logs {
-    /// Records what this thread logs at `debug` and above, until the guard is dropped.
-    fn record() -> (Logs, DefaultGuard) {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_max_level(tracing::Level::DEBUG)
-            .with_span_events(FmtSpan::CLOSE)
-            .with_ansi(false)
-            .finish();
-        (logs, tracing::subscriber::set_default(subscriber))
-    }
-
-    /// The lines that contain every one of `parts`.
-    fn lines_with(&self, parts: &[&str]) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|line| parts.iter().all(|part| line.contains(part)))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// Waits (at most 20 s) until a line contains every one of `parts`.
-    async fn wait_for(&self, parts: &[&str]) -> String {
-        for _ in 0..2_000 {
-            if let Some(line) = self.lines_with(parts).into_iter().next() {
-                return line;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+/// Waits (at most 20 s) until a line of `logs` contains every one of `parts`.
+async fn wait_for(logs: &Logs, parts: &[&str]) -> String {
+    for _ in 0..2_000 {
+        if let Some(line) = logs.lines_with(parts).into_iter().next() {
+            return line;
         }
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        panic!("no line with {parts:?} in:\n{text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    panic!("no line with {parts:?} in:\n{}", logs.text());
 }
 
 #[tokio::test]
 async fn an_acquisition_is_a_span_with_its_kind_lock_collection_outcome_and_token() {
-    let (logs, _recording) = Logs::record();
+    let (logs, _recording) = record();
     let (lock, collection) = common::fresh_lock("traced", common::options(10_000, 1_000)).await;
     let guard = lock.acquire().await.unwrap();
     let token = guard.fencing_token().get().to_string();
@@ -97,7 +71,7 @@ async fn an_acquisition_is_a_span_with_its_kind_lock_collection_outcome_and_toke
 
 #[tokio::test]
 async fn a_loss_is_a_warning_that_names_the_lock_and_the_reason() {
-    let (logs, _recording) = Logs::record();
+    let (logs, _recording) = record();
     let (lock, collection) = common::fresh_lock("traced-loss", common::options(4_000, 200)).await;
     let guard = lock.acquire().await.unwrap();
     collection
@@ -107,21 +81,23 @@ async fn a_loss_is_a_warning_that_names_the_lock_and_the_reason() {
     tokio::time::timeout(Duration::from_secs(5), guard.lost().wait())
         .await
         .expect("lost once the document is gone");
-    let line = logs
-        .wait_for(&[
+    let line = wait_for(
+        &logs,
+        &[
             "WARN",
             "lock lost",
             &format!("lock={}", lock.name()),
             "reason=\"the lease was no longer in the database (deleted, taken over or expired)\"",
-        ])
-        .await;
+        ],
+    )
+    .await;
     assert_eq!(logs.lines_with(&["lock lost"]), [line], "reported once");
 }
 
 /// A wait longer than 10 s (or than the lock's expiry) is reported once, naming the holder.
 #[tokio::test]
 async fn a_long_wait_says_once_what_holds_the_lock() {
-    let (logs, _recording) = Logs::record();
+    let (logs, _recording) = record();
     // An expiry under 10 s: the wait is reported after 10 s.
     let options = common::options(5_000, 500);
     let (lock, collection) = common::fresh_lock("traced-wait", options.clone()).await;
@@ -132,9 +108,7 @@ async fn a_long_wait_says_once_what_holds_the_lock() {
         .with_options(options);
     let waiting =
         tokio::spawn(async move { waiter.acquire_timeout(Duration::from_secs(60)).await });
-    let line = logs
-        .wait_for(&["INFO", "still waiting for a lock", &holder])
-        .await;
+    let line = wait_for(&logs, &["INFO", "still waiting for a lock", &holder]).await;
     assert!(line.contains(&format!("lock={}", lock.name())), "{line}");
     guard.release().await.unwrap();
     let next = waiting.await.unwrap().expect("acquired once released");
@@ -144,7 +118,7 @@ async fn a_long_wait_says_once_what_holds_the_lock() {
 
 #[tokio::test]
 async fn leadership_is_logged_when_won_lost_and_resigned() {
-    let (logs, _recording) = Logs::record();
+    let (logs, _recording) = record();
     let (lock, collection) = common::fresh_lock("traced-leader", common::options(4_000, 200)).await;
     let name = format!("lock={}", lock.name());
     let election = LeaderElection::start(lock.clone()).unwrap();
@@ -154,15 +128,21 @@ async fn leadership_is_logged_when_won_lost_and_resigned() {
         .expect("elected")
         .unwrap();
     let term = election.fencing_token().expect("a term").get();
-    logs.wait_for(&["INFO", "elected leader", &name, &format!("term={term}")])
-        .await;
+    wait_for(
+        &logs,
+        &["INFO", "elected leader", &name, &format!("term={term}")],
+    )
+    .await;
 
     collection
         .delete_one(doc! { "_id": lock.name() })
         .await
         .unwrap();
-    logs.wait_for(&["WARN", "leadership lost; campaigning again", &name])
-        .await;
+    wait_for(
+        &logs,
+        &["WARN", "leadership lost; campaigning again", &name],
+    )
+    .await;
     tokio::time::timeout(Duration::from_secs(10), async {
         while logs.lines_with(&["elected leader"]).len() < 2 {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -172,5 +152,5 @@ async fn leadership_is_logged_when_won_lost_and_resigned() {
     .expect("elected again");
 
     election.resign().await.unwrap();
-    logs.wait_for(&["INFO", "resigned leadership", &name]).await;
+    wait_for(&logs, &["INFO", "resigned leadership", &name]).await;
 }
