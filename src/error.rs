@@ -534,7 +534,7 @@ mod tests {
         );
         let holder = |lock_id: &str, owner: Option<&str>| LockStatus {
             name: "jobs".into(),
-            kind: crate::LockKind::Semaphore,
+            kind: crate::lock_status::LockKind::Semaphore,
             lock_id: Some(lock_id.into()),
             acquired_at: None,
             expires_at: None,

@@ -188,7 +188,7 @@ mod tests {
         let at = mongodb::bson::DateTime::from_millis(1_800_000_000_000);
         let mut status = LockStatus {
             name: "report".to_owned(),
-            kind: crate::LockKind::Exclusive,
+            kind: crate::lock_status::LockKind::Exclusive,
             lock_id: Some("abc".to_owned()),
             acquired_at: None,
             expires_at: Some(at),

@@ -149,7 +149,7 @@ impl LeaderElection {
         match (&mut self.campaign).await {
             Ok(result) => result,
             Err(_) => Err(Error::BackgroundTaskEnded {
-                operation: crate::Operation::Release,
+                operation: crate::error::Operation::Release,
             }),
         }
     }

@@ -332,25 +332,27 @@ pub(crate) fn boxed<G: DistributedLockGuard + 'static>(guard: G) -> BoxedGuard {
 macro_rules! forward_acquisitions {
     ($lock:ty, $guard:ty, $boxed:path:
      $acquire:ident, $acquire_timeout:ident, $try_acquire:ident, $try_acquire_timeout:ident) => {
-        fn $acquire(&self) -> futures::future::BoxFuture<'_, $crate::Result<$guard>> {
+        fn $acquire(&self) -> futures::future::BoxFuture<'_, $crate::error::Result<$guard>> {
             Box::pin(async move { <$lock>::$acquire(self).await.map($boxed) })
         }
 
         fn $acquire_timeout(
             &self,
             timeout: std::time::Duration,
-        ) -> futures::future::BoxFuture<'_, $crate::Result<$guard>> {
+        ) -> futures::future::BoxFuture<'_, $crate::error::Result<$guard>> {
             Box::pin(async move { <$lock>::$acquire_timeout(self, timeout).await.map($boxed) })
         }
 
-        fn $try_acquire(&self) -> futures::future::BoxFuture<'_, $crate::Result<Option<$guard>>> {
+        fn $try_acquire(
+            &self,
+        ) -> futures::future::BoxFuture<'_, $crate::error::Result<Option<$guard>>> {
             Box::pin(async move { Ok(<$lock>::$try_acquire(self).await?.map($boxed)) })
         }
 
         fn $try_acquire_timeout(
             &self,
             timeout: std::time::Duration,
-        ) -> futures::future::BoxFuture<'_, $crate::Result<Option<$guard>>> {
+        ) -> futures::future::BoxFuture<'_, $crate::error::Result<Option<$guard>>> {
             Box::pin(async move {
                 Ok(<$lock>::$try_acquire_timeout(self, timeout)
                     .await?
@@ -413,7 +415,9 @@ macro_rules! forward_guard {
             <$guard>::is_lost(self)
         }
 
-        fn release(self: Box<Self>) -> futures::future::BoxFuture<'static, $crate::Result<()>> {
+        fn release(
+            self: Box<Self>,
+        ) -> futures::future::BoxFuture<'static, $crate::error::Result<()>> {
             Box::pin(<$guard>::release(*self))
         }
     };
@@ -428,7 +432,7 @@ macro_rules! impl_distributed_lock_guard {
                 <$guard>::name(self)
             }
 
-            fn fencing_token(&self) -> $crate::FencingToken {
+            fn fencing_token(&self) -> $crate::token::FencingToken {
                 <$guard>::fencing_token(self)
             }
 
@@ -465,28 +469,28 @@ macro_rules! impl_distributed_document_guard {
                 <$guard>::id(self)
             }
 
-            fn fencing_token(&self) -> $crate::FencingToken {
+            fn fencing_token(&self) -> $crate::token::FencingToken {
                 <$guard>::fencing_token(self)
             }
 
             fn checkpoint(
                 &self,
                 update: mongodb::bson::Document,
-            ) -> futures::future::BoxFuture<'_, $crate::Result<()>> {
+            ) -> futures::future::BoxFuture<'_, $crate::error::Result<()>> {
                 Box::pin(<$guard>::checkpoint(self, update))
             }
 
             fn commit(
                 self: Box<Self>,
                 update: mongodb::bson::Document,
-            ) -> futures::future::BoxFuture<'static, $crate::Result<()>> {
+            ) -> futures::future::BoxFuture<'static, $crate::error::Result<()>> {
                 Box::pin(<$guard>::commit(*self, update))
             }
 
             fn replace(
                 self: Box<Self>,
                 new_document: mongodb::bson::Document,
-            ) -> futures::future::BoxFuture<'static, $crate::Result<()>> {
+            ) -> futures::future::BoxFuture<'static, $crate::error::Result<()>> {
                 Box::pin(<$guard>::replace(*self, new_document))
             }
 
@@ -515,8 +519,10 @@ macro_rules! impl_distributed_document_lock {
             fn lock(
                 &self,
                 filter: mongodb::bson::Document,
-            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedDocumentGuard>>
-            {
+            ) -> futures::future::BoxFuture<
+                '_,
+                $crate::error::Result<$crate::traits::BoxedDocumentGuard>,
+            > {
                 Box::pin(async move {
                     let guard = <$lock>::lock(self, filter).await?;
                     Ok($crate::traits::boxed_document(guard))
@@ -527,8 +533,10 @@ macro_rules! impl_distributed_document_lock {
                 &self,
                 filter: mongodb::bson::Document,
                 timeout: std::time::Duration,
-            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedDocumentGuard>>
-            {
+            ) -> futures::future::BoxFuture<
+                '_,
+                $crate::error::Result<$crate::traits::BoxedDocumentGuard>,
+            > {
                 Box::pin(async move {
                     let guard = <$lock>::lock_timeout(self, filter, timeout).await?;
                     Ok($crate::traits::boxed_document(guard))
@@ -540,7 +548,7 @@ macro_rules! impl_distributed_document_lock {
                 filter: mongodb::bson::Document,
             ) -> futures::future::BoxFuture<
                 '_,
-                $crate::Result<Option<$crate::traits::BoxedDocumentGuard>>,
+                $crate::error::Result<Option<$crate::traits::BoxedDocumentGuard>>,
             > {
                 Box::pin(async move {
                     let guard = <$lock>::try_lock(self, filter).await?;
@@ -554,7 +562,7 @@ macro_rules! impl_distributed_document_lock {
                 timeout: std::time::Duration,
             ) -> futures::future::BoxFuture<
                 '_,
-                $crate::Result<Option<$crate::traits::BoxedDocumentGuard>>,
+                $crate::error::Result<Option<$crate::traits::BoxedDocumentGuard>>,
             > {
                 Box::pin(async move {
                     let guard = <$lock>::try_lock_timeout(self, filter, timeout).await?;
@@ -566,8 +574,10 @@ macro_rules! impl_distributed_document_lock {
                 &self,
                 id: mongodb::bson::Bson,
                 new_document: mongodb::bson::Document,
-            ) -> futures::future::BoxFuture<'_, $crate::Result<$crate::traits::BoxedDocumentGuard>>
-            {
+            ) -> futures::future::BoxFuture<
+                '_,
+                $crate::error::Result<$crate::traits::BoxedDocumentGuard>,
+            > {
                 Box::pin(async move {
                     let guard = <$lock>::lock_or_insert(self, id, new_document).await?;
                     Ok($crate::traits::boxed_document(guard))

@@ -122,7 +122,7 @@ impl LockWatch {
             .changed()
             .await
             .map_err(|_| Error::BackgroundTaskEnded {
-                operation: crate::Operation::Acquire,
+                operation: crate::error::Operation::Acquire,
             })
     }
 
@@ -145,7 +145,7 @@ async fn read_holders<L: ReadHolders>(lock: &L) -> Result<Vec<LockStatus>> {
     tokio::time::timeout(ATTEMPT_SERVER_TIME, lock.read_holders())
         .await
         .map_err(|_| Error::NoReply {
-            operation: crate::Operation::Administration,
+            operation: crate::error::Operation::Administration,
             name: String::new(),
             waited: ATTEMPT_SERVER_TIME,
         })?
@@ -155,12 +155,13 @@ async fn read_holders<L: ReadHolders>(lock: &L) -> Result<Vec<LockStatus>> {
 async fn refresh<L: ReadHolders>(lock: &L, sender: &watch::Sender<Vec<LockStatus>>) -> Result<()> {
     let read = read_holders(lock).await?;
     sender.send_if_modified(|holders| {
-        let who = |holders: &[LockStatus]| -> Vec<(Option<String>, Option<crate::FencingToken>)> {
-            holders
-                .iter()
-                .map(|holder| (holder.lock_id.clone(), holder.fencing_token))
-                .collect()
-        };
+        let who =
+            |holders: &[LockStatus]| -> Vec<(Option<String>, Option<crate::token::FencingToken>)> {
+                holders
+                    .iter()
+                    .map(|holder| (holder.lock_id.clone(), holder.fencing_token))
+                    .collect()
+            };
         let changed = who(holders) != who(&read);
         *holders = read;
         changed

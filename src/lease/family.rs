@@ -314,7 +314,7 @@ mod tests {
             .build()
             .unwrap();
         let dead = runtime.handle().clone();
-        let options = crate::LockOptions::default();
+        let options = crate::options::LockOptions::default();
         let place = runtime.block_on(async {
             let client = mongodb::Client::with_uri_str("mongodb://127.0.0.1:9")
                 .await
@@ -331,7 +331,7 @@ mod tests {
         let lease = Lease {
             id: "n".into(),
             name: "n".into(),
-            kind: crate::LockKind::Exclusive,
+            kind: crate::lock_status::LockKind::Exclusive,
             lock_id: "won".into(),
             state: super::super::lost::LeaseState::starting(
                 &options,

@@ -641,7 +641,7 @@ mod tests {
     use super::*;
 
     /// A loop that never runs (its client never connects), to call its decisions directly.
-    async fn idle_loop(options: crate::LockOptions) -> RenewalLoop {
+    async fn idle_loop(options: crate::options::LockOptions) -> RenewalLoop {
         let client = mongodb::Client::with_uri_str("mongodb://127.0.0.1:9")
             .await
             .unwrap();
@@ -666,7 +666,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_clock_jump_is_judged_only_between_readings_a_lease_apart() {
-        let options = crate::LockOptions::builder()
+        let options = crate::options::LockOptions::builder()
             .expiry(Duration::from_secs(30))
             .extension_cadence(Duration::from_secs(10))
             .build()

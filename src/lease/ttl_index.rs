@@ -90,7 +90,7 @@ async fn create(collection: &Collection<Document>) -> IndexState {
 /// Creates the TTL index on `collection` now, for
 /// [`Provider::create_indexes`](crate::Provider::create_indexes): done once a suitable index is
 /// there (ours, or an equivalent one someone else created).
-pub(crate) async fn create_now(collection: &Collection<Document>) -> crate::Result<()> {
+pub(crate) async fn create_now(collection: &Collection<Document>) -> crate::error::Result<()> {
     create_or_check(collection).await?;
     REGISTRY
         .lock()

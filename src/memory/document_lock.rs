@@ -9,16 +9,12 @@ use tokio::time::Instant;
 
 use mongodb::bson::{Bson, Document, doc};
 
-use super::evaluator::{apply, check_filter, matches};
+use super::evaluator::{LOCK_FIELD, apply, check_filter, matches};
 use super::names::{Holder, Locks, StoredDocument};
 use crate::error::{Error, Result};
 use crate::lease::Problem;
 use crate::lease::lost::{LeaseState, LostSignal};
 use crate::token::FencingToken;
-
-/// The field the MongoDB document locks keep their lock in by default: reserved in the
-/// documents of the in-memory ones too.
-pub(super) const LOCK_FIELD: &str = "lock";
 
 /// In-memory document locks: the documents of one collection of the provider, kept as BSON,
 /// each lockable by one holder at a time; see

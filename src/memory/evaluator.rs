@@ -3,9 +3,12 @@
 
 use mongodb::bson::{Bson, Document};
 
-use super::document_lock::LOCK_FIELD;
 use crate::error::{Error, Result};
 use crate::fencing::check_operators;
+
+/// The field the MongoDB document locks keep their lock in by default: reserved in the
+/// documents of the in-memory ones too.
+pub(super) const LOCK_FIELD: &str = "lock";
 
 /// Refuses a filter that is not made of equalities of top-level fields (operators, dotted
 /// paths): the double does not evaluate MongoDB queries. Checked before any document is looked
