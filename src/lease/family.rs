@@ -333,7 +333,7 @@ mod tests {
             name: "n".into(),
             kind: crate::lock_status::LockKind::Exclusive,
             lock_id: "won".into(),
-            state: super::super::lost::LeaseState::starting(
+            state: super::super::state::LeaseState::starting(
                 &options,
                 super::super::Sent::now(clock::now()),
             ),

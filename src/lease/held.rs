@@ -14,12 +14,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::family::Family;
-use super::lost::{LeaseState, LostSignal};
+use super::lost::LostSignal;
 use super::metrics;
 use super::protocol::Transaction;
 use super::record::{Lease, Place};
 use super::renewal::Command;
 use super::schema;
+use super::state::LeaseState;
 use crate::clock;
 use crate::error::{Error, Operation, Result, shown_name};
 use crate::lock_status::LockKind;

@@ -15,7 +15,8 @@
 //! - [`family`]: a family's renewal loops, work under way (`in_flight`) and shutdown;
 //!   `record`: a held lease and where it lives; `renewal`: the renewal loops; `release`:
 //!   releases and transfers; `undo`: what ends a lease whose fate is unknown.
-//! - [`lost`]: when a lease counts as lost, on the suspend-aware [`clock`](crate::clock);
+//! - [`lost`]: when a lease counts as lost, on the suspend-aware [`clock`](crate::clock), and
+//!   why; [`state`]: a held lease's state, shared by its guard, renewal loop and lost signals;
 //!   `protocol`: the decisions without I/O that `lost`, `renewal` and `acquire` run (deadlines,
 //!   the extension rule, renewal rounds, an attempt's outcome), and that the model checker
 //!   drives.
@@ -23,8 +24,14 @@
 //!   reading holders, forced release, purging.
 //! - `backoff`, `handoff`: the pacing of waiting callers.
 //!
+//! The nouns of a held lease, from the lock to the guard: a [`Target`] is a named lock in a lock
+//! collection; a `record::Place` is where its leases live (collection, layout, options); a
+//! `record::Lease` is one held lease as its renewal loop tracks it (id, name, kind, lock id), in
+//! that loop's `record::LeaseTable`; its [`state::LeaseState`] (deadline and phase) is shared with
+//! the guard's [`held::HeldLease`] and every lost signal. `Target::hold` makes all of them.
+//!
 //! Dependencies point one way: primitives → this engine → error, options, fencing, details.
-//! The rest of the crate uses the seven modules linked above and the items of this one; the
+//! The rest of the crate uses the eight modules linked above and the items of this one; the
 //! other modules are private to the engine (`scripts/check-architecture` checks the same).
 
 // The engine's interface to the rest of the crate: these modules, and the items of this one.
@@ -35,6 +42,7 @@ pub(crate) mod family;
 pub(crate) mod held;
 pub(crate) mod lost;
 pub(crate) mod schema;
+pub(crate) mod state;
 
 // The engine's internals, reachable from outside only through what is re-exported below.
 mod backoff;
@@ -319,7 +327,7 @@ impl Target {
             id: self.name.as_str().into(),
             name: self.name.clone(),
             kind,
-            state: lost::LeaseState::starting(&self.options, request),
+            state: state::LeaseState::starting(&self.options, request),
             waiters: Some(self.waiters.clone()),
             // The whole lock, or its writer: nobody else can take it while this lease lasts.
             holding: (!matches!(layout, Layout::Members(_)))
@@ -382,7 +390,7 @@ impl Target {
             name: format!("{}/{id}", self.collection.name()),
             id,
             kind: LockKind::Document,
-            state: lost::LeaseState::starting(&self.options, request),
+            state: state::LeaseState::starting(&self.options, request),
             waiters: None,
             holding: None,
             lock_id,

@@ -8,10 +8,10 @@ use mongodb::bson::{Bson, Document, doc};
 use mongodb::{Collection, Database, Namespace};
 
 use super::handoff;
-use super::lost::LeaseState;
 use super::lost::Loss;
 use super::metrics;
 use super::schema::{Ending, Layout};
+use super::state::LeaseState;
 use super::undo::Undo;
 use crate::error::shown_name;
 use crate::lock_status::LockKind;

@@ -13,7 +13,8 @@ use super::evaluator::{LOCK_FIELD, apply, check_filter, matches};
 use super::names::{Holder, Locks, StoredDocument};
 use crate::error::{Error, Result};
 use crate::lease::Problem;
-use crate::lease::lost::{LeaseState, LostSignal};
+use crate::lease::lost::LostSignal;
+use crate::lease::state::LeaseState;
 use crate::token::FencingToken;
 
 /// In-memory document locks: the documents of one collection of the provider, kept as BSON,

@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use super::names::{Claim, Key, Kind, Locks};
 use crate::error::{Error, Result};
-use crate::lease::lost::{LeaseState, LostSignal};
+use crate::lease::lost::LostSignal;
+use crate::lease::state::LeaseState;
 use crate::lease::{max_count_problem, name_problem};
 use crate::token::FencingToken;
 

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
-use crate::lease::lost::LeaseState;
 use crate::lease::max_count_mismatch;
+use crate::lease::state::LeaseState;
 use crate::sync::Mutex;
 use crate::token::FencingToken;
 use mongodb::bson::Document;

@@ -7,7 +7,7 @@
 //! state and events in, decisions out).
 //!
 //! The engine runs them on its clocks: [`Lease`] inside every guard's lost signal
-//! (`lost::LeaseState`), [`Renewals`], [`give_up_at`] and [`suspect_at`] in the renewal loop
+//! (`state::LeaseState`), [`Renewals`], [`give_up_at`] and [`suspect_at`] in the renewal loop
 //! (`renewal`), [`renewed_every_lease`] in every renewal of several leases in one command
 //! (`renewal_commands`), [`Transaction`] in every lease-checked transaction (`held`), [`Attempt`] in
 //! every acquisition attempt (`acquire`), [`DocumentAttempt`] in every attempt to lock a
