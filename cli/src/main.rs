@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use distributed_lock_mongodb::{
     DEFAULT_LOCK_COLLECTION, DEFAULT_RW_COLLECTION, DEFAULT_SEMAPHORE_COLLECTION, Error,
-    LockFilter, LockKind, LockStatus, Provider,
+    LockFilter, LockKind, LockStatus, LockWatch, Provider,
 };
 use mongodb::bson::doc;
 use mongodb::options::ClientOptions;
@@ -115,6 +115,23 @@ enum Command {
         #[arg(long, short)]
         yes: bool,
     },
+    /// Follow one lock's holders live, until Ctrl-C or until the reader of the output goes away.
+    ///
+    /// Prints the holders now, then again at every change: at once through the collections'
+    /// change streams where the server has them (a replica set or sharded cluster), otherwise
+    /// read every `--every`. Each print is the time (this machine's clock) and a table, or with
+    /// `--json` one line per change (a JSON document: `at`, `name`, `holders`). Exits 0.
+    Watch {
+        /// The lock's name.
+        name: String,
+        /// Only this kind of lock.
+        #[arg(long)]
+        kind: Option<Kind>,
+        /// How often to read the holders where no change stream tells (`1s`, `30s`; a bare
+        /// number is seconds).
+        #[arg(long, value_name = "INTERVAL", value_parser = parse_age, default_value = "5")]
+        every: Duration,
+    },
     /// Delete lock documents whose last lease ended over a day ago (asks first).
     ///
     /// In each lock collection, what the TTL index would delete: never a held lock, nor a
@@ -209,7 +226,11 @@ fn main() -> ExitCode {
             .build()
             .map_err(|error| Failure::Server(format!("could not start a runtime: {error}")))
             .and_then(|runtime| {
-                let limit = Duration::from_secs(cli.timeout.max(1).saturating_mul(6));
+                // A watch runs until it is stopped: its reads have the driver's limits only.
+                let limit = match cli.command {
+                    Command::Watch { .. } => Duration::MAX,
+                    _ => Duration::from_secs(cli.timeout.max(1).saturating_mul(6)),
+                };
                 runtime.block_on(async {
                     tokio::time::timeout(limit, run(cli)).await.unwrap_or_else(|_| {
                     Err(Failure::Server(format!(
@@ -267,6 +288,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             kind,
             yes,
         } => release(&provider, &name, holder.as_deref(), kind, yes, cli.json).await,
+        Command::Watch { name, kind, every } => {
+            if every.is_zero() {
+                return Err(Failure::Usage("--every must be more than zero".to_owned()));
+            }
+            watch(&provider, &name, kind, every, cli.json).await
+        }
         Command::Purge { yes, dry_run } => {
             let due = provider.purgeable(PURGE_NAMES_SHOWN).await?;
             if dry_run {
@@ -292,6 +319,68 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+/// Prints lock `name`'s holders (of `kind`, or of every kind) now and at every change, until
+/// Ctrl-C or a closed output.
+async fn watch(
+    provider: &Provider,
+    name: &str,
+    kind: Option<Kind>,
+    every: Duration,
+    json: bool,
+) -> Result<(), Failure> {
+    let wants = |wanted: &[Kind]| kind.is_none_or(|kind| wanted.contains(&kind));
+    let mut watches = Vec::new();
+    if wants(&[Kind::Exclusive]) {
+        watches.push(provider.create_lock(name).watch(every).await?);
+    }
+    if wants(&[Kind::Read, Kind::Write]) {
+        watches.push(
+            provider
+                .create_reader_writer_lock(name)
+                .watch(every)
+                .await?,
+        );
+    }
+    if wants(&[Kind::Semaphore]) {
+        // The count only matters to acquisitions; a watch reads the holders.
+        watches.push(provider.create_semaphore(name, 1).watch(every).await?);
+    }
+    let holders = |watches: &[LockWatch]| -> Vec<LockStatus> {
+        let wanted =
+            |holder: &LockStatus| kind.is_none_or(|kind| LockKind::from(kind) == holder.kind);
+        watches
+            .iter()
+            .flat_map(|watch| watch.holders())
+            .filter(|holder| wanted(holder))
+            .collect()
+    };
+    let mut shown = holders(&watches);
+    if !output::watched(name, &shown, json) {
+        return Ok(());
+    }
+    loop {
+        let changed = first_change(&mut watches);
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            result = changed => result?,
+        }
+        let now = holders(&watches);
+        if now != shown {
+            shown = now;
+            if !output::watched(name, &shown, json) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Resolves when any of `watches` sees its holders change.
+async fn first_change(watches: &mut [LockWatch]) -> Result<(), Failure> {
+    let changes = watches.iter_mut().map(|watch| Box::pin(watch.changed()));
+    let (result, _, _) = futures::future::select_all(changes).await;
+    Ok(result?)
 }
 
 /// How many names of the documents to delete the purge's question and dry run show per

@@ -103,6 +103,25 @@ pub fn purged(deleted: u64, json: bool) {
     }
 }
 
+/// Prints lock `name`'s `holders` as seen now by `dlock watch`: the time and a table, or one
+/// JSON line. Whether the output is still read (a closed pipe ends the watch).
+pub fn watched(name: &str, holders: &[LockStatus], json: bool) -> bool {
+    let at = DateTime::now();
+    let text = if json {
+        let rows: Vec<Value> = holders.iter().map(holder_json).collect();
+        json!({ "at": at.try_to_rfc3339_string().unwrap_or_default(), "name": name, "holders": rows })
+            .to_string()
+    } else if holders.is_empty() {
+        format!("{}  {name:?} is free", time(at))
+    } else {
+        format!("{}\n{}", time(at), table(holders).trim_end())
+    };
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{text}")
+        .and_then(|()| stdout.flush())
+        .is_ok()
+}
+
 /// Prints `text` and a newline on stdout; a reader that went away (`dlock list | head -1`) is
 /// not an error worth a panic.
 fn out(text: &str) {

@@ -360,6 +360,13 @@ async fn bad_input_is_named_exits_non_zero_and_changes_nothing() {
         "{bad_uri}"
     );
 
+    let never = dlock_on(&database, &["watch", "deploy", "--every", "0"], "").await;
+    assert_eq!(never.code, 2, "{never}");
+    assert!(
+        never.stderr.contains("--every must be more than zero"),
+        "{never}"
+    );
+
     let started = Instant::now();
     let unreachable = dlock(
         &[
@@ -464,6 +471,7 @@ async fn help_describes_every_command_option_and_exit_code() {
     for needed in [
         "list",
         "show",
+        "watch",
         "release",
         "purge",
         "--uri",
@@ -484,6 +492,13 @@ async fn help_describes_every_command_option_and_exit_code() {
         assert!(
             help.stdout.contains(needed),
             "{needed:?} missing from\n{help}"
+        );
+    }
+    let watch = dlock(&["watch", "--help"], "").await;
+    for needed in ["--every", "--kind", "Ctrl-C", "change stream"] {
+        assert!(
+            watch.stdout.contains(needed),
+            "{needed:?} missing from\n{watch}"
         );
     }
     let release = dlock(&["release", "--help"], "").await;
@@ -630,4 +645,129 @@ async fn a_lock_kept_by_a_min_hold_window_shows_as_kept() {
     assert!(lost.is_err(), "{lost:?}");
     let listed = dlock_on(&database, &["list"], "").await;
     assert!(listed.stdout.contains("nightly"), "{listed}");
+}
+
+/// `dlock watch NAME`, started with `--json`: its output, a line at a time.
+struct Watching {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Watching {
+    async fn start(database: &Database, name: &str) -> Watching {
+        let uri = server::uri();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args([
+                "--uri",
+                uri.as_str(),
+                "--database",
+                database.name(),
+                "--json",
+            ])
+            .args(["watch", name, "--every", "1"])
+            .env_remove("MONGODB_URI")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("dlock starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        Watching { child, lines }
+    }
+
+    /// The holders' lock ids on the next line (within 20 s: a change stream tells at once, the
+    /// polling within the 1 s `--every`).
+    async fn next(&mut self) -> BTreeSet<String> {
+        let line = tokio::time::timeout(Duration::from_secs(20), self.lines.next_line())
+            .await
+            .expect("a line in time")
+            .expect("readable output")
+            .expect("a line, not the end of the output");
+        let printed: Value =
+            serde_json::from_str(&line).unwrap_or_else(|error| panic!("{error}: {line}"));
+        assert!(printed["at"].is_string(), "{line}");
+        json_lock_ids(&printed["holders"])
+    }
+}
+
+/// The exit code of `dlock watch`, once it ended (within 10 s).
+async fn exit_code(child: &mut tokio::process::Child) -> i32 {
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("dlock watch ends")
+        .expect("its status");
+    status.code().expect("an exit code, not a signal")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_the_holders_at_each_change_and_stops_cleanly_at_ctrl_c() {
+    let database = fresh_database("watch").await;
+    database
+        .create_collection("distributed_locks")
+        .await
+        .unwrap();
+    let provider = provider(&database);
+    let mut watching = Watching::start(&database, "job").await;
+    assert_eq!(watching.next().await, BTreeSet::new(), "free at first");
+
+    let guard = provider.create_lock("job").acquire().await.unwrap();
+    assert_eq!(
+        watching.next().await,
+        BTreeSet::from([guard.lock_id().to_owned()])
+    );
+    let reader = provider
+        .create_reader_writer_lock("job")
+        .acquire_read()
+        .await
+        .unwrap();
+    assert_eq!(
+        watching.next().await,
+        BTreeSet::from([guard.lock_id().to_owned(), reader.lock_id().to_owned()]),
+        "every kind of the name"
+    );
+    guard.release().await.unwrap();
+    reader.release().await.unwrap();
+    let mut now = watching.next().await;
+    if !now.is_empty() {
+        // The two releases may come as two changes.
+        now = watching.next().await;
+    }
+    assert_eq!(now, BTreeSet::new(), "free again");
+
+    let pid = watching.child.id().expect("running").to_string();
+    let interrupted = tokio::process::Command::new("kill")
+        .args(["-INT", pid.as_str()])
+        .status()
+        .await
+        .expect("kill runs");
+    assert!(interrupted.success());
+    assert_eq!(
+        exit_code(&mut watching.child).await,
+        0,
+        "Ctrl-C ends the watch cleanly"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_exits_cleanly_when_its_reader_goes_away() {
+    let database = fresh_database("watch-closed").await;
+    database
+        .create_collection("distributed_locks")
+        .await
+        .unwrap();
+    let provider = provider(&database);
+    let mut watching = Watching::start(&database, "job").await;
+    assert_eq!(watching.next().await, BTreeSet::new());
+    // `dlock watch job | head -1`: the reader leaves; the next print finds the pipe closed.
+    let Watching { mut child, lines } = watching;
+    drop(lines);
+    let guard = provider.create_lock("job").acquire().await.unwrap();
+    assert_eq!(
+        exit_code(&mut child).await,
+        0,
+        "a closed output ends the watch cleanly"
+    );
+    guard.release().await.unwrap();
 }
