@@ -701,16 +701,22 @@ async fn exit_code(child: &mut tokio::process::Child) -> i32 {
     status.code().expect("an exit code, not a signal")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_prints_the_holders_at_each_change_and_stops_cleanly_at_ctrl_c() {
-    let database = fresh_database("watch").await;
+/// `dlock watch job` on a fresh database of its own (`name`), with a provider of its locks; its
+/// first line, checked: the lock is free.
+async fn watching_a_free_lock(name: &str) -> (Provider, Watching) {
+    let database = fresh_database(name).await;
     database
         .create_collection("distributed_locks")
         .await
         .unwrap();
-    let provider = provider(&database);
     let mut watching = Watching::start(&database, "job").await;
     assert_eq!(watching.next().await, BTreeSet::new(), "free at first");
+    (provider(&database), watching)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_the_holders_at_each_change_and_stops_cleanly_at_ctrl_c() {
+    let (provider, mut watching) = watching_a_free_lock("watch").await;
 
     let guard = provider.create_lock("job").acquire().await.unwrap();
     assert_eq!(
@@ -752,14 +758,7 @@ async fn watch_prints_the_holders_at_each_change_and_stops_cleanly_at_ctrl_c() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_exits_cleanly_when_its_reader_goes_away() {
-    let database = fresh_database("watch-closed").await;
-    database
-        .create_collection("distributed_locks")
-        .await
-        .unwrap();
-    let provider = provider(&database);
-    let mut watching = Watching::start(&database, "job").await;
-    assert_eq!(watching.next().await, BTreeSet::new());
+    let (provider, watching) = watching_a_free_lock("watch-closed").await;
     // `dlock watch job | head -1`: the reader leaves; the next print finds the pipe closed.
     let Watching { mut child, lines } = watching;
     drop(lines);
