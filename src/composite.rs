@@ -145,6 +145,23 @@ impl CompositeGuard {
         self.members.iter().any(|member| member.lease.is_lost())
     }
 
+    /// Extends every member's lease to at least `by` from now (all at once); see
+    /// [`LockGuard::extend`](crate::LockGuard::extend).
+    ///
+    /// # Errors
+    /// The first member's error, as [`LockGuard::extend`](crate::LockGuard::extend). Bad
+    /// input, a member already lost and a member's `max_hold` are refused before anything is
+    /// written; when a command fails, others may have been extended, which only lengthens what
+    /// is held.
+    pub async fn extend(&self, by: std::time::Duration) -> Result<()> {
+        for member in &self.members {
+            member.lease.check_extension(by)?;
+        }
+        futures::future::try_join_all(self.members.iter().map(|member| member.lease.extend(by)))
+            .await
+            .map(drop)
+    }
+
     /// Runs `work` until it completes or any member is lost, whichever comes first; see
     /// [`LockGuard::run_while_held`](crate::LockGuard::run_while_held). On loss the error names
     /// the first member found lost.

@@ -184,6 +184,10 @@ pub enum Operation {
     /// Committing, replacing or checkpointing a locked document: no reply within `expiry`; or
     /// a lease-checked transaction, whose renewal's task ended early.
     Commit,
+    /// Extending a lease (a guard's `extend`): no reply before the lease's deadline, or the
+    /// server's time limit ran out (its document may be held back by a transaction). Whether
+    /// it applied is unknown; the lease keeps the deadline it had.
+    Extend,
     /// An administration call or a read of a lock's holders (`status`, `holders`,
     /// `held_locks`, a forced release, a purge, a watch's first read): no reply within the
     /// lock's `expiry` (at least five seconds). A write's outcome is unknown.
@@ -198,6 +202,7 @@ impl fmt::Display for Operation {
             Operation::Release => "release",
             Operation::Commit => "commit",
             Operation::Administration => "an administration call",
+            Operation::Extend => "an extension",
         })
     }
 }
@@ -272,6 +277,10 @@ fn no_reply_message(operation: Operation, name: &str, waited: Duration) -> Strin
         Operation::Administration => format!(
             "an administration call on {name:?} got no reply from MongoDB within {waited:?}; \
              whether a write it made was applied is unknown"
+        ),
+        Operation::Extend => format!(
+            "the extension of {name:?}'s lease got no reply from MongoDB within {waited:?}; \
+             whether it was applied is unknown, and the lease keeps the deadline it had"
         ),
     }
 }

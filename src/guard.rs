@@ -82,6 +82,54 @@ impl LockGuard {
         self.lease.is_lost()
     }
 
+    /// Extends the lease so that it lasts at least `by` from now, on the server and for
+    /// [`lost`](Self::lost): for a lease that nothing renews
+    /// ([`auto_renew(false)`](crate::LockOptionsBuilder::auto_renew)), the way to keep it; for
+    /// a renewed one, a promise that it stays taken that long even if this process stops
+    /// renewing it (a crash keeps others out until then). One command.
+    ///
+    /// It never shortens the lease: a lease that lasts longer already stays as it is, and
+    /// later renewals never shorten an extension. The local deadline counts from when the
+    /// extension was sent, less the safety margin and `max_clock_skew`, as a renewal's.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`](crate::Error::InvalidArgument), with nothing written, if
+    ///   `by` is zero or over 365 days, or if the lease would last past
+    ///   [`max_hold`](crate::LockOptions::max_hold);
+    /// - [`Error::LockLost`](crate::Error::LockLost) if the lease has ended (lost, or found
+    ///   gone by this command, which then fires `lost`);
+    /// - [`Error::NoReply`](crate::Error::NoReply) ([`Operation::Extend`](crate::Operation::Extend))
+    ///   if no reply came in time, or another error of the command: whether it applied is
+    ///   unknown, and the lease keeps the deadline it had.
+    ///
+    /// ```no_run
+    /// # async fn demo(provider: distributed_lock_mongodb::Provider) -> distributed_lock_mongodb::Result<()> {
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::LockOptions;
+    ///
+    /// // A lease that ends a minute after each step unless the next step extends it.
+    /// let options = LockOptions::builder()
+    ///     .expiry(Duration::from_secs(60))
+    ///     .auto_renew(false)
+    ///     .build()?;
+    /// let lock = provider.clone().with_options(options).create_lock("import");
+    /// let guard = lock.acquire().await?;
+    /// for step in 0..3 {
+    ///     // ... one step of the work ...
+    ///     guard.extend(Duration::from_secs(60)).await?;
+    /// }
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future may leave the extension applied or not; either way
+    /// the guard keeps the deadline it had.
+    pub async fn extend(&self, by: std::time::Duration) -> Result<()> {
+        self.lease.extend(by).await
+    }
+
     /// Runs `work` while the lock is held: until it completes (its output is returned and the
     /// guard stays held) or the lock is lost, whichever comes first. On loss, `work` is dropped
     /// at its current `.await` and the result is [`Error::LockLost`](crate::Error::LockLost); a

@@ -69,8 +69,17 @@ impl LeaderElection {
     /// Starts campaigning for leadership of `lock`'s name, on the current Tokio runtime.
     ///
     /// # Errors
-    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    /// [`Error::NoRuntime`] outside a Tokio runtime; [`Error::InvalidOptions`] if the lock's
+    /// options turn [`auto_renew`](crate::LockOptionsBuilder::auto_renew) off (a leader has no
+    /// guard to extend: its term would end at the first expiry).
     pub fn start(lock: MongoDistributedLock) -> Result<LeaderElection> {
+        if !lock.options().auto_renew() {
+            return Err(Error::InvalidOptions(format!(
+                "leader election {:?}: auto_renew(false) is not for leaders (nothing could \
+                 extend the term's lease, so every term would end after one expiry)",
+                shown_name(lock.name())
+            )));
+        }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let name = lock.name().to_owned();
         let term = Arc::new(Mutex::new(None));

@@ -24,9 +24,9 @@ use crate::token::FencingToken;
 /// waits for and undoes), and the renewal inside a lease-checked [`Transaction`].
 pub use crate::lease::hooks::{
     Attempt, DocumentAttempt, DocumentStep, Due, Handover, InLine, Lease, MAX_TRANSFERS_IN_A_ROW,
-    Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell, Transaction, TransferReply,
-    TransferStep, Work, give_up_at, handover, hands_over, keeps_window, renewed_every_lease,
-    retry_delay, settled, suspect_at, transfer_answered,
+    Moment, Phase, Refusal, Renewals, Reply, Sent, Settling, Step, Tell, Transaction,
+    TransferReply, TransferStep, Work, give_up_at, handover, hands_over, keeps_window,
+    renewed_every_lease, retry_delay, settled, suspect_at, transfer_answered,
 };
 
 /// A kind of lease, for [`takes_over`].
@@ -96,6 +96,12 @@ pub fn renew_filter(name: &str, lock_id: &str) -> Document {
 /// The update pipeline of a renewal.
 pub fn renew_update(options: &LockOptions) -> Vec<Document> {
     schema::Layout::LockDocument.renew_update(options, &[])
+}
+
+/// The update pipeline of a guard's `extend` of the lease `lock_id` by `by_millis` (its filter
+/// is a renewal's).
+pub fn extend_update(options: &LockOptions, lock_id: &str, by_millis: i64) -> Vec<Document> {
+    schema::Layout::LockDocument.extend_update(options, lock_id, by_millis)
 }
 
 /// The filter of a release of the lease `lock_id`, and of the cleanup after an attempt with
@@ -212,6 +218,12 @@ pub mod semaphore {
         places().renew_update(options, &[lock_id.to_owned()])
     }
 
+    /// The update pipeline of a guard's `extend` of the place `lock_id` by `by_millis` (its
+    /// filter is a renewal's).
+    pub fn extend_update(options: &LockOptions, lock_id: &str, by_millis: i64) -> Vec<Document> {
+        places().extend_update(options, lock_id, by_millis)
+    }
+
     /// The filter of a release of the place `lock_id` (and of its cleanup).
     pub fn release_filter(name: &str, lock_id: &str) -> Document {
         places().release_filter(&Bson::from(name), lock_id)
@@ -320,6 +332,17 @@ pub mod reader_writer {
         layout(reads).renew_update(options, &[lock_id.to_owned()])
     }
 
+    /// The update pipeline of a guard's `extend` of the lease `lock_id` by `by_millis` (its
+    /// filter is a renewal's).
+    pub fn extend_update(
+        options: &LockOptions,
+        lock_id: &str,
+        reads: bool,
+        by_millis: i64,
+    ) -> Vec<Document> {
+        layout(reads).extend_update(options, lock_id, by_millis)
+    }
+
     /// The filter of a release of the lease `lock_id` (and of its cleanup).
     pub fn release_filter(name: &str, lock_id: &str, reads: bool) -> Document {
         layout(reads).release_filter(&Bson::from(name), lock_id)
@@ -409,6 +432,17 @@ pub mod document_lock {
     /// The update pipeline of a renewal.
     pub fn renew_update(options: &LockOptions, lock_id: &str, field: &str) -> Vec<Document> {
         layout(field).renew_update(options, &[lock_id.to_owned()])
+    }
+
+    /// The update pipeline of a guard's `extend` of the lease `lock_id` by `by_millis` (its
+    /// filter is a renewal's).
+    pub fn extend_update(
+        options: &LockOptions,
+        lock_id: &str,
+        field: &str,
+        by_millis: i64,
+    ) -> Vec<Document> {
+        layout(field).extend_update(options, lock_id, by_millis)
     }
 
     /// The filter of a release of the lease `lock_id` on the document `name` (a guard dropped

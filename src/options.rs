@@ -45,6 +45,7 @@ pub struct LockOptions {
     /// Set by the builder; `None`: half of what a renewal normally leaves.
     renewal_warning: Option<f64>,
     automatic_ttl_index: bool,
+    auto_renew: bool,
 }
 
 impl Default for LockOptions {
@@ -61,6 +62,7 @@ impl Default for LockOptions {
             min_hold: None,
             renewal_warning: None,
             automatic_ttl_index: true,
+            auto_renew: true,
         }
     }
 }
@@ -100,6 +102,7 @@ impl LockOptions {
             min_hold: self.min_hold,
             renewal_warning: self.renewal_warning,
             manual_ttl_index: !self.automatic_ttl_index,
+            manual_renewal: !self.auto_renew,
         }
     }
 
@@ -157,6 +160,12 @@ impl LockOptions {
     /// [`LockOptionsBuilder::min_hold`]). `None` (the default): a release frees it at once.
     pub fn min_hold(&self) -> Option<Duration> {
         self.min_hold
+    }
+
+    /// Whether held leases are renewed in the background (see
+    /// [`LockOptionsBuilder::auto_renew`]). `true` by default.
+    pub fn auto_renew(&self) -> bool {
+        self.auto_renew
     }
 
     /// Whether the first acquisition in a collection creates its TTL index (see
@@ -231,6 +240,7 @@ pub struct LockOptionsBuilder {
     min_hold: Option<Duration>,
     renewal_warning: Option<f64>,
     manual_ttl_index: bool,
+    manual_renewal: bool,
 }
 
 impl LockOptionsBuilder {
@@ -365,6 +375,36 @@ impl LockOptionsBuilder {
         self
     }
 
+    /// Whether a held lease is renewed in the background. Defaults to true: the lease lasts
+    /// while the guard lives (and its process can reach the server), up to
+    /// [`max_hold`](Self::max_hold).
+    ///
+    /// With `false` nothing renews it: the lease ends `expiry` after the acquisition was sent
+    /// unless the holder extends it with the guard's `extend(by)` (which never shortens it,
+    /// and never past `max_hold`), and at its end the guard's `lost` signal fires (loss reason
+    /// `expired`), as for a renewed lease that ran out. Fencing tokens, handoff to local
+    /// waiters, `min_hold`, releases and shutdowns are the same. Use it where the work must
+    /// prove it is making progress (extend after each step: a stuck step lets the lock go),
+    /// or for a lease that must end by itself at a known time (ShedLock's `lockAtMostFor`,
+    /// Redisson's `leaseTime`). A [`LeaderElection`](crate::LeaderElection) refuses it: a
+    /// leader has no guard to extend.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::LockOptions;
+    ///
+    /// let options = LockOptions::builder()
+    ///     .expiry(Duration::from_secs(60))
+    ///     .auto_renew(false)
+    ///     .build()?;
+    /// assert!(!options.auto_renew());
+    /// # Ok::<(), distributed_lock_mongodb::Error>(())
+    /// ```
+    pub fn auto_renew(mut self, enabled: bool) -> Self {
+        self.manual_renewal = !enabled;
+        self
+    }
+
     /// Validates the options.
     ///
     /// # Errors
@@ -425,6 +465,7 @@ impl LockOptionsBuilder {
 
         options.adaptive_backoff = self.adaptive_backoff;
         options.automatic_ttl_index = !self.manual_ttl_index;
+        options.auto_renew = !self.manual_renewal;
 
         if let Some(max_hold) = self.max_hold {
             if max_hold < expiry || max_hold > MAX_DURATION {

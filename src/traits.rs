@@ -81,6 +81,13 @@ pub trait DistributedLockGuard: Send + Sync + Debug {
     /// Whether the lock is known or presumed lost.
     fn is_lost(&self) -> bool;
 
+    /// Extends the lease to at least `by` from now; see
+    /// [`LockGuard::extend`](crate::LockGuard::extend).
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`](crate::LockGuard::extend).
+    fn extend(&self, by: Duration) -> BoxFuture<'_, Result<()>>;
+
     /// Releases the lock.
     ///
     /// # Errors
@@ -101,6 +108,13 @@ pub trait DistributedReadGuard: Send + Sync + Debug {
 
     /// Whether the read lock is known or presumed lost.
     fn is_lost(&self) -> bool;
+
+    /// Extends the lease to at least `by` from now; see
+    /// [`LockGuard::extend`](crate::LockGuard::extend).
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`](crate::LockGuard::extend).
+    fn extend(&self, by: Duration) -> BoxFuture<'_, Result<()>>;
 
     /// Releases the read lock.
     ///
@@ -274,6 +288,13 @@ pub trait DistributedDocumentGuard: Send + Sync + Debug {
     /// Whether the lock is known or presumed lost.
     fn is_lost(&self) -> bool;
 
+    /// Extends the lease to at least `by` from now; see
+    /// [`LockGuard::extend`](crate::LockGuard::extend).
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`](crate::LockGuard::extend).
+    fn extend(&self, by: Duration) -> BoxFuture<'_, Result<()>>;
+
     /// Applies `update` (update operators) to the document and keeps it locked.
     ///
     /// # Errors
@@ -413,6 +434,13 @@ macro_rules! forward_guard {
 
         fn is_lost(&self) -> bool {
             <$guard>::is_lost(self)
+        }
+
+        fn extend(
+            &self,
+            by: std::time::Duration,
+        ) -> futures::future::BoxFuture<'_, $crate::error::Result<()>> {
+            Box::pin(<$guard>::extend(self, by))
         }
 
         fn release(

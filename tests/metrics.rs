@@ -249,6 +249,23 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
         .await
         .expect("lost at max_hold");
     drop(capped);
+    let by_hand = Provider::new(&database)
+        .with_collection(locks.as_str())
+        .with_options(
+            distributed_lock_mongodb::LockOptions::builder()
+                .expiry(Duration::from_millis(500))
+                .auto_renew(false)
+                .build()
+                .unwrap(),
+        )
+        .create_lock("by-hand")
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), by_hand.lost().wait())
+        .await
+        .expect("expired");
+    drop(by_hand);
     let kept = provider
         .create_semaphore("kept", 1)
         .acquire()
@@ -338,8 +355,8 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
             ACQUISITIONS,
             &[("kind", "exclusive"), ("outcome", "acquired")]
         ),
-        7,
-        "\"exclusive\" twice, \"warned\", \"gone\", \"capped\", \"hung\" and \"cut\""
+        8,
+        "\"exclusive\" twice, \"warned\", \"gone\", \"capped\", \"by-hand\", \"hung\" and \"cut\""
     );
     assert_eq!(
         counter(
@@ -392,6 +409,15 @@ async fn every_kind_reports_acquisitions_waits_holds_losses_and_renewals() {
             &[("kind", "exclusive"), ("reason", "max_hold")]
         ),
         1
+    );
+    assert_eq!(
+        counter(
+            &entries,
+            losses,
+            &[("kind", "exclusive"), ("reason", "expired")]
+        ),
+        1,
+        "the lease nothing renewed"
     );
     assert!(
         counter(

@@ -103,6 +103,9 @@ pub const CHECKPOINT_MAX_DELAY: u8 = 7;
 /// shorter too): a transaction whose commit or abort never came stops holding the lock's
 /// document then.
 pub const TRANSACTION_LIFETIME_TICKS: u8 = 10;
+/// A holder that extends its lease by hand ([`Caller::extends`]) extends it by this many ticks
+/// every other round: less than is left of it then.
+pub const SHORT_EXTENSION_TICKS: u8 = 3;
 /// The lock's name.
 const NAME: &str = "lock";
 /// Router R1's clock is ahead of R0's by this much: the whole `max_clock_skew`.
@@ -175,16 +178,21 @@ pub enum Mistake {
     /// the model's clients copy that rule): the abort may overtake the renewal, which then
     /// opens a transaction nobody ends.
     AbortAtOnce,
+    /// A guard's `extend` overwrites the lease's end with `$$NOW + by` instead of keeping the
+    /// later of the two: an extension by less than is left shortens the lease on the server,
+    /// while its holder keeps its later deadline.
+    ExtensionShortens,
 }
 
 impl Mistake {
     /// Every planted mistake.
-    pub const ALL: [Mistake; 5] = [
+    pub const ALL: [Mistake; 6] = [
         Mistake::TransferOfALostLease,
         Mistake::CleanupByName,
         Mistake::TokenNotIncremented,
         Mistake::TransferToALeaver,
         Mistake::AbortAtOnce,
+        Mistake::ExtensionShortens,
     ];
 }
 
@@ -217,6 +225,11 @@ pub struct Caller {
     /// `transaction`) as it starts holding, instead of a fenced write: the transaction renews
     /// the lease and writes the protected resource, both applied at its commit.
     pub transaction: bool,
+    /// Whether its lease is kept by hand rather than renewed in the background
+    /// (`auto_renew(false)`): each of its rounds is a guard's `extend` instead of a renewal, by
+    /// this many ticks and by [`SHORT_EXTENSION_TICKS`] in turn (less than is left of the lease
+    /// then: an extension never shortens it).
+    pub extends: Option<u8>,
 }
 
 /// What the checker explores.
@@ -342,6 +355,7 @@ impl Default for Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
                 Caller {
                     process: 0,
@@ -353,6 +367,7 @@ impl Default for Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
                 Caller {
                     process: 1,
@@ -364,6 +379,7 @@ impl Default for Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
             ],
             faults: 1,
@@ -404,6 +420,7 @@ impl Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
                 Caller {
                     process: 1,
@@ -415,6 +432,7 @@ impl Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
             ],
             slow_replies: true,
@@ -484,6 +502,7 @@ impl Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
                 Caller {
                     process: 0,
@@ -495,6 +514,7 @@ impl Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
                 Caller {
                     process: 1,
@@ -506,6 +526,7 @@ impl Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
             ],
             faults: 0,
@@ -571,6 +592,38 @@ impl Config {
         }
     }
 
+    /// Routers whose clocks differ, slow replies and one fault, as in
+    /// [`Config::clocks_and_delays`]; the long holder's lease is not renewed
+    /// (`auto_renew(false)`): it extends it by hand every round, by 700 ms (more than a
+    /// renewal gives) and 300 ms (less than is left, which must change nothing) in turn, and
+    /// would hold 1.2 s: long enough for a late reply to its second long extension to matter,
+    /// and for its lease to expire while held when one is lost. An extension lost, or answered
+    /// late, must leave the holder believing no more than the server keeps.
+    pub fn a_lease_extended_by_hand() -> Config {
+        let mut callers = Config::clocks_and_delays().callers;
+        callers[0].extends = Some(7);
+        callers[0].hold_ticks = 12;
+        Config {
+            callers,
+            // (Its hold is longer than the default long holder's, and a lost extension reply
+            // can keep the lock taken until the extension's end: more time to serve both.)
+            horizon: 40,
+            ..Config::clocks_and_delays()
+        }
+    }
+
+    /// [`Config::a_lease_extended_by_hand`] for another kind of lock, whose leases' extension
+    /// writes another layout: a semaphore of one place (an array member), a reader-writer
+    /// lock's writers (the `writer` field), a document lock (a field of the application's
+    /// document). No caller stores details (only exclusive locks keep them in the model).
+    pub fn a_lease_extended_by_hand_in(kind: Kind) -> Config {
+        let mut config = Config::a_lease_extended_by_hand();
+        for caller in &mut config.callers {
+            caller.details = false;
+        }
+        Config { kind, ..config }
+    }
+
     /// Three callers, a lock with a `min_hold` of 600 ms (as long as the lease, three times the
     /// most the routers' clocks differ, so that a window cut short by a short hold shows), and at any moment an operator forces the lock's release or process 0 crashes
     /// (once each): no acquisition may come inside an earlier holder's window, however its lease
@@ -602,6 +655,7 @@ impl Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
                 Caller {
                     process: 1,
@@ -613,6 +667,7 @@ impl Config {
                     checkpoints: false,
                     replaces: false,
                     transaction: false,
+                    extends: None,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -863,10 +918,12 @@ enum CommandKey {
         client: u8,
         marker: u8,
     },
-    /// A renewal of `client`'s lease `lock_id`.
+    /// A renewal of `client`'s lease `lock_id`, or with `by` > 0 its extension by that many
+    /// ticks (a guard's `extend`; the filter is the same).
     Renew {
         lock_id: u8,
         client: u8,
+        by: u8,
     },
     /// A release (or cleanup) of `client`'s lease `lock_id`.
     Release {
@@ -937,7 +994,14 @@ impl LeaseProtocol {
             options: config
                 .callers
                 .iter()
-                .map(|caller| options(caller.min_hold))
+                .map(|caller| {
+                    let options = options(caller.min_hold);
+                    match caller.extends {
+                        Some(_) => options.to_builder().auto_renew(false).build(),
+                        None => Ok(options),
+                    }
+                    .expect("valid options")
+                })
                 .collect(),
             config,
             commands: Arc::default(),
@@ -980,9 +1044,29 @@ impl LeaseProtocol {
                     self.details_of(client).map(details_of).as_ref(),
                 )),
             },
-            CommandKey::Renew { lock_id, client } => Command {
+            CommandKey::Renew {
+                lock_id,
+                client,
+                by: 0,
+            } => Command {
                 filter: code::renew_filter(NAME, &lock_id_name(lock_id)),
                 update: code::renew_update(self.options_of(client)),
+            },
+            CommandKey::Renew {
+                lock_id,
+                client,
+                by,
+            } => Command {
+                filter: code::renew_filter(NAME, &lock_id_name(lock_id)),
+                update: if self.mistake(Mistake::ExtensionShortens) {
+                    vec![doc! { "$set": { "expiresAt": { "$add": ["$$NOW", ticks_ms(by)] } } }]
+                } else {
+                    code::extend_update(
+                        self.options_of(client),
+                        &lock_id_name(lock_id),
+                        ticks_ms(by),
+                    )
+                },
             },
             CommandKey::Release {
                 lock_id, cleanup, ..
@@ -1056,9 +1140,23 @@ impl LeaseProtocol {
                     None,
                 ),
             ),
-            CommandKey::Renew { lock_id, client } => semaphore(
+            CommandKey::Renew {
+                lock_id,
+                client,
+                by,
+            } => semaphore(
                 code::semaphore::renew_filter(NAME, &lock_id_name(lock_id)),
-                code::semaphore::renew_update(self.options_of(client), &lock_id_name(lock_id)),
+                match by {
+                    0 => code::semaphore::renew_update(
+                        self.options_of(client),
+                        &lock_id_name(lock_id),
+                    ),
+                    by => code::semaphore::extend_update(
+                        self.options_of(client),
+                        &lock_id_name(lock_id),
+                        ticks_ms(by),
+                    ),
+                },
             ),
             // A cleanup is a release: a semaphore keeps no window.
             CommandKey::Release { lock_id, .. } => semaphore(
@@ -1119,13 +1217,25 @@ impl LeaseProtocol {
                     &marker_of(marker),
                 ),
             ),
-            CommandKey::Renew { lock_id, client } => command(
+            CommandKey::Renew {
+                lock_id,
+                client,
+                by,
+            } => command(
                 rw::renew_filter(NAME, &lock_id_name(lock_id), reads(client)),
-                rw::renew_update(
-                    self.options_of(client),
-                    &lock_id_name(lock_id),
-                    reads(client),
-                ),
+                match by {
+                    0 => rw::renew_update(
+                        self.options_of(client),
+                        &lock_id_name(lock_id),
+                        reads(client),
+                    ),
+                    by => rw::extend_update(
+                        self.options_of(client),
+                        &lock_id_name(lock_id),
+                        reads(client),
+                        ticks_ms(by),
+                    ),
+                },
             ),
             // A cleanup is a release: a reader-writer lock keeps no window.
             CommandKey::Release {
@@ -1168,9 +1278,25 @@ impl LeaseProtocol {
                 document::attempt_filter(NAME, field),
                 document::attempt_update(&lock_id_name(lock_id), self.options_of(client), field),
             ),
-            CommandKey::Renew { lock_id, client } => command(
+            CommandKey::Renew {
+                lock_id,
+                client,
+                by,
+            } => command(
                 document::renew_filter(NAME, &lock_id_name(lock_id), field),
-                document::renew_update(self.options_of(client), &lock_id_name(lock_id), field),
+                match by {
+                    0 => document::renew_update(
+                        self.options_of(client),
+                        &lock_id_name(lock_id),
+                        field,
+                    ),
+                    by => document::extend_update(
+                        self.options_of(client),
+                        &lock_id_name(lock_id),
+                        field,
+                        ticks_ms(by),
+                    ),
+                },
             ),
             // A holder's end without a commit (a lost lease, a guard dropped), or the cleanup
             // after an attempt whose outcome is unknown (any document with the lock id).
@@ -1331,6 +1457,8 @@ pub struct Hold {
     pub renewals: code::Renewals<At>,
     /// A renewal in flight.
     pub renewing: Option<code::Sent<At>>,
+    /// Whether its next extension by hand ([`Caller::extends`]) is a short one.
+    pub short_next: bool,
     pub since: u8,
     /// Its lease-checked transaction, while open.
     pub transaction: Option<Transacting>,
@@ -1373,16 +1501,19 @@ pub enum Message {
         /// `lock_or_insert`'s third): the win's lease counts from it.
         relocked: Option<code::Sent<At>>,
     },
+    /// A renewal, or with `by` > 0 an extension by that many ticks ([`Caller::extends`]).
     Renew {
         client: u8,
         lock_id: u8,
         sent: code::Sent<At>,
+        by: u8,
     },
     RenewReply {
         client: u8,
         lock_id: u8,
         sent: code::Sent<At>,
         live: bool,
+        by: u8,
     },
     /// A holder's release, or (`cleanup`) the cleanup of a lease nobody was given: after an
     /// attempt or a transfer whose outcome is unknown, or a win nobody receives (the same
@@ -1590,6 +1721,29 @@ pub struct Member {
 }
 
 impl LockDocument {
+    /// The stored end of the lease `lock_id`, wherever its kind keeps it.
+    fn end_of(&self, lock_id: u8) -> Option<i64> {
+        let embedded = |lease: &EmbeddedLease| {
+            (lease.lock_id == Some(lock_id))
+                .then_some(lease.expires_at_ms)
+                .flatten()
+        };
+        if self.lock_id == Some(lock_id) {
+            return self.expires_at_ms;
+        }
+        let member = self.holders.iter().find(|m| m.lock_id == lock_id);
+        let reader_writer = self.reader_writer.as_ref().and_then(|rw| {
+            let reader = rw.readers.iter().find(|&&(id, _)| id == lock_id);
+            reader
+                .map(|&(_, end)| end)
+                .or_else(|| rw.writer.as_ref().and_then(embedded))
+        });
+        member
+            .map(|m| m.expires_at_ms)
+            .or(reader_writer)
+            .or_else(|| self.embedded.as_ref().and_then(embedded))
+    }
+
     /// Whether it stores the lease `lock_id`, live or not.
     fn stores(&self, lock_id: u8) -> bool {
         self.lock_id == Some(lock_id)
@@ -1802,6 +1956,8 @@ pub struct State {
     pub abandoned_win_released: bool,
     /// For coverage: a renewal reached the server after another client had taken the lock.
     pub renewal_met_another: bool,
+    /// A holder's extension matched its lease but left a later end it did not reach as it was.
+    pub extension_kept_a_later_end: bool,
     /// For coverage: an operator ended a lease a caller held.
     pub operator_ended_a_held_lease: bool,
     /// For coverage: a transfer applied, but its reply came after a shutdown took its undo.
@@ -2331,8 +2487,9 @@ impl LeaseProtocol {
         }
     }
 
-    /// The reply to `client`'s renewal of its lease `lock_id` sent at `sent`: still `live`, or
-    /// not (the crate's renewal loop, `renewed`).
+    /// The reply to `client`'s renewal of its lease `lock_id` sent at `sent` (with `by` > 0, its
+    /// extension by that many ticks): still `live`, or not (the crate's renewal loop,
+    /// `renewed`, and a guard's `extend`).
     fn renewal_answered(
         &self,
         state: &mut State,
@@ -2340,6 +2497,7 @@ impl LeaseProtocol {
         lock_id: u8,
         sent: code::Sent<At>,
         live: bool,
+        by: u8,
     ) {
         let client = usize::from(client);
         let now = state.at();
@@ -2351,8 +2509,16 @@ impl LeaseProtocol {
         }
         hold.renewing = None;
         // The crate's extension rule: only a lease whose deadline has not passed is
-        // extended, from the renewal's send.
-        if !(live && hold.lease.confirmed(&self.options[client], sent, now)) {
+        // extended, from the renewal's (or the extension's) send.
+        let options = &self.options[client];
+        let extended = match by {
+            0 => live && hold.lease.confirmed(options, sent, now),
+            by => {
+                let by = Duration::from_millis(ticks_ms(by).unsigned_abs());
+                live && hold.lease.extended(options, by, sent, now)
+            }
+        };
+        if !extended {
             self.lost(state, client);
         }
         // Sent after an operator ended this lease: its reply must have told the holder.
@@ -2521,15 +2687,24 @@ impl LeaseProtocol {
                 client,
                 lock_id,
                 sent,
+                by,
             } => {
-                let renew = self.command(CommandKey::Renew { lock_id, client });
+                let renew = self.command(CommandKey::Renew {
+                    lock_id,
+                    client,
+                    by,
+                });
                 let router = Self::router_of(state, client);
                 let (ours, any) = state.lock.as_ref().map_or((false, false), |lock| {
                     (lock.stores(lock_id), lock.stores_any())
                 });
+                let end_before = state.lock.as_ref().and_then(|lock| lock.end_of(lock_id));
                 let live = self
                     .update(state, router, &renew.filter, &renew.update, false)
                     .is_some();
+                let end_after = state.lock.as_ref().and_then(|lock| lock.end_of(lock_id));
+                state.extension_kept_a_later_end |=
+                    by > 0 && live && end_before.is_some() && end_before == end_after;
                 state.renewal_met_another |= any && !ours;
                 if live && !ours {
                     state.touched_only_own = false;
@@ -2539,6 +2714,7 @@ impl LeaseProtocol {
                     lock_id,
                     sent,
                     live,
+                    by,
                 });
             }
             Message::RenewReply {
@@ -2546,7 +2722,8 @@ impl LeaseProtocol {
                 lock_id,
                 sent,
                 live,
-            } => self.renewal_answered(state, client, lock_id, sent, live),
+                by,
+            } => self.renewal_answered(state, client, lock_id, sent, live, by),
             Message::RenewMany {
                 clients,
                 lock_ids,
@@ -2619,6 +2796,7 @@ impl LeaseProtocol {
                         lock_ids[index],
                         sent,
                         live[index],
+                        0,
                     );
                 }
             }
@@ -2772,7 +2950,11 @@ impl LeaseProtocol {
             Message::TransactionRenew { client, lock_id } => {
                 // The renewal's command, as the crate's transaction builds it (the renewal of one
                 // lease), applied in the transaction: kept apart until the commit.
-                let renew = self.command(CommandKey::Renew { lock_id, client });
+                let renew = self.command(CommandKey::Renew {
+                    lock_id,
+                    client,
+                    by: 0,
+                });
                 let router = Self::router_of(state, client);
                 let before = state.lock.clone();
                 let ours = before.as_ref().is_some_and(|lock| lock.stores(lock_id));
@@ -3129,6 +3311,7 @@ impl LeaseProtocol {
             lease,
             renewals,
             renewing: None,
+            short_next: false,
             since: now,
             transaction,
         });
@@ -3367,11 +3550,25 @@ impl LeaseProtocol {
                                 sent,
                             });
                         }
-                        None => state.send(Message::Renew {
-                            client: id,
-                            lock_id,
-                            sent,
-                        }),
+                        None => {
+                            // A holder that keeps its lease by hand extends it instead.
+                            let caller = &self.config.callers[client];
+                            let Phase::Holding(hold) = &mut state.clients[client].phase else {
+                                unreachable!("holding");
+                            };
+                            let by = match caller.extends {
+                                Some(_) if hold.short_next => SHORT_EXTENSION_TICKS,
+                                Some(long) => long,
+                                None => 0,
+                            };
+                            hold.short_next = caller.extends.is_some() && !hold.short_next;
+                            state.send(Message::Renew {
+                                client: id,
+                                lock_id,
+                                sent,
+                                by,
+                            });
+                        }
                     }
                 }
                 _ => {}
@@ -3735,6 +3932,7 @@ impl LeaseProtocol {
             taken_over: false,
             abandoned_win_released: false,
             renewal_met_another: false,
+            extension_kept_a_later_end: false,
             operator_ended_a_held_lease: false,
             transfer_undone_by_a_shutdown: false,
             acquired_at: BTreeMap::new(),
@@ -4143,7 +4341,11 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 26] = [
+pub const COVERAGE: [Condition; 27] = [
+    (
+        "an extension leaves a later end it does not reach as it is",
+        |_, state| state.extension_kept_a_later_end,
+    ),
     ("a release hands the lock to a local waiter", |_, state| {
         state.transferred
     }),
@@ -4237,6 +4439,11 @@ pub const COVERAGE: [Condition; 26] = [
 /// Whether `lease` is lost `at` (asked of a copy: the state is only read).
 fn is_lost(mut lease: code::Lease<At>, at: At) -> bool {
     lease.is_lost(at)
+}
+
+/// `ticks` of model time in ms.
+fn ticks_ms(ticks: u8) -> i64 {
+    i64::from(ticks) * TICK_MS
 }
 
 /// The model's lock ids, as stored: `L<n>`.

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use lease_model::protocol::{
-    BOOKKEEPING, Config, LeaseProtocol, Mistake, broken, explore, narrate,
+    BOOKKEEPING, Config, Kind, LeaseProtocol, Mistake, broken, explore, narrate,
 };
 use lease_model::stateright::{Checker, HasDiscoveries, Model};
 
@@ -326,6 +326,45 @@ fn an_operator_that_ends_a_semaphore_place() {
 }
 
 #[test]
+fn a_lease_its_holder_extends_by_hand() {
+    verify(
+        "a lease extended by hand",
+        Config::a_lease_extended_by_hand(),
+        &[
+            "an extension leaves a later end it does not reach as it is",
+            "a lease is taken over after it ended",
+        ],
+    );
+}
+
+#[test]
+fn a_semaphore_place_its_holder_extends_by_hand() {
+    verify(
+        "a semaphore place extended by hand",
+        Config::a_lease_extended_by_hand_in(Kind::Semaphore(1)),
+        &["an extension leaves a later end it does not reach as it is"],
+    );
+}
+
+#[test]
+fn a_writer_lease_its_holder_extends_by_hand() {
+    verify(
+        "a writer's lease extended by hand",
+        Config::a_lease_extended_by_hand_in(Kind::ReaderWriter),
+        &["an extension leaves a later end it does not reach as it is"],
+    );
+}
+
+#[test]
+fn a_document_lock_its_holder_extends_by_hand() {
+    verify(
+        "a document lock extended by hand",
+        Config::a_lease_extended_by_hand_in(Kind::Document),
+        &["an extension leaves a later end it does not reach as it is"],
+    );
+}
+
+#[test]
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (
@@ -358,6 +397,13 @@ fn each_planted_mistake_yields_a_counterexample() {
             Mistake::AbortAtOnce,
             Config::a_lease_checked_transaction(),
             "an open transaction is one its holder still ends",
+        ),
+        // The second extension, by less than is left, cuts the lease short on the server: the
+        // caller of the other process takes the lock while the extender still holds it.
+        (
+            Mistake::ExtensionShortens,
+            Config::a_lease_extended_by_hand(),
+            "mutual exclusion",
         ),
     ];
     assert_eq!(

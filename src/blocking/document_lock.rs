@@ -158,6 +158,8 @@ where
     }
 
     twins! { DocumentGuard:
+        /// Extends the lease to at least `by` from now; see [`crate::LockGuard::extend`].
+        fn extend(&self, by: Duration) -> ();
         /// Applies `update` to the document while the lock is still held, and keeps it.
         fn checkpoint(&self, update: Document) -> ();
         /// Applies `update` and unlocks the document in one write.

@@ -65,6 +65,8 @@ impl LockGuard {
     }
 
     twins! { LockGuard:
+        /// Extends the lease to at least `by` from now; see [`crate::LockGuard::extend`].
+        fn extend(&self, by: Duration) -> ();
         /// Stops renewing and releases the lock.
         fn release(self) -> ();
     }
@@ -113,6 +115,8 @@ impl ReadGuard {
     }
 
     twins! { ReadGuard:
+        /// Extends the lease to at least `by` from now; see [`crate::LockGuard::extend`].
+        fn extend(&self, by: Duration) -> ();
         /// Stops renewing and releases the read lock.
         fn release(self) -> ();
     }
@@ -172,6 +176,8 @@ impl CompositeGuard {
     }
 
     twins! { CompositeGuard:
+        /// Extends the lease to at least `by` from now; see [`crate::LockGuard::extend`].
+        fn extend(&self, by: Duration) -> ();
         /// Releases every member.
         fn release(self) -> ();
     }

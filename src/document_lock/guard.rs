@@ -14,7 +14,7 @@ use crate::fencing::check_operators;
 use crate::lease::claim::Granted;
 use crate::lease::held::HeldLease;
 use crate::lease::lost::LostSignal;
-use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout};
+use crate::lease::schema::{EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, RENEWED_AT};
 use crate::token::FencingToken;
 
 use super::{Documents, to_document};
@@ -74,6 +74,15 @@ impl<T> DocumentGuard<T> {
     /// Whether the lock is known or presumed lost.
     pub fn is_lost(&self) -> bool {
         self.lease.is_lost()
+    }
+
+    /// Extends the lease to at least `by` from now; see
+    /// [`LockGuard::extend`](crate::LockGuard::extend).
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`](crate::LockGuard::extend).
+    pub async fn extend(&self, by: std::time::Duration) -> Result<()> {
+        self.lease.extend(by).await
     }
 
     /// Runs `work` until it completes or the lock is lost, whichever comes first; see
@@ -323,6 +332,7 @@ pub(crate) fn unlock_with(update: &mut Document, field: &str) {
     let unset = doc! {
         format!("{field}.{EMBEDDED_ID}"): "",
         format!("{field}.{EXPIRES_AT}"): "",
+        format!("{field}.{RENEWED_AT}"): "",
     };
     match update.get_document_mut("$unset") {
         Ok(existing) => existing.extend(unset),

@@ -32,8 +32,10 @@ struct LoopKey {
     expiry: Duration,
     cadence: Duration,
     skew: Duration,
-    /// Leases with a `min_hold` are renewed without ever being shortened.
+    /// Leases with a `min_hold` record each renewal.
     min_hold: Option<Duration>,
+    /// Whether it renews its leases at all (`auto_renew`).
+    renews: bool,
     /// `WriteConcern` is not `Hash`; its debug form identifies it.
     write_concern: String,
 }
@@ -50,6 +52,7 @@ impl LoopKey {
             cadence: options.extension_cadence(),
             skew: options.max_clock_skew(),
             min_hold: options.min_hold(),
+            renews: options.auto_renew(),
             write_concern: format!("{:?}", options.write_concern()),
         }
     }

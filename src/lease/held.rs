@@ -16,9 +16,10 @@ use tokio::time::Instant;
 use super::family::Family;
 use super::lost::LostSignal;
 use super::metrics;
-use super::protocol::Transaction;
+use super::protocol::{Refusal, Sent, Transaction};
 use super::record::{Lease, Place};
 use super::renewal::Command;
+use super::renewal_commands::{Failure, extend_one};
 use super::schema;
 use super::state::LeaseState;
 use crate::clock;
@@ -42,6 +43,9 @@ pub(crate) struct HeldLease {
     kind: LockKind,
     held_since: Instant,
 }
+
+/// The longest a guard's `extend` may extend a lease by (as every duration option).
+const MAX_EXTENSION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// How long [`HeldLease::transaction`] retries transient transaction errors, as the driver's
 /// own `with_transaction` does.
@@ -109,6 +113,77 @@ impl HeldLease {
             .unless_lost(work)
             .await
             .ok_or_else(|| self.lost_error())
+    }
+
+    /// Extends the lease to at least `by` from now, on the server and for the lost signal: the
+    /// guards' `extend`. It never shortens the lease, and refuses (writing nothing) a `by` of
+    /// zero or over 365 days, and one that would run past `max_hold`.
+    ///
+    /// One `update` filtered on the lease being ours and live, with a server-side time limit
+    /// of what is left of the lease (a write that waited beyond that must not extend it with a
+    /// `$$NOW` fixed before the wait). The new deadline counts from the send, as a renewal's.
+    /// A lease found gone is reported lost; a failure leaves the deadline as it was (the
+    /// extension may have applied: the lease then lasts longer on the server than here, which
+    /// is safe, and its release ends it).
+    pub(crate) async fn extend(&self, by: Duration) -> Result<()> {
+        let lock_id = self.check_extension(by)?;
+        let options = &self.place.options;
+        let shown = shown_name(&self.name);
+        let now = clock::now();
+        let Some(deadline) = self.state.lost_at() else {
+            return Err(self.lost_error());
+        };
+        let time_limit = deadline
+            .saturating_duration_since(now)
+            .max(Duration::from_millis(1));
+        let by_millis = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        let sent = Sent::now(now);
+        let lost = self.lost();
+        let extension = extend_one(&self.place, &self.id, lock_id, by_millis, time_limit);
+        let outcome = tokio::select! {
+            biased;
+            () = lost.wait() => return Err(self.lost_error()),
+            outcome = extension => outcome,
+        };
+        match outcome {
+            Ok(true) if self.state.extended(options, by, sent) => Ok(()),
+            Ok(true) => Err(self.lost_error()),
+            Ok(false) => {
+                let _ = self.renewal_loop.send(Command::Gone {
+                    lock_id: lock_id.to_owned(),
+                });
+                Err(self.lost_error())
+            }
+            Err(Failure::TimeLimit) => Err(Error::NoReply {
+                operation: Operation::Extend,
+                name: self.name.clone(),
+                waited: clock::now().saturating_duration_since(now),
+            }),
+            Err(Failure::ShardKeyRequired) => Err(Error::UnexpectedReply(format!(
+                "the extension of {shown:?} was refused for want of the shard key"
+            ))),
+            Err(Failure::Other(error)) => Err(Error::UnexpectedReply(format!(
+                "the extension of {shown:?} failed: {error}"
+            ))),
+        }
+    }
+
+    /// Whether the lease may be extended `by` now (see [`HeldLease::extend`]): its lock id if
+    /// so, else the error that says why not.
+    pub(crate) fn check_extension(&self, by: Duration) -> Result<&str> {
+        let shown = shown_name(&self.name);
+        check_extension_length(&self.name, by)?;
+        let lock_id = self.lock_id.as_deref().ok_or_else(|| self.lost_error())?;
+        self.state.may_extend(by).map_err(|refusal| match refusal {
+            Refusal::Ended => self.lost_error(),
+            Refusal::PastMaxHold { hold_until } => Error::InvalidArgument(format!(
+                "extend of {shown:?} by {by:?} would run past max_hold ({:?}): the hold ends \
+                 in {:?}",
+                self.place.options.max_hold().unwrap_or_default(),
+                hold_until.saturating_duration_since(clock::now()),
+            )),
+        })?;
+        Ok(lock_id)
     }
 
     /// Gives the lock id up (once): the lease is released, ended or dropped now.
@@ -338,6 +413,18 @@ impl Drop for HeldLease {
         let lock_id = self.hand_back();
         request_release_in_background(&self.renewal_loop, lock_id);
     }
+}
+
+/// [`Error::InvalidArgument`] unless `by` is an extension a guard of lock `name` may ask for:
+/// between 1 ms and 365 days (as every duration option).
+pub(crate) fn check_extension_length(name: &str, by: Duration) -> Result<()> {
+    if by < Duration::from_millis(1) || by > MAX_EXTENSION {
+        return Err(Error::InvalidArgument(format!(
+            "extend of {:?}: `by` must be between 1 ms and 365 days, got {by:?}",
+            shown_name(name)
+        )));
+    }
+    Ok(())
 }
 
 /// Asks the renewal loop to release `lock_id` and waits for the outcome (a guard's `release`).

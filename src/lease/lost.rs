@@ -96,6 +96,8 @@ pub(crate) enum Loss {
     GoneAtRelease,
     /// No renewal was confirmed before the local deadline.
     Deadline,
+    /// A lease nothing renews (`auto_renew` off) reached its deadline without an extension.
+    Expired,
     /// A renewal was confirmed only after the local deadline.
     LateConfirmation,
     /// `max_hold` has passed.
@@ -116,6 +118,10 @@ impl Loss {
             }
             Loss::GoneAtRelease => "the lease was no longer in the database at release",
             Loss::Deadline => "no renewal was confirmed before the lease's deadline",
+            Loss::Expired => {
+                "the lease, which nothing renews (auto_renew is off), was not extended before \
+                 its deadline"
+            }
             Loss::LateConfirmation => "the renewal was confirmed after the lease's deadline",
             Loss::MaxHold => "max_hold has passed: the lease is no longer renewed",
             Loss::ShutDown => "the provider was shut down",
@@ -127,12 +133,13 @@ impl Loss {
         }
     }
 
-    /// The `reason` label: `gone`, `deadline`, `max_hold`, `shutdown`, `loop_ended` or
-    /// `clock_jump`.
+    /// The `reason` label: `gone`, `deadline`, `expired`, `max_hold`, `shutdown`, `loop_ended`
+    /// or `clock_jump`.
     pub(crate) fn label(self) -> &'static str {
         match self {
             Loss::Gone | Loss::GoneAtRelease => "gone",
             Loss::Deadline | Loss::LateConfirmation => "deadline",
+            Loss::Expired => "expired",
             Loss::MaxHold => "max_hold",
             Loss::ShutDown => "shutdown",
             Loss::LoopEnded => "loop_ended",

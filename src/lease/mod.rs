@@ -69,8 +69,8 @@ pub(crate) mod hooks {
     pub(crate) use super::handoff::{offers_standing, takes_over, waiters_idle};
     pub use super::protocol::{
         Attempt, DocumentAttempt, DocumentStep, Due, Handover, InLine, Lease,
-        MAX_TRANSFERS_IN_A_ROW, Moment, Phase, Renewals, Reply, Sent, Settling, Step, Tell,
-        Transaction, TransferReply, TransferStep, Work, give_up_at, handover, hands_over,
+        MAX_TRANSFERS_IN_A_ROW, Moment, Phase, Refusal, Renewals, Reply, Sent, Settling, Step,
+        Tell, Transaction, TransferReply, TransferStep, Work, give_up_at, handover, hands_over,
         keeps_window, renewed_every_lease, retry_delay, settled, suspect_at, transfer_answered,
     };
 }

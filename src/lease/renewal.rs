@@ -98,6 +98,8 @@ pub(crate) enum Command {
     },
     /// Forget the lease: its guard ended it itself (a document lock's commit).
     Forget { lock_id: String },
+    /// The holder found the lease gone (its `extend` matched nothing): report the loss.
+    Gone { lock_id: String },
     /// The family was shut down (it took the leases): stop renewing and end.
     ShutDown,
 }
@@ -207,7 +209,8 @@ impl RenewalLoop {
                     .values()
                     .filter_map(|lease| lease.state.report_loss_at())
                     .min();
-                (overdue_at, leases.values().any(renewable))
+                let renews = self.place.options.auto_renew();
+                (overdue_at, renews && leases.values().any(renewable))
             };
             if !renew_due {
                 // Nothing to renew: the next reading of the server's clock starts afresh.
@@ -276,6 +279,8 @@ impl RenewalLoop {
         let options = &self.place.options;
         match command {
             Command::ShutDown => {}
+            // Nothing renews the leases of a loop without auto_renew.
+            Command::Held { .. } if !options.auto_renew() => {}
             Command::Held { lock_id } => {
                 let leases = self.leases.lock();
                 let Some(lease) = leases.get(&lock_id) else {
@@ -288,6 +293,11 @@ impl RenewalLoop {
                     .values()
                     .any(|other| other.lock_id != lock_id && renewable(other));
                 self.schedule.lease_added(renew_by, others_live);
+            }
+            Command::Gone { lock_id } => {
+                if let Some(lease) = self.leases.lock().get(&lock_id) {
+                    lease.mark_lost(Loss::Gone);
+                }
             }
             Command::Forget { lock_id } => {
                 self.limits.remove(&lock_id);
@@ -302,7 +312,7 @@ impl RenewalLoop {
                     Some(lease) => {
                         // Its deadline may have passed before this loop got to report it.
                         if lease.is_lost() {
-                            lease.mark_lost(lease.overdue(Loss::Deadline));
+                            lease.mark_lost(lease.overdue(self.deadline_loss()));
                         }
                         let context = ReleaseContext {
                             runtime: self.runtime.clone(),
@@ -616,10 +626,21 @@ impl RenewalLoop {
     }
 
     fn expire_overdue(&mut self) {
+        let loss = self.deadline_loss();
         for lease in self.leases.lock().values() {
             if lease.state.is_lost() {
-                lease.mark_lost(lease.overdue(Loss::Deadline));
+                lease.mark_lost(lease.overdue(loss));
             }
+        }
+    }
+
+    /// Why a lease whose deadline passed is lost: no renewal came in time, or, where nothing
+    /// renews leases ([`auto_renew`](crate::LockOptionsBuilder::auto_renew) off), it expired.
+    fn deadline_loss(&self) -> Loss {
+        if self.place.options.auto_renew() {
+            Loss::Deadline
+        } else {
+            Loss::Expired
         }
     }
 }

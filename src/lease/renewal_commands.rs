@@ -120,31 +120,13 @@ pub(crate) async fn renew_many(
         options,
         ..
     } = place;
-    let mut command = doc! {
-        "update": collection.name(),
-        "updates": [{
-            "q": layout.renew_many_filter(ids, lock_ids),
-            "u": layout.renew_update(options, lock_ids),
-            "multi": true,
-        }],
-        "maxTimeMS": i64::try_from(time_limit.as_millis()).unwrap_or(i64::MAX),
-    };
-    let write_concern = mongodb::bson::to_document(options.write_concern())
-        .map_err(|error| Failure::Other(error.to_string()))?;
-    if !write_concern.is_empty() {
-        command.insert("writeConcern", write_concern);
-    }
-    let reply = collection
-        .client()
-        .database(&collection.namespace().db)
-        .run_command(command)
-        .selection_criteria(schema::primary())
-        .await?;
-    let received_at = clock::now();
-    if let Some(failure) = write_failure(&reply) {
-        return Err(failure);
-    }
-    let matched = reply.get("n").and_then(crate::token::read_i64);
+    let (matched, received_at) = update(
+        place,
+        layout.renew_many_filter(ids, lock_ids),
+        layout.renew_update(options, lock_ids),
+        time_limit,
+    )
+    .await?;
     if protocol::renewed_every_lease(matched, lock_ids.len()) {
         return Ok(Reply {
             renewed: Renewed::All,
@@ -179,6 +161,68 @@ pub(crate) async fn renew_many(
         server_millis: None,
         received_at,
     })
+}
+
+/// Extends the lease `lock_id` of document `id` to at least `$$NOW + by_millis` (a guard's
+/// `extend`), in one `update` command with a time limit, filtered on the lease being ours and
+/// live. Whether it matched: `false` means the lease is gone.
+pub(crate) async fn extend_one(
+    place: &Place,
+    id: &Bson,
+    lock_id: &str,
+    by_millis: i64,
+    time_limit: Duration,
+) -> std::result::Result<bool, Failure> {
+    let Place {
+        layout, options, ..
+    } = place;
+    let lock_ids = [lock_id.to_owned()];
+    let (matched, _) = update(
+        place,
+        layout.renew_many_filter(std::slice::from_ref(id), &lock_ids),
+        layout.extend_update(options, lock_id, by_millis),
+        time_limit,
+    )
+    .await?;
+    Ok(matched.is_some_and(|matched| matched > 0))
+}
+
+/// Sends one `update` command of every document `filter` matches with the pipeline `pipeline`,
+/// with the server-side time limit `time_limit` (the driver's `update_many` cannot send one)
+/// and the lock's write concern, to the primary. Returns how many documents matched and when
+/// the reply came.
+async fn update(
+    place: &Place,
+    filter: Document,
+    pipeline: Vec<Document>,
+    time_limit: Duration,
+) -> std::result::Result<(Option<i64>, clock::Instant), Failure> {
+    let Place {
+        collection,
+        options,
+        ..
+    } = place;
+    let mut command = doc! {
+        "update": collection.name(),
+        "updates": [{ "q": filter, "u": pipeline, "multi": true }],
+        "maxTimeMS": i64::try_from(time_limit.as_millis()).unwrap_or(i64::MAX),
+    };
+    let write_concern = mongodb::bson::to_document(options.write_concern())
+        .map_err(|error| Failure::Other(error.to_string()))?;
+    if !write_concern.is_empty() {
+        command.insert("writeConcern", write_concern);
+    }
+    let reply = collection
+        .client()
+        .database(&collection.namespace().db)
+        .run_command(command)
+        .selection_criteria(schema::primary())
+        .await?;
+    let received_at = clock::now();
+    if let Some(failure) = write_failure(&reply) {
+        return Err(failure);
+    }
+    Ok((reply.get("n").and_then(crate::token::read_i64), received_at))
 }
 
 /// The failure an `update` command's reply reports besides `ok: 0` (which the driver turns into

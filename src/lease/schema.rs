@@ -254,16 +254,65 @@ impl Layout {
         }
     }
 
-    /// Extends the listed leases to `$$NOW + expiry`, an array member only if it is still live,
-    /// and records when (`renewedAt`; in an exclusive lock document only if it stores details,
-    /// which .NET clients cannot read anyway, or has a `min_hold`). With a `min_hold`, an
-    /// exclusive lease is never shortened: it may end at `acquiredAt + min_hold`, later than
-    /// `$$NOW + expiry`.
+    /// Extends the listed leases to `$$NOW + expiry` (the renewal loop's rounds): see
+    /// [`Layout::lengthen`].
     pub(crate) fn renew_update(&self, options: &LockOptions, lock_ids: &[String]) -> Vec<Document> {
-        let expiry_millis = options.expiry_millis();
+        self.lengthen(options, lock_ids, options.expiry_millis(), false)
+    }
+
+    /// Extends the lease `lock_id` to at least `$$NOW + by_millis` (a guard's `extend`), and
+    /// records when in its `renewedAt` whatever the layout: see [`Layout::lengthen`].
+    pub(crate) fn extend_update(
+        &self,
+        options: &LockOptions,
+        lock_id: &str,
+        by_millis: i64,
+    ) -> Vec<Document> {
+        self.lengthen(options, &[lock_id.to_owned()], by_millis, true)
+    }
+
+    /// Extends the listed leases to at least `$$NOW + lease_millis`, never shortening one: a
+    /// lease ends at the later of its stored end and that (a holder's `extend` may have set it
+    /// beyond what a renewal gives, and an exclusive lease with a `min_hold` may end at
+    /// `acquiredAt + min_hold`). An array member is extended only if it is still live.
+    ///
+    /// Records when (`renewedAt`): always in an array member and a writer; in an exclusive lock
+    /// document or a document lock's field only if it stores details (which .NET clients cannot
+    /// read anyway), has a `min_hold`, or recorded it already, or with `record` (an extension).
+    /// The renewal loop reads the server's clock from a renewal's reply as `renewedAt`, or
+    /// where there is none as `expiresAt − expiry`, which only holds for a lease never extended
+    /// beyond what a renewal gives: an extension records `renewedAt`, and every later renewal of
+    /// that lease keeps it.
+    fn lengthen(
+        &self,
+        options: &LockOptions,
+        lock_ids: &[String],
+        lease_millis: i64,
+        record: bool,
+    ) -> Vec<Document> {
+        let later = |path: String| {
+            doc! { "$max": [format!("${path}"), lease_end(lease_millis)] }
+        };
+        let recorded = |path: String| -> Bson {
+            if record {
+                return "$$NOW".into();
+            }
+            let is_date = doc! { "$eq": [{ "$type": format!("${path}") }, "date"] };
+            let keep = match self {
+                Layout::LockDocument => doc! { "$or": [
+                    { "$eq": [{ "$type": format!("${DETAILS}") }, "object"] },
+                    is_date,
+                ] },
+                _ => is_date,
+            };
+            doc! { "$cond": [keep, "$$NOW", "$$REMOVE"] }.into()
+        };
         match self {
             Layout::Members(field) => {
-                let lease = doc! { EXPIRES_AT: lease_end(expiry_millis), RENEWED_AT: "$$NOW" };
+                let lease = doc! {
+                    EXPIRES_AT: { "$max": [format!("$$m.{EXPIRES_AT}"), lease_end(lease_millis)] },
+                    RENEWED_AT: "$$NOW",
+                };
                 let renewed = doc! {
                     "$cond": [
                         { "$and": [
@@ -278,33 +327,30 @@ impl Layout {
                     doc! { "$set": { field.as_str(): {
                         "$map": { "input": format!("${field}"), "as": "m", "in": renewed }
                     } } },
-                    retain(expiry_millis),
+                    retain(lease_millis),
                 ]
             }
             Layout::Writer => vec![
                 doc! { "$set": {
-                    self.expires_at_path(): lease_end(expiry_millis),
+                    self.expires_at_path(): later(self.expires_at_path()),
                     format!("{WRITER}.{RENEWED_AT}"): "$$NOW",
                 } },
-                retain(expiry_millis),
+                retain(lease_millis),
             ],
             Layout::LockDocument if options.min_hold().is_some() => {
-                let top: Bson = format!("${EXPIRES_AT}").into();
                 vec![doc! { "$set": {
-                    EXPIRES_AT: { "$max": [top, lease_end(expiry_millis)] },
+                    EXPIRES_AT: later(EXPIRES_AT.to_owned()),
                     RENEWED_AT: "$$NOW",
                 } }]
             }
-            Layout::LockDocument => {
-                let has_details = doc! { "$eq": [{ "$type": format!("${DETAILS}") }, "object"] };
-                vec![doc! { "$set": {
-                    EXPIRES_AT: lease_end(expiry_millis),
-                    RENEWED_AT: { "$cond": [has_details, "$$NOW", "$$REMOVE"] },
-                } }]
-            }
-            Layout::Embedded(_) => {
-                vec![doc! { "$set": { self.expires_at_path(): lease_end(expiry_millis) } }]
-            }
+            Layout::LockDocument => vec![doc! { "$set": {
+                EXPIRES_AT: later(EXPIRES_AT.to_owned()),
+                RENEWED_AT: recorded(RENEWED_AT.to_owned()),
+            } }],
+            Layout::Embedded(_) => vec![doc! { "$set": {
+                self.expires_at_path(): later(self.expires_at_path()),
+                self.renewed_at_path(): recorded(self.renewed_at_path()),
+            } }],
         }
     }
 
@@ -397,9 +443,15 @@ impl Layout {
     pub(crate) fn release_update(&self, lock_id: &str, ending: Ending) -> Vec<Document> {
         match self {
             Layout::LockDocument => end_lease(ending),
-            Layout::Embedded(_) | Layout::Writer => {
+            Layout::Writer => {
                 vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
             }
+            // (A document lock's `renewedAt`, which only an extension writes, goes too.)
+            Layout::Embedded(_) => vec![doc! { "$unset": [
+                self.lock_id_path(),
+                self.expires_at_path(),
+                self.renewed_at_path(),
+            ] }],
             Layout::Members(field) => vec![doc! { "$set": { field.as_str(): { "$filter": {
                 "input": format!("${field}"),
                 "as": "m",

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::watch;
 use tokio::time::sleep_until;
 
-use super::protocol::{Lease, Phase, Sent, Transaction};
+use std::time::Duration;
+
+use super::protocol::{Lease, Phase, Refusal, Sent, Transaction};
 use crate::clock::{self, Instant};
 use crate::options::LockOptions;
 use crate::sync::{Mutex, MutexGuard};
@@ -92,6 +94,22 @@ impl LeaseState {
     /// see [`Lease::confirmed`]. Returns whether the lease is still held.
     pub(crate) fn confirmed(&self, options: &LockOptions, request: Sent<Instant>) -> bool {
         self.lease().confirmed(options, request, clock::now())
+    }
+
+    /// Whether the holder may extend the lease `by` now: see [`Lease::may_extend`].
+    pub(crate) fn may_extend(&self, by: Duration) -> Result<(), Refusal<Instant>> {
+        self.lease().may_extend(by, clock::now())
+    }
+
+    /// The server extended the lease `by` in reply to `request`, and the reply arrived just
+    /// now: see [`Lease::extended`]. Returns whether the lease is still held.
+    pub(crate) fn extended(
+        &self,
+        options: &LockOptions,
+        by: Duration,
+        request: Sent<Instant>,
+    ) -> bool {
+        self.lease().extended(options, by, request, clock::now())
     }
 
     /// The lease-checked `transaction` committed, and its reply arrived just now: see

@@ -328,6 +328,17 @@ impl MemoryDocumentGuard {
         self.state.is_lost()
     }
 
+    /// Extends the lease to at least `by` from now: the in-memory lease has no deadline, so
+    /// this only checks, as [`LockGuard::extend`](crate::LockGuard::extend) does, that `by` is
+    /// between 1 ms and 365 days and that the lock is not lost.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a `by` out of range,
+    /// [`Error::LockLost`](crate::Error::LockLost) once lost.
+    pub async fn extend(&self, by: Duration) -> Result<()> {
+        super::lock::extended(&self.collection, &self.state, by)
+    }
+
     /// Applies `update` to the document and keeps it locked.
     ///
     /// # Errors

@@ -199,6 +199,17 @@ impl MemoryGuard {
         self.state.is_lost()
     }
 
+    /// Extends the lease to at least `by` from now: the in-memory lease has no deadline, so
+    /// this only checks, as [`LockGuard::extend`](crate::LockGuard::extend) does, that `by` is
+    /// between 1 ms and 365 days and that the lock is not lost.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a `by` out of range,
+    /// [`Error::LockLost`](crate::Error::LockLost) once lost.
+    pub async fn extend(&self, by: Duration) -> Result<()> {
+        extended(&self.key.name, &self.state, by)
+    }
+
     /// Releases the lock and wakes its waiters.
     ///
     /// # Errors
@@ -219,6 +230,17 @@ impl MemoryGuard {
         }
         Ok(())
     }
+}
+
+/// A memory guard's `extend`: `by` in range, and the lease not lost.
+pub(super) fn extended(name: &str, state: &LeaseState, by: Duration) -> Result<()> {
+    crate::lease::held::check_extension_length(name, by)?;
+    if state.is_lost() {
+        return Err(Error::LockLost {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 impl Drop for MemoryGuard {

@@ -124,6 +124,14 @@ impl MemoryReadGuard {
         self.0.is_lost()
     }
 
+    /// Extends the lease to at least `by` from now; see [`MemoryGuard::extend`].
+    ///
+    /// # Errors
+    /// As [`MemoryGuard::extend`].
+    pub async fn extend(&self, by: Duration) -> Result<()> {
+        self.0.extend(by).await
+    }
+
     /// Releases the read lock and wakes its waiters.
     ///
     /// # Errors

@@ -46,6 +46,15 @@ impl ReadGuard {
         self.lease.is_lost()
     }
 
+    /// Extends the lease to at least `by` from now; see
+    /// [`LockGuard::extend`](crate::LockGuard::extend).
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`](crate::LockGuard::extend).
+    pub async fn extend(&self, by: std::time::Duration) -> Result<()> {
+        self.lease.extend(by).await
+    }
+
     /// Runs `work` until it completes or the read lock is lost, whichever comes first; see
     /// [`LockGuard::run_while_held`](crate::LockGuard::run_while_held).
     ///

@@ -61,6 +61,11 @@ fn two_processes(options: LockOptions) -> (Provider, Provider) {
     )
 }
 
+/// Whether `other`'s lock `name` finds the lock held.
+fn held_elsewhere(other: &Provider, name: &str) -> bool {
+    other.create_lock(name).try_acquire().unwrap().is_none()
+}
+
 #[test]
 fn a_held_lock_excludes_another_thread_until_released() {
     let provider = provider(common::options(10_000, 3_000));
@@ -103,17 +108,38 @@ fn the_lease_renews_while_no_blocking_call_is_in_progress() {
     thread::sleep(Duration::from_millis(6_500));
     assert!(!guard.is_lost(), "renewed in the background");
     assert!(!guard.wait_lost(Duration::ZERO).unwrap());
-    assert!(
-        other
-            .create_lock(name.as_str())
-            .try_acquire()
-            .unwrap()
-            .is_none(),
-        "still held on the server"
-    );
+    assert!(held_elsewhere(&other, &name), "still held on the server");
     guard
         .release()
         .expect("release: not lost, so not Err(LockLost)");
+}
+
+#[test]
+fn a_lease_nothing_renews_is_kept_by_extend_and_ends_without_it() {
+    let by_hand = common::options(2_000, 600)
+        .to_builder()
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let (holder, other) = two_processes(by_hand);
+    let name = common::unique("by-hand");
+    let guard = holder.create_lock(name.as_str()).acquire().unwrap();
+    guard.extend(Duration::from_secs(5)).unwrap();
+    thread::sleep(Duration::from_millis(2_500));
+    assert!(!guard.is_lost(), "kept past its expiry by the extension");
+    assert!(held_elsewhere(&other, &name), "still held on the server");
+    assert!(matches!(
+        guard.extend(Duration::ZERO),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(
+        guard.wait_lost(HANG).unwrap(),
+        "lost once the extension ran out"
+    );
+    assert!(matches!(
+        guard.extend(Duration::from_secs(1)),
+        Err(Error::LockLost { .. })
+    ));
 }
 
 #[test]

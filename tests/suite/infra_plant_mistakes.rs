@@ -21,8 +21,8 @@ fn a_mistake_whose_code_changed_is_refused_by_name() {
     let copy = Copy::new(SCRIPT, "changed");
     copy.replace(
         "src/lease/protocol/lease.rs",
-        "let extended = capped(request.0 + options.lease_lifetime(), self.hold_until);",
-        "let extended = capped(request.at() + options.lease_lifetime(), self.hold_until);",
+        "self.lengthened(request.0 + options.lease_lifetime(), request, now)",
+        "self.lengthened(request.at() + options.lease_lifetime(), request, now)",
     );
     let (code, stderr) = copy.run(&["--check"]);
     assert_eq!(code, Some(2), "{stderr}");

@@ -69,7 +69,7 @@ fn a_row_whose_write_is_gone_is_refused() {
                 ".run_command_elsewhere(command)",
             );
         },
-        "src/lease/renewal_commands.rs: renew_many no longer calls run_command: remove its row \
+        "src/lease/renewal_commands.rs: update no longer calls run_command: remove its row \
          from the table of write paths in model/README.md",
     );
 }

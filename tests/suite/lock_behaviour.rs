@@ -150,6 +150,7 @@ behaviours!(
     increments_add_up_and_a_read_document_cannot_be_written_back,
     a_waiter_gets_the_document_when_it_is_unlocked,
     updates_that_would_corrupt_a_document_lock_are_refused,
+    every_guard_extends_a_held_lease_and_refuses_a_bad_length,
 );
 
 async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
@@ -226,6 +227,44 @@ async fn a_held_lock_is_not_lost_and_a_released_one_never_fires(locks: Locks) {
     assert!(!lost.is_lost());
     let fired = tokio::time::timeout(Duration::from_millis(100), lost.wait()).await;
     assert!(fired.is_err(), "a released lock is not lost");
+}
+
+async fn every_guard_extends_a_held_lease_and_refuses_a_bad_length(locks: Locks) {
+    let lock = locks.create_lock("a");
+    let guard = lock.acquire().await.unwrap();
+    guard.extend(Duration::from_secs(5)).await.unwrap();
+    assert!(!guard.is_lost(), "still held");
+    assert!(lock.try_acquire().await.unwrap().is_none(), "still taken");
+    for bad in [Duration::ZERO, Duration::from_secs(366 * 24 * 60 * 60)] {
+        match guard.extend(bad).await {
+            Err(Error::InvalidArgument(message)) => {
+                assert!(message.contains("365 days"), "{message}")
+            }
+            other => panic!("extend({bad:?}): {other:?}"),
+        }
+    }
+    guard.release().await.unwrap();
+
+    let reader = locks
+        .create_reader_writer_lock("rw")
+        .acquire_read()
+        .await
+        .unwrap();
+    reader.extend(Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(
+        reader.extend(Duration::ZERO).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    reader.release().await.unwrap();
+
+    let documents = documents(&locks, &["d"], doc! { "n": 1 }).await;
+    let locked = documents.lock(doc! { "_id": "d" }).await.unwrap();
+    locked.extend(Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(
+        locked.extend(Duration::ZERO).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    locked.release().await.unwrap();
 }
 
 async fn names_are_independent(locks: Locks) {

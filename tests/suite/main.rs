@@ -18,6 +18,7 @@ mod chaos_random_history;
 mod composite;
 mod document_lock;
 mod exclusive_lock;
+mod extend;
 mod fault_clock_skew;
 mod fault_crash;
 mod fault_partition;

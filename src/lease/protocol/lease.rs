@@ -2,6 +2,7 @@
 //! ([`Lease`]); the deadline of a lease-checked transaction ([`Transaction`]).
 
 use std::fmt::Debug;
+use std::time::Duration;
 
 use super::{Moment, Sent};
 use crate::options::LockOptions;
@@ -119,12 +120,49 @@ impl<I: Moment> Lease<I> {
     /// the end of the hold), but only if it has not passed: a lease whose deadline passed is lost
     /// for good, however its confirmation turned out. Returns whether the lease is still held.
     pub fn confirmed(&mut self, options: &LockOptions, request: Sent<I>, now: I) -> bool {
+        self.lengthened(request.0 + options.lease_lifetime(), request, now)
+    }
+
+    /// Whether the holder may extend the lease `by` when the extension is about to be sent
+    /// `now` (see [`Lease::extended`]): not once it is lost or released, and not past the end
+    /// of the hold allowed by `max_hold`.
+    pub fn may_extend(&mut self, by: Duration, now: I) -> Result<(), Refusal<I>> {
+        match self.settle(now) {
+            Phase::Held { .. } => match self.hold_until {
+                Some(hold_until) if now + by > hold_until => {
+                    Err(Refusal::PastMaxHold { hold_until })
+                }
+                _ => Ok(()),
+            },
+            Phase::Lost { .. } | Phase::Released => Err(Refusal::Ended),
+        }
+    }
+
+    /// The server extended the lease to at least `by` after its `$$NOW`, in reply to `request`,
+    /// and the reply arrived `now`: the deadline moves to the request's send plus `by` less the
+    /// margins a lifetime leaves out ([`LockOptions::lease_lifetime`] is `expiry` less them), if
+    /// that is later, never past the end of the hold, and only if it has not passed (as
+    /// [`Lease::confirmed`]). Returns whether the lease is still held.
+    pub fn extended(
+        &mut self,
+        options: &LockOptions,
+        by: Duration,
+        request: Sent<I>,
+        now: I,
+    ) -> bool {
+        let margins = options.expiry() - options.lease_lifetime();
+        self.lengthened(request.0 + by.saturating_sub(margins), request, now)
+    }
+
+    /// A confirmation by `request` (its reply arrived `now`) moves the deadline to `until` if
+    /// that is later, never past the end of the hold, unless the deadline has passed.
+    fn lengthened(&mut self, until: I, request: Sent<I>, now: I) -> bool {
         match self.settle(now) {
             Phase::Held { lost_at: None } => true,
             Phase::Held {
                 lost_at: Some(current),
             } => {
-                let extended = capped(request.0 + options.lease_lifetime(), self.hold_until);
+                let extended = capped(until, self.hold_until);
                 self.phase = Phase::Held {
                     lost_at: Some(current.max(extended)),
                 };
@@ -169,6 +207,18 @@ impl<I: Moment> Lease<I> {
         self.confirmed
             .map(|request| request.0 + options.extension_cadence())
     }
+}
+
+/// Why a holder may not extend its lease ([`Lease::may_extend`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Refusal<I> {
+    /// It is lost or released.
+    Ended,
+    /// The extension would run past the end of the hold `max_hold` allows.
+    PastMaxHold {
+        /// When the hold ends.
+        hold_until: I,
+    },
 }
 
 /// The renewal inside a lease-checked transaction (`HeldLease::transaction`): the transaction's

@@ -85,6 +85,6 @@ pub use handover::{
     Handover, InLine, MAX_TRANSFERS_IN_A_ROW, TransferReply, TransferStep, handover, hands_over,
     keeps_window, transfer_answered,
 };
-pub use lease::{Lease, Phase, Transaction};
+pub use lease::{Lease, Phase, Refusal, Transaction};
 pub use renewals::{Renewals, give_up_at, renewed_every_lease, retry_delay, suspect_at};
 pub use work::{Due, Settling, Work};
