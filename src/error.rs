@@ -553,6 +553,7 @@ mod tests {
             kept: None,
             min_hold_until: None,
             details: owner.map(|owner| crate::LockDetails::new().with_owner(owner)),
+            places: 1,
         };
         let one = busy(vec![holder("7f3a", Some("worker-7"))]).to_string();
         assert!(

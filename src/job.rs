@@ -198,6 +198,7 @@ mod tests {
             kept: None,
             min_hold_until: None,
             details: Some(LockDetails::new().with_owner("worker-7")),
+            places: 1,
         };
         let running = Skipped {
             status: Some(status.clone()),

@@ -83,6 +83,10 @@ pub struct LockStatus {
     /// Who holds it (owner, host, process id), if the holder stored details (see
     /// [`LockDetails`]).
     pub details: Option<LockDetails>,
+    /// How many places the holder takes: more than one for a semaphore's holder that acquired
+    /// several at once ([`MongoDistributedSemaphore::acquire_many`](crate::MongoDistributedSemaphore::acquire_many)),
+    /// 1 otherwise.
+    pub places: u32,
 }
 
 impl LockStatus {

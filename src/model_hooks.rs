@@ -182,30 +182,54 @@ pub mod semaphore {
         Layout::Members(HOLDERS.to_owned())
     }
 
-    /// The update pipeline of an attempt of `lock_id` on a semaphore of `max_count` places
-    /// (the filter is the exclusive lock's [`attempt_filter`](super::attempt_filter)).
+    /// The update pipeline of an attempt of `lock_id` for `places` places on a semaphore of
+    /// `max_count` places, placing the waiting mark `marker` while it waits (a waiter for
+    /// several places; the filter is the exclusive lock's
+    /// [`attempt_filter`](super::attempt_filter)).
     pub fn attempt_update(
         lock_id: &str,
+        places: u32,
         max_count: u32,
         options: &LockOptions,
-        details: Option<&Document>,
+        marker: Option<&str>,
     ) -> Vec<Document> {
-        code::join_update(lock_id, max_count, options, details)
+        let ask = code::Ask {
+            lock_id,
+            places,
+            max_count,
+            marker,
+        };
+        code::join_update(ask, options, None)
     }
 
-    /// What an attempt (or a transfer) of `lock_id` learns from the document it returned:
-    /// `Ok(Some(token))` if it holds a place (`None` inside when the token is unreadable),
-    /// `Ok(None)` if every place is taken, `Err(stored)` if the document records another count.
+    /// What an attempt (or a transfer) of `lock_id` for `places` places learns from the
+    /// document it returned: `Ok(Some(token))` if it holds its places (`None` inside when the
+    /// token is unreadable), `Ok(None)` if they are not free, `Err(stored)` if the document
+    /// records another count or too few places.
     pub fn won(
         document: &Document,
         lock_id: &str,
+        places: u32,
         max_count: u32,
     ) -> Result<Option<Option<i64>>, String> {
-        match code::read_join_reply(document, lock_id, max_count) {
+        match code::read_join_reply(document, lock_id, places, max_count) {
             JoinReply::OtherCount(stored) => Err(stored),
+            JoinReply::TooMany(stored) => Err(stored.to_string()),
             JoinReply::Full => Ok(None),
             JoinReply::Joined(place) => Ok(Some(place.token)),
         }
+    }
+
+    /// The filter and update pipeline (run with upsert) of an operator's `set_max_count` of
+    /// semaphore `name` to `max_count`.
+    pub fn set_count(name: &str, max_count: u32) -> (Document, Vec<Document>) {
+        crate::lease::admin::set_semaphore_count_command(name, max_count)
+    }
+
+    /// The filter and update (of operators) that remove the waiting mark `marker` once its
+    /// wait ended without the places (`WaitingMarker::remove`).
+    pub fn marker_removal(name: &str, marker: &str) -> (Document, Document) {
+        crate::lease::waiting_marker::removal(name, schema::WAITING, marker)
     }
 
     /// The filter of a renewal of the place `lock_id`.
@@ -269,15 +293,24 @@ pub mod semaphore {
         schema::transfer_filter(&Bson::from(name), &places, releasing, &places, &[waiter])
     }
 
-    /// The update pipeline of that transfer, as the semaphore's takeover builds it.
+    /// The update pipeline of that transfer, as the semaphore's takeover builds it, for a
+    /// waiter of `places` places (placing its waiting mark `marker`, if any, when they do not
+    /// fit).
     pub fn transfer_update(
         waiter: &str,
+        places: u32,
         max_count: u32,
         options: &LockOptions,
         releasing: &str,
-        details: Option<&Document>,
+        marker: Option<&str>,
     ) -> Vec<Document> {
-        code::takeover_update(waiter, max_count, options, details, releasing)
+        let ask = code::Ask {
+            lock_id: waiter,
+            places,
+            max_count,
+            marker,
+        };
+        code::takeover_update(ask, options, None, releasing)
     }
 }
 
@@ -373,7 +406,7 @@ pub mod reader_writer {
     /// The filter and update (of operators) that remove the waiting writer `marker`'s marker,
     /// once its wait ended without the lock (`WaitingWriter::remove`).
     pub fn remove_marker(name: &str, marker: &str) -> (Document, Document) {
-        crate::rw_lock::waiting_writer::removal(name, marker)
+        crate::lease::waiting_marker::removal(name, crate::lease::schema::WAITING_WRITER, marker)
     }
 
     /// The filter of a writer's release `releasing` that hands the lock to the local reader

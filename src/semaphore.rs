@@ -15,8 +15,9 @@ use crate::lease::claim::{Claim, Granted, Request};
 use crate::lease::family::Family;
 use crate::lease::schema::{
     self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
-    MAX_COUNT,
+    MAX_COUNT, PLACES, RESIZED_AT, WAITING,
 };
+use crate::lease::waiting_marker::{WaitingMarker, marker_lease_millis};
 use crate::lease::{self, Problem, Target, admin, held};
 use crate::lock_status::{LockKind, LockStatus};
 use crate::options::LockOptions;
@@ -38,13 +39,13 @@ const ADMITTED: &str = "_admitted";
 ///
 /// ```text
 /// { _id: <name>, maxCount: <n>, fencingToken: <last>,
-///   holders: [ { id, expiresAt, acquiredAt, renewedAt, fencingToken, details }, ... ],
-///   expiresAt }
+///   holders: [ { id, expiresAt, acquiredAt, renewedAt, fencingToken, places, details }, ... ],
+///   waiting: { id, places, expiresAt }, resizedAt, expiresAt }
 /// ```
 ///
 /// An attempt is one `findAndModify` (upsert) with a pipeline update that drops holders whose
-/// lease ended (by server time) and appends ours if fewer than `max_count` remain, all in one
-/// atomic step. Holders get a [`LockGuard`]: lease renewal, `lost`, `release` and release on drop
+/// lease ended (by server time) and appends ours if its places fit within the count beside
+/// the others' (and a waiting mark's), all in one atomic step. Holders get a [`LockGuard`]: lease renewal, `lost`, `release` and release on drop
 /// work exactly as for [`MongoDistributedLock`](crate::MongoDistributedLock); fencing tokens strictly increase across all
 /// holders of the semaphore. `details` are the holder's [`LockDetails`] (by default this
 /// process's host and id; see [`with_details`](Self::with_details)), shown by
@@ -56,7 +57,12 @@ const ADMITTED: &str = "_admitted";
 ///
 /// Every user of a name must agree on `max_count`: the first acquisition records it, and a
 /// caller whose count differs gets [`Error::InvalidArgument`] naming both counts (the document
-/// is left as it was). To change the count, let every holder go and delete the document.
+/// is left as it was). To change the count for every process, call
+/// [`set_max_count`](Self::set_max_count): from then on the stored count rules.
+///
+/// A holder may take several places at once ([`acquire_many`](Self::acquire_many)): one lease,
+/// all or none; a waiter for several is not starved by waiters for fewer. Its lease stores
+/// `places: n` (absent for one place). [`available`](Self::available) reads how many are free.
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
@@ -184,15 +190,13 @@ impl MongoDistributedSemaphore {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `max_count` of 0 or one that differs from the count the
-    /// semaphore was created with; otherwise as
-    /// [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
+    /// semaphore was created with (unless [`set_max_count`](Self::set_max_count) set it);
+    /// otherwise as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire(&self) -> Result<LockGuard> {
-        let wait = Wait::forever();
-        wait.required(self.acquire_within(wait).await, self.name(), self)
-            .await
+        self.acquire_many(1).await
     }
 
     /// Waits at most `timeout` for a place; [`Error::Timeout`] when it runs out.
@@ -203,9 +207,7 @@ impl MongoDistributedSemaphore {
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        let wait = Wait::at_most(timeout);
-        wait.required(self.acquire_within(wait).await, self.name(), self)
-            .await
+        self.acquire_many_timeout(1, timeout).await
     }
 
     /// One attempt: `Ok(None)` if `max_count` holders hold it.
@@ -216,7 +218,7 @@ impl MongoDistributedSemaphore {
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.try_acquire_timeout(Duration::ZERO).await
+        self.try_acquire_many_timeout(1, Duration::ZERO).await
     }
 
     /// Attempts for up to `timeout`: `Ok(None)` if the semaphore stayed full.
@@ -227,7 +229,133 @@ impl MongoDistributedSemaphore {
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.acquire_within(Wait::at_most(timeout)).await
+        self.try_acquire_many_timeout(1, timeout).await
+    }
+
+    /// Waits until `places` places are acquired at once, as one lease (one guard, one fencing
+    /// token): all or none, in one command per attempt.
+    ///
+    /// A waiter for several places is not starved by waiters for fewer: while it waits (and
+    /// has time left), it marks the semaphore's document with the places it needs, and others
+    /// are admitted only into the places it does not need; the first such waiter holds that
+    /// mark, a later one waits for it to be served first. The mark has a lease of its own (a
+    /// few seconds, renewed by the waiter's attempts) and goes when the waiter wins, stops
+    /// waiting, or dies.
+    ///
+    /// ```no_run
+    /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
+    /// use distributed_lock_mongodb::MongoDistributedSemaphore;
+    ///
+    /// // A pool of 8 workers' worth of memory: a large import takes 5 of them at once.
+    /// let memory = MongoDistributedSemaphore::new("memory", 8, &database);
+    /// let import = memory.acquire_many(5).await?;
+    /// import.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `places` of 0 or more than the semaphore's count (the
+    /// constructor's, or the stored one once known: nothing is written then); otherwise as
+    /// [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire`](Self::acquire); dropping the future also removes its mark
+    /// (in the background).
+    pub async fn acquire_many(&self, places: u32) -> Result<LockGuard> {
+        let wait = Wait::forever();
+        wait.required(self.acquire_within(places, wait).await, self.name(), self)
+            .await
+    }
+
+    /// Waits at most `timeout` for `places` places at once; [`Error::Timeout`] when it runs
+    /// out. See [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    /// As [`acquire_many`](Self::acquire_many), plus [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire_many`](Self::acquire_many).
+    pub async fn acquire_many_timeout(&self, places: u32, timeout: Duration) -> Result<LockGuard> {
+        let wait = Wait::at_most(timeout);
+        wait.required(self.acquire_within(places, wait).await, self.name(), self)
+            .await
+    }
+
+    /// One attempt for `places` places at once: `Ok(None)` if fewer are free. See
+    /// [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire_many`](Self::acquire_many).
+    pub async fn try_acquire_many(&self, places: u32) -> Result<Option<LockGuard>> {
+        self.try_acquire_many_timeout(places, Duration::ZERO).await
+    }
+
+    /// Attempts for up to `timeout` for `places` places at once: `Ok(None)` if fewer stayed
+    /// free. See [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire_many`](Self::acquire_many).
+    pub async fn try_acquire_many_timeout(
+        &self,
+        places: u32,
+        timeout: Duration,
+    ) -> Result<Option<LockGuard>> {
+        self.acquire_within(places, Wait::at_most(timeout)).await
+    }
+
+    /// How many places are free now, read from the server: the stored count (or this
+    /// semaphore's `max_count`, before any acquisition) less the places live leases take. Places
+    /// a waiting mark holds back (see [`acquire_many`](Self::acquire_many)) count as free.
+    ///
+    /// # Errors
+    /// [`Error::Mongo`] if the read fails; [`Error::InvalidCollectionName`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read only.
+    pub async fn available(&self) -> Result<u32> {
+        let target = &self.target;
+        target.check()?;
+        let (max_count, taken) = admin::semaphore_places(&target.collection, &target.name).await?;
+        let max_count = max_count.unwrap_or(i64::from(self.max_count));
+        Ok(u32::try_from((max_count - taken).max(0)).unwrap_or(u32::MAX))
+    }
+
+    /// Sets the semaphore's number of places to `max_count`, for every process: from then on
+    /// the stored count is the count, whatever the callers' own `max_count` (they are no longer
+    /// refused for a count that differs). One command, which creates the document if need be.
+    ///
+    /// Shrinking never evicts a holder: holders keep their places, and new acquisitions wait
+    /// until the places taken leave room within the new count. Growing admits waiters at their
+    /// next attempt. The setting lasts as long as the document: a day after its last lease ended
+    /// the TTL index deletes it, and the next acquisition records its caller's count again.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `max_count` of 0, or when the collection holds a
+    /// document of that name that is not a semaphore's (nothing is written);
+    /// [`Error::Mongo`] if the write fails; [`Error::InvalidCollectionName`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the count set.
+    pub async fn set_max_count(&self, max_count: u32) -> Result<()> {
+        let target = &self.target;
+        target.check()?;
+        if let Some(problem) = lease::max_count_problem(&target.name, max_count) {
+            return Err(Error::InvalidArgument(problem));
+        }
+        admin::set_semaphore_count(
+            &target.collection,
+            &target.name,
+            max_count,
+            target.options.write_concern(),
+        )
+        .await
     }
 
     /// Acquires a place (waiting as [`acquire`](Self::acquire) does), runs `work` while it is
@@ -249,7 +377,7 @@ impl MongoDistributedSemaphore {
         held::after_release(self.name(), output, place.release().await)
     }
 
-    async fn acquire_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
+    async fn acquire_within(&self, places: u32, wait: Wait) -> Result<Option<LockGuard>> {
         let target = &self.target;
         let checked = target.check().and_then(|()| {
             match lease::max_count_problem(&target.name, self.max_count) {
@@ -257,6 +385,12 @@ impl MongoDistributedSemaphore {
                 None => target.options.check_min_hold_unsupported("semaphore"),
             }
         });
+        let checked = checked.and_then(|()| places_problem(&target.name, places, self.max_count));
+        // A waiter for several places marks what it needs while it waits.
+        let marker = match places {
+            0 | 1 => None,
+            _ => Some(WaitingMarker::new(target, WAITING)?),
+        };
         let what = Acquisition {
             kind: LockKind::Semaphore,
             name: &target.name,
@@ -271,13 +405,31 @@ impl MongoDistributedSemaphore {
             places: Some(self.max_count),
             holders: self,
         };
-        let places = Places {
+        let claim = Places {
             target: Arc::clone(target),
+            places,
             max_count: self.max_count,
+            marker: marker.clone(),
+            wait,
         };
-        let joined = acquire::acquire(what, wait, Arc::new(places)).await?;
-        Ok(joined.map(|joined| joined.guard))
+        let joined = acquire::acquire(what, wait, Arc::new(claim)).await;
+        if let Some(marker) = &marker {
+            marker.end(&joined).await;
+        }
+        Ok(joined?.map(|joined| joined.guard))
     }
+}
+
+/// [`Error::InvalidArgument`] unless `places` places can be asked of semaphore `name` of
+/// `max_count` places: at least 1, at most `max_count`.
+fn places_problem(name: &str, places: u32, max_count: u32) -> Result<()> {
+    if places == 0 || places > max_count {
+        return Err(Error::InvalidArgument(format!(
+            "semaphore {:?}: asks for {places} places of {max_count}; ask for 1 to {max_count}",
+            crate::error::shown_name(name)
+        )));
+    }
+    Ok(())
 }
 
 /// A place just taken, and whether others are left.
@@ -307,12 +459,34 @@ fn places() -> Layout {
     Layout::Members(HOLDERS.to_owned())
 }
 
-/// A semaphore, as the engine claims it: join the holders if fewer than `max_count` hold a live
-/// lease, in one `findAndModify` (upsert) whose pipeline drops ended leases first; or take a
-/// place over in the release command of a local holder, whose lease leaves the holders.
+/// A semaphore, as the engine claims it: join the holders with `places` places if they fit
+/// within the count beside the live leases (and a waiting mark of another waiter), in one
+/// `findAndModify` (upsert) whose pipeline drops ended leases first; or take places over in the
+/// release command of a local holder, whose lease leaves the holders. A waiter for several
+/// places places its `marker` while it has time left to wait.
 struct Places {
     target: Arc<Target>,
+    places: u32,
     max_count: u32,
+    marker: Option<Arc<WaitingMarker>>,
+    wait: Wait,
+}
+
+impl Places {
+    /// What an attempt (or a takeover) with `lock_id` asks.
+    fn ask<'a>(&'a self, lock_id: &'a str) -> Ask<'a> {
+        // Only a waiter with time left to wait holds the others back.
+        let marker = self.marker.as_ref().filter(|_| !self.wait.is_over());
+        if let Some(marker) = marker {
+            marker.may_be_placed();
+        }
+        Ask {
+            lock_id,
+            places: self.places,
+            max_count: self.max_count,
+            marker: marker.map(|marker| marker.id.as_str()),
+        }
+    }
 }
 
 impl Claim for Places {
@@ -329,11 +503,10 @@ impl Claim for Places {
 
     fn update(&self, lock_id: &str, replacing: Option<&str>) -> Vec<Document> {
         let (options, details) = (&self.target.options, self.target.details.as_ref());
+        let ask = self.ask(lock_id);
         match replacing {
-            None => join_update(lock_id, self.max_count, options, details),
-            Some(releasing) => {
-                takeover_update(lock_id, self.max_count, options, details, releasing)
-            }
+            None => join_update(ask, options, details),
+            Some(releasing) => takeover_update(ask, options, details, releasing),
         }
     }
 
@@ -346,9 +519,16 @@ impl Claim for Places {
         request: Request,
     ) -> Result<Option<Joined>> {
         let (target, max_count) = (&self.target, self.max_count);
-        let place = match read_join_reply(&document, &lock_id, max_count) {
+        let place = match read_join_reply(&document, &lock_id, self.places, max_count) {
             JoinReply::OtherCount(stored) => {
                 return Err(lease::max_count_mismatch(&target.name, &stored, max_count));
+            }
+            JoinReply::TooMany(stored) => {
+                return Err(Error::InvalidArgument(format!(
+                    "semaphore {:?}: asks for {} places of {stored}; it was set to {stored} places",
+                    crate::error::shown_name(&target.name),
+                    self.places,
+                )));
             }
             JoinReply::Full => return Ok(None),
             JoinReply::Joined(place) => place,
@@ -373,9 +553,13 @@ impl Claim for Places {
 /// What an attempt (or a transfer) learns from the semaphore document it returned.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum JoinReply {
-    /// The document records another `maxCount` (shown as stored, or "none").
+    /// The document records another `maxCount` (shown as stored, or "none"), and it was never
+    /// set by [`MongoDistributedSemaphore::set_max_count`].
     OtherCount(String),
-    /// Our lease is not among the holders: every place is taken.
+    /// The attempt asks for more places than the semaphore has (`maxCount` as stored): it can
+    /// never succeed.
+    TooMany(i64),
+    /// Our lease is not among the holders: not enough places are free.
     Full,
     /// Our lease is among the holders.
     Joined(Place),
@@ -389,55 +573,98 @@ pub(crate) struct Place {
     pub(crate) places_left: bool,
 }
 
-/// Reads the reply to an attempt of `lock_id` on a semaphore of `max_count` places.
-pub(crate) fn read_join_reply(document: &Document, lock_id: &str, max_count: u32) -> JoinReply {
-    if document.get(MAX_COUNT).and_then(read_i64) != Some(i64::from(max_count)) {
-        let stored = document
+/// Reads the reply to an attempt of `lock_id` for `places` places on a semaphore of `max_count`
+/// places.
+pub(crate) fn read_join_reply(
+    document: &Document,
+    lock_id: &str,
+    places: u32,
+    max_count: u32,
+) -> JoinReply {
+    let stored = document.get(MAX_COUNT).and_then(read_i64);
+    let resized = document.get_datetime(RESIZED_AT).is_ok();
+    if !resized && stored != Some(i64::from(max_count)) {
+        let shown = document
             .get(MAX_COUNT)
             .map_or_else(|| "none".to_owned(), ToString::to_string);
-        return JoinReply::OtherCount(stored);
+        return JoinReply::OtherCount(shown);
     }
+    let stored = stored.unwrap_or(i64::from(max_count));
     let holders: Vec<&Document> = document
         .get_array(HOLDERS)
         .map(|holders| holders.iter().filter_map(Bson::as_document).collect())
         .unwrap_or_default();
+    let taken: i64 = holders.iter().map(|holder| schema::places_of(holder)).sum();
     match holders
         .iter()
         .find(|holder| holder.get_str(EMBEDDED_ID) == Ok(lock_id))
     {
+        None if i64::from(places) > stored => JoinReply::TooMany(stored),
         None => JoinReply::Full,
         Some(ours) => JoinReply::Joined(Place {
             token: ours.get(FENCING_TOKEN).and_then(read_i64),
-            places_left: holders.len() < usize::try_from(max_count).unwrap_or(usize::MAX),
+            places_left: taken < stored,
         }),
     }
 }
 
-/// The pipeline of a release of the place `releasing` that hands it to the local waiter
-/// `lock_id` (see `lease::handoff`): that holder's lease leaves the holders, and the same
-/// pipeline as an attempt admits this one.
+/// What one attempt asks of a semaphore: a lease `lock_id` of `places` places, by a caller
+/// whose semaphore has `max_count` places, placing the waiting marker `marker` while it waits (a
+/// waiter for several places with time left; see [`join_update`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ask<'a> {
+    pub(crate) lock_id: &'a str,
+    pub(crate) places: u32,
+    pub(crate) max_count: u32,
+    pub(crate) marker: Option<&'a str>,
+}
+
+/// The pipeline of a release of the place `releasing` that hands it to the local waiter of
+/// `ask` (see `lease::handoff`): that holder's lease leaves the holders, and the same pipeline
+/// as an attempt admits this one if its places fit.
 pub(crate) fn takeover_update(
-    lock_id: &str,
-    max_count: u32,
+    ask: Ask<'_>,
     options: &LockOptions,
     details: Option<&Document>,
     releasing: &str,
 ) -> Vec<Document> {
     let mut update = places().release_update(releasing, schema::Ending::Release);
-    update.extend(join_update(lock_id, max_count, options, details));
+    update.extend(join_update(ask, options, details));
     update
 }
 
-/// The pipeline of an attempt: drop ended leases; record `max_count` on first use; if the stored
-/// count is ours, a place is free and our lease is not there yet (a transfer sent again after
-/// it applied), take the next fencing token and append our lease.
+/// The places the holders' live leases take: the sum of their `places` (1 where absent).
+fn places_taken() -> Document {
+    doc! { "$sum": { "$map": {
+        "input": format!("${HOLDERS}"),
+        "as": "m",
+        "in": { "$ifNull": [format!("$$m.{PLACES}"), 1] },
+    } } }
+}
+
+/// The pipeline of an attempt: drop ended leases and an ended waiting marker; record
+/// `max_count` on first use; admit the lease if the stored count is the caller's (or was set by
+/// [`MongoDistributedSemaphore::set_max_count`]), its places fit beside the places taken and
+/// those another waiter's live marker holds back, and it is not there yet (a transfer sent again
+/// after it applied): then take the next fencing token, append the lease (with its `places` when
+/// more than one), and remove our marker. Not admitted, a waiter with a `marker` places (or
+/// renews) it, unless another waiter's live marker is there or its places could never fit.
+///
+/// The marker is what keeps a waiter for several places from being starved by waiters for
+/// fewer, who would otherwise take every place as it frees up: while it is live, others are
+/// admitted only into the places it does not need.
 pub(crate) fn join_update(
-    lock_id: &str,
-    max_count: u32,
+    ask: Ask<'_>,
     options: &LockOptions,
     details: Option<&Document>,
 ) -> Vec<Document> {
-    let max_count = i64::from(max_count);
+    let Ask {
+        lock_id,
+        places,
+        max_count,
+        marker,
+    } = ask;
+    let (places, max_count) = (i64::from(places), i64::from(max_count));
     let admitted = format!("${ADMITTED}");
     let mut lease = doc! {
         EMBEDDED_ID: lock_id,
@@ -446,31 +673,76 @@ pub(crate) fn join_update(
         schema::RENEWED_AT: "$$NOW",
         FENCING_TOKEN: format!("${FENCING_TOKEN}"),
     };
+    if places > 1 {
+        lease.insert(PLACES, places);
+    }
     if let Some(details) = details {
         lease.insert(DETAILS, schema::literal(details));
     }
+    let ours = marker.unwrap_or_default();
+    let marker_id = format!("${WAITING}.{EMBEDDED_ID}");
+    let ours_or_none = doc! { "$eq": [{ "$ifNull": [&marker_id, ours] }, ours] };
+    let held_back = doc! { "$cond": [
+        &ours_or_none,
+        0_i64,
+        { "$ifNull": [format!("${WAITING}.{PLACES}"), 0_i64] },
+    ] };
+    let fits = doc! { "$lte": [
+        { "$add": [places_taken(), places, held_back] },
+        format!("${MAX_COUNT}"),
+    ] };
+    let not_there = doc! { "$eq": [{ "$in": [lock_id, schema::member_ids(HOLDERS)] }, false] };
+    let keep: Bson = format!("${WAITING}").into();
+    let when_not_admitted: Bson = match marker {
+        Some(id) => {
+            let placed = doc! { "$and": [
+                &ours_or_none,
+                not_there.clone(),
+                { "$lte": [places, format!("${MAX_COUNT}")] },
+            ] };
+            let ours = doc! {
+                EMBEDDED_ID: id,
+                PLACES: places,
+                EXPIRES_AT: schema::lease_end(marker_lease_millis(options)),
+            };
+            doc! { "$cond": [placed, ours, keep.clone()] }.into()
+        }
+        None => keep.clone(),
+    };
+    let when_admitted: Bson = doc! { "$cond": [&ours_or_none, "$$REMOVE", keep] }.into();
     vec![
         doc! { "$set": {
             HOLDERS: schema::live_members(HOLDERS, None),
             MAX_COUNT: { "$ifNull": [format!("${MAX_COUNT}"), max_count] },
+            WAITING: { "$cond": [
+                { "$gt": [format!("${WAITING}.{EXPIRES_AT}"), "$$NOW"] },
+                format!("${WAITING}"),
+                "$$REMOVE",
+            ] },
         } },
         doc! { "$set": { ADMITTED: { "$and": [
-            { "$eq": [format!("${MAX_COUNT}"), max_count] },
-            { "$lt": [{ "$size": format!("${HOLDERS}") }, max_count] },
-            { "$eq": [{ "$in": [lock_id, schema::member_ids(HOLDERS)] }, false] },
+            { "$or": [
+                { "$eq": [format!("${MAX_COUNT}"), max_count] },
+                { "$eq": [{ "$type": format!("${RESIZED_AT}") }, "date"] },
+            ] },
+            fits,
+            not_there,
         ] } } },
-        doc! { "$set": { FENCING_TOKEN: { "$cond": [
-            &admitted,
-            schema::next_fencing_token(FENCING_TOKEN),
-            format!("${FENCING_TOKEN}"),
-        ] } } },
+        doc! { "$set": {
+            FENCING_TOKEN: { "$cond": [
+                &admitted,
+                schema::next_fencing_token(FENCING_TOKEN),
+                format!("${FENCING_TOKEN}"),
+            ] },
+            WAITING: { "$cond": [&admitted, when_admitted, when_not_admitted] },
+        } },
         doc! { "$set": { HOLDERS: { "$cond": [
             &admitted,
             { "$concatArrays": [format!("${HOLDERS}"), [lease]] },
             format!("${HOLDERS}"),
         ] } } },
         doc! { "$unset": ADMITTED },
-        schema::retain(options.expiry_millis()),
+        schema::retain(options.expiry_millis().max(marker_lease_millis(options))),
     ]
 }
 
@@ -494,28 +766,60 @@ mod tests {
             HOLDERS: [holder("a", 7), holder("b", 8)],
         };
         assert_eq!(
-            read_join_reply(&document, "b", 2),
+            read_join_reply(&document, "b", 1, 2),
             JoinReply::Joined(Place {
                 token: Some(8),
                 places_left: false,
             })
         );
-        assert_eq!(read_join_reply(&document, "c", 2), JoinReply::Full);
+        assert_eq!(read_join_reply(&document, "c", 1, 2), JoinReply::Full);
         assert_eq!(
-            read_join_reply(&document, "a", 3),
+            read_join_reply(&document, "a", 1, 3),
             JoinReply::OtherCount("2".to_owned())
         );
         let first = doc! { MAX_COUNT: 3_i64, HOLDERS: [holder("a", 1)] };
         assert_eq!(
-            read_join_reply(&first, "a", 3),
+            read_join_reply(&first, "a", 1, 3),
             JoinReply::Joined(Place {
                 token: Some(1),
                 places_left: true,
             })
         );
         assert_eq!(
-            read_join_reply(&doc! {}, "a", 3),
+            read_join_reply(&doc! {}, "a", 1, 3),
             JoinReply::OtherCount("none".to_owned())
         );
+    }
+
+    #[test]
+    fn a_join_reply_counts_places_and_follows_a_set_count() {
+        let weighted = doc! {
+            MAX_COUNT: 4_i64,
+            HOLDERS: [
+                { EMBEDDED_ID: "a", FENCING_TOKEN: 1_i64, PLACES: 3_i64 },
+                { EMBEDDED_ID: "b", FENCING_TOKEN: 2_i64 },
+            ],
+        };
+        assert_eq!(
+            read_join_reply(&weighted, "a", 3, 4),
+            JoinReply::Joined(Place {
+                token: Some(1),
+                places_left: false,
+            }),
+            "3 + 1 of 4 places taken"
+        );
+        assert_eq!(read_join_reply(&weighted, "c", 2, 4), JoinReply::Full);
+        // Once set by `set_max_count`, the stored count rules, whatever the caller's.
+        let resized = doc! {
+            MAX_COUNT: 2_i64,
+            RESIZED_AT: mongodb::bson::DateTime::now(),
+            HOLDERS: [{ EMBEDDED_ID: "a", FENCING_TOKEN: 1_i64 }],
+        };
+        assert_eq!(read_join_reply(&resized, "b", 1, 5), JoinReply::Full);
+        assert_eq!(read_join_reply(&resized, "b", 3, 5), JoinReply::TooMany(2));
+        assert!(matches!(
+            read_join_reply(&resized, "a", 1, 5),
+            JoinReply::Joined(_)
+        ));
     }
 }

@@ -452,6 +452,22 @@ fn operator_expression(
                     .collect(),
             ))
         }
+        // One expression that yields an array: the sum of its numbers; several: the sum of
+        // those that are numbers. Anything else counts as nothing, as in MongoDB.
+        "$sum" => {
+            let values = match argument {
+                Bson::Array(_) => arguments(),
+                _ => match evaluate(argument, document, now) {
+                    Some(Bson::Array(items)) => items.into_iter().map(Some).collect(),
+                    other => vec![other],
+                },
+            };
+            let numbers = values.iter().filter_map(|value| match value {
+                Some(number @ (Bson::Int32(_) | Bson::Int64(_))) => Some(integer(number)),
+                _ => None,
+            });
+            Some(Bson::Int64(numbers.sum()))
+        }
         "$size" => match evaluate(argument, document, now) {
             Some(Bson::Array(items)) => Some(Bson::Int32(
                 i32::try_from(items.len()).expect("a small array"),
@@ -722,6 +738,25 @@ mod tests {
             at(0),
         );
         assert_eq!(kept, Some(Bson::from(vec![doc! { "id": "b", "n": 5_i64 }])));
+    }
+
+    #[test]
+    fn sum_adds_the_numbers_of_an_array_or_of_its_arguments() {
+        let stored = doc! { "m": [{ "p": 2_i64 }, { "q": 1 }, { "p": 3 }] };
+        let places = doc! { "$sum": { "$map": {
+            "input": "$m",
+            "as": "x",
+            "in": { "$ifNull": ["$$x.p", 1_i64] },
+        } } };
+        assert_eq!(
+            evaluate(&Bson::from(places), &stored, at(0)),
+            Some(Bson::Int64(6))
+        );
+        let mixed = doc! { "$sum": [1_i64, "a", 2, "$missing"] };
+        assert_eq!(
+            evaluate(&Bson::from(mixed), &stored, at(0)),
+            Some(Bson::Int64(3))
+        );
     }
 
     #[test]

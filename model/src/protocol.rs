@@ -230,6 +230,10 @@ pub struct Caller {
     /// this many ticks and by [`SHORT_EXTENSION_TICKS`] in turn (less than is left of the lease
     /// then: an extension never shortens it).
     pub extends: Option<u8>,
+    /// In a semaphore, how many places it asks for at once (`acquire_many`); a waiter for more
+    /// than one places a waiting mark (`waiting`) that holds the places it needs back from the
+    /// others. (Such a caller has no peer in its process: no release hands it places.)
+    pub places: u8,
 }
 
 /// What the checker explores.
@@ -286,6 +290,9 @@ pub struct Config {
     /// family, or once the loop stopped reading the server's clock); otherwise each goes alone,
     /// as the crate renews two.
     pub batch_renewals: bool,
+    /// A semaphore's count an operator may set, once, at any moment (`set_max_count` through
+    /// router R0): the stored count rules from then on; holders keep their places.
+    pub resize: Option<u8>,
 }
 
 /// Which kind of lock the model runs. Every kind but the exclusive lock keeps no details and no
@@ -356,6 +363,7 @@ impl Default for Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
                 Caller {
                     process: 0,
@@ -368,6 +376,7 @@ impl Default for Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
                 Caller {
                     process: 1,
@@ -380,6 +389,7 @@ impl Default for Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
             ],
             faults: 1,
@@ -399,6 +409,7 @@ impl Default for Config {
             kind: Kind::Exclusive,
             lock_or_insert: false,
             batch_renewals: false,
+            resize: None,
         }
     }
 }
@@ -421,6 +432,7 @@ impl Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
                 Caller {
                     process: 1,
@@ -433,6 +445,7 @@ impl Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
             ],
             slow_replies: true,
@@ -503,6 +516,7 @@ impl Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
                 Caller {
                     process: 0,
@@ -515,6 +529,7 @@ impl Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
                 Caller {
                     process: 1,
@@ -527,6 +542,7 @@ impl Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
             ],
             faults: 0,
@@ -656,6 +672,7 @@ impl Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
                 Caller {
                     process: 1,
@@ -668,6 +685,7 @@ impl Config {
                     replaces: false,
                     transaction: false,
                     extends: None,
+                    places: 1,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -699,6 +717,33 @@ impl Config {
     /// a place at once, in every interleaving.
     pub fn a_semaphore_of_two_places() -> Config {
         Config {
+            kind: Kind::Semaphore(2),
+            ..Config::default()
+        }
+    }
+
+    /// A semaphore of two places whose count an operator sets to one at any moment
+    /// (`set_max_count`, through router R0): holders keep their places, and no admission leaves
+    /// more places taken than the stored count; every caller is still served. No network fault
+    /// (with one: 5.2 million states).
+    pub fn a_semaphore_whose_count_is_set_lower() -> Config {
+        Config {
+            kind: Kind::Semaphore(2),
+            resize: Some(1),
+            faults: 0,
+            ..Config::default()
+        }
+    }
+
+    /// A semaphore of two places: the long holder and the short one of process 0 ask one place
+    /// each, the caller of process 1 both at once (`acquire_many(2)`), as one lease in one
+    /// command; while it waits, its mark holds the places it needs back from the others. At
+    /// most two places are held at once, by weight.
+    pub fn a_semaphore_with_weighted_places() -> Config {
+        let mut callers = Config::default().callers;
+        callers[2].places = 2;
+        Config {
+            callers,
             kind: Kind::Semaphore(2),
             ..Config::default()
         }
@@ -1130,14 +1175,17 @@ impl LeaseProtocol {
         let semaphore = |filter, update| Command { filter, update };
         match key {
             CommandKey::Attempt {
-                lock_id, client, ..
+                lock_id,
+                client,
+                marker,
             } => semaphore(
                 code::attempt_filter(NAME),
                 code::semaphore::attempt_update(
                     &lock_id_name(lock_id),
+                    self.places_of(client),
                     places,
                     self.options_of(client),
-                    None,
+                    (marker > 0).then(|| marker_of(marker)).as_deref(),
                 ),
             ),
             CommandKey::Renew {
@@ -1169,10 +1217,16 @@ impl LeaseProtocol {
                 client,
             } => {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
+                assert_eq!(
+                    self.places_of(client),
+                    1,
+                    "no release hands several places over"
+                );
                 semaphore(
                     code::semaphore::transfer_filter(NAME, &releasing, &waiter),
                     code::semaphore::transfer_update(
                         &waiter,
+                        1,
                         places,
                         self.options_of(client),
                         &releasing,
@@ -1354,8 +1408,10 @@ impl LeaseProtocol {
         let lock_id = &lock_id_name(lock_id);
         let won = match self.config.kind {
             Kind::Exclusive => code::attempt_won(document, lock_id),
-            Kind::Semaphore(places) => code::semaphore::won(document, lock_id, places.into())
-                .expect("the model's callers agree on the count"),
+            Kind::Semaphore(places) => {
+                { code::semaphore::won(document, lock_id, self.places_of(client), places.into()) }
+                    .expect("the model's callers agree on the count")
+            }
             Kind::ReaderWriter => {
                 let reads = self.config.callers[usize::from(client)].reads;
                 code::reader_writer::won(document, reads, lock_id)
@@ -1371,6 +1427,65 @@ impl LeaseProtocol {
     /// Whether `client` reads a reader-writer lock: it has no fencing token.
     fn reads(&self, client: usize) -> bool {
         self.config.kind == Kind::ReaderWriter && self.config.callers[client].reads
+    }
+
+    /// Whether `client`'s attempt (placing `marker`, 0 for none) through `router` asks places
+    /// that would fit beside the live leases of the semaphore, while another wait's live mark
+    /// holds them back.
+    fn held_back_by_a_mark(&self, state: &State, router: u8, client: u8, marker: u8) -> bool {
+        let Kind::Semaphore(max_count) = self.config.kind else {
+            return false;
+        };
+        let Some(lock) = &state.lock else {
+            return false;
+        };
+        let now = self.server_now(state, router).timestamp_millis();
+        let marked = lock.waiting.is_some_and(|(wait, _, expires_at)| {
+            expires_at > now && (marker == 0 || wait != marker)
+        });
+        let taken = lock.live_places(now);
+        marked && taken + i64::from(self.places_of(client)) <= i64::from(max_count)
+    }
+
+    /// Whether `client`'s attempt through `router` asks places that the semaphore's configured
+    /// count would admit beside the live leases, while a count an operator set lower is stored.
+    fn fits_the_old_count(&self, state: &State, router: u8, client: u8) -> bool {
+        let Kind::Semaphore(max_count) = self.config.kind else {
+            return false;
+        };
+        let Some(lock) = state
+            .lock
+            .as_ref()
+            .filter(|lock| lock.resized_at_ms.is_some())
+        else {
+            return false;
+        };
+        let now = self.server_now(state, router).timestamp_millis();
+        let taken = lock.live_places(now);
+        let places = i64::from(self.places_of(client));
+        lock.max_count
+            .is_some_and(|count| count < i64::from(max_count))
+            && taken + places <= i64::from(max_count)
+    }
+
+    /// After an admission through `router`: the places of the live leases (by its clock) fit
+    /// the stored count. (A count set lower leaves its holders beyond it, evicting nobody, but
+    /// then admits nobody until they fit.)
+    fn check_within_count(&self, state: &mut State, router: u8) {
+        if !matches!(self.config.kind, Kind::Semaphore(_)) {
+            return;
+        }
+        let Some(lock) = &state.lock else {
+            return;
+        };
+        let now = self.server_now(state, router).timestamp_millis();
+        let taken = lock.live_places(now);
+        state.admitted_within_count &= lock.max_count.is_some_and(|count| taken <= count);
+    }
+
+    /// How many places `client` asks of a semaphore at once.
+    fn places_of(&self, client: impl Into<usize>) -> u32 {
+        self.config.callers[client.into()].places.into()
     }
 
     fn mistake(&self, mistake: Mistake) -> bool {
@@ -1691,6 +1806,10 @@ pub struct LockDocument {
     /// (`committedBy`).
     pub embedded: Option<EmbeddedLease>,
     pub committed_by: Option<i64>,
+    /// A semaphore's waiting mark: the wait it names, the places it holds back, its expiry.
+    pub waiting: Option<(u8, i64, i64)>,
+    /// When an operator set a semaphore's count (`resizedAt`).
+    pub resized_at_ms: Option<i64>,
 }
 
 /// A reader-writer lock's leases, as stored.
@@ -1718,9 +1837,19 @@ pub struct Member {
     pub lock_id: u8,
     pub expires_at_ms: i64,
     pub token: i64,
+    /// How many places it takes (`places`, 1 where absent).
+    pub places: i64,
 }
 
 impl LockDocument {
+    /// The places a semaphore's leases live at `now` (server time, in ms) take.
+    fn live_places(&self, now: i64) -> i64 {
+        (self.holders.iter())
+            .filter(|member| member.expires_at_ms > now)
+            .map(|member| member.places)
+            .sum()
+    }
+
     /// The stored end of the lease `lock_id`, wherever its kind keeps it.
     fn end_of(&self, lock_id: u8) -> Option<i64> {
         let embedded = |lease: &EmbeddedLease| {
@@ -1812,6 +1941,7 @@ fn members(document: &Document) -> Vec<Member> {
                     .expect("a member's expiry")
                     .timestamp_millis(),
                 token: token_of(member.get("fencingToken")).expect("a member's token"),
+                places: token_of(member.get("places")).unwrap_or(1),
             }
         })
         .collect()
@@ -1921,6 +2051,11 @@ pub struct State {
     /// Process 0 stands still until this tick.
     pub paused_until: Option<u8>,
     pub may_force_release: bool,
+    /// Whether the operator's resize ([`Config::resize`]) is still to come.
+    pub may_resize: bool,
+    /// No semaphore admission left its places beyond the stored count (by the admitting
+    /// router's clock).
+    pub admitted_within_count: bool,
     /// The lease an operator ended (by a forced release, or by deleting the lock's document),
     /// and when.
     pub forced: Vec<(u8, At)>,
@@ -1958,6 +2093,14 @@ pub struct State {
     pub renewal_met_another: bool,
     /// A holder's extension matched its lease but left a later end it did not reach as it was.
     pub extension_kept_a_later_end: bool,
+    /// An attempt on a semaphore whose places would have fit was refused for another wait's
+    /// mark.
+    pub mark_held_places_back: bool,
+    /// A semaphore's caller holds several places at once.
+    pub several_places_held: bool,
+    /// An attempt the semaphore's configured count would admit was refused under a count an
+    /// operator set lower.
+    pub set_count_kept_an_attempt_out: bool,
     /// For coverage: an operator ended a lease a caller held.
     pub operator_ended_a_held_lease: bool,
     /// For coverage: a transfer applied, but its reply came after a shutdown took its undo.
@@ -2159,6 +2302,8 @@ pub enum Action {
     Purge,
     /// An operator deletes the lock's document by hand ([`Config::delete_by_hand`]).
     DeleteByHand,
+    /// An operator sets a semaphore's count ([`Config::resize`]).
+    Resize,
 }
 
 impl LeaseProtocol {
@@ -2195,14 +2340,31 @@ impl LeaseProtocol {
                     .holders
                     .iter()
                     .map(|member| {
-                        doc! {
+                        let mut stored = doc! {
                             "id": lock_id_name(member.lock_id),
                             "expiresAt": DateTime::from_millis(member.expires_at_ms),
                             "fencingToken": member.token,
+                        };
+                        if member.places > 1 {
+                            stored.insert("places", member.places);
                         }
+                        stored
                     })
                     .collect();
                 document.insert("holders", holders);
+                if let Some(at) = lock.resized_at_ms {
+                    document.insert("resizedAt", DateTime::from_millis(at));
+                }
+                if let Some((wait, places, expires_at)) = lock.waiting {
+                    document.insert(
+                        "waiting",
+                        doc! {
+                            "id": marker_of(wait),
+                            "places": places,
+                            "expiresAt": DateTime::from_millis(expires_at),
+                        },
+                    );
+                }
             }
             if let Some(rw) = &lock.reader_writer {
                 let readers: Vec<Document> = rw
@@ -2288,6 +2450,20 @@ impl LeaseProtocol {
                 .ok()
                 .map(EmbeddedLease::read),
             committed_by: token_of(document.get("committedBy")),
+            resized_at_ms: document
+                .get_datetime("resizedAt")
+                .ok()
+                .map(|at| at.timestamp_millis()),
+            waiting: document.get_document("waiting").ok().map(|mark| {
+                let id = mark.get_str("id").expect("a mark's id");
+                let places = token_of(mark.get("places")).expect("a mark's places");
+                let expires_at = mark.get_datetime("expiresAt").expect("an expiry");
+                (
+                    id[1..].parse().expect("a model wait"),
+                    places,
+                    expires_at.timestamp_millis(),
+                )
+            }),
         });
     }
 
@@ -2599,6 +2775,11 @@ impl LeaseProtocol {
                                 until > self.server_now(state, router).timestamp_millis()
                             })
                     });
+                // Whether the places asked would fit beside the live leases, but for another
+                // wait's mark (a coverage flag, computed only for a semaphore with a mark).
+                let fits_but_for_a_mark = self.held_back_by_a_mark(state, router, client, marker);
+                let fits_the_old_count = self.fits_the_old_count(state, router, client);
+                let stored_before = state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
                 // (A document lock's attempt is no upsert: it matches an unlocked document or
                 // nothing, and then the lock is busy.)
                 let upsert = self.config.kind != Kind::Document;
@@ -2606,6 +2787,14 @@ impl LeaseProtocol {
                     .update(state, router, &attempt.filter, &attempt.update, upsert)
                     .and_then(|document| self.won(&document, client, lock_id));
                 state.window_kept_an_attempt_out |= window_alone && won.is_none();
+                state.mark_held_places_back |= fits_but_for_a_mark && won.is_none();
+                state.set_count_kept_an_attempt_out |= fits_the_old_count && won.is_none();
+                // (An attempt applied again finds its lease there: no admission.)
+                if won.is_some() && !stored_before {
+                    self.check_within_count(state, router);
+                }
+                state.several_places_held |=
+                    won.is_some() && self.config.callers[usize::from(client)].places > 1;
                 if won.is_some() {
                     self.check_details(state, details, replaced_details);
                 }
@@ -2851,11 +3040,15 @@ impl LeaseProtocol {
                 });
                 let router = Self::router_of(state, waiter);
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
+                let stored_before = state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
                 let token = self
                     .update(state, router, &transfer.filter, &transfer.update, false)
                     .and_then(|document| self.won(&document, waiter, lock_id));
                 if token.is_some() {
                     self.check_details(state, details, replaced_details);
+                    if !stored_before {
+                        self.check_within_count(state, router);
+                    }
                     state.transfer_wrote_a_window |= state
                         .lock
                         .as_ref()
@@ -2943,7 +3136,10 @@ impl LeaseProtocol {
                 self.deliver_holder_write(state, client, lock_id, token, key);
             }
             Message::RemoveMarker { client, marker } => {
-                let (filter, update) = code::reader_writer::remove_marker(NAME, &marker_of(marker));
+                let (filter, update) = match self.config.kind {
+                    Kind::Semaphore(_) => code::semaphore::marker_removal(NAME, &marker_of(marker)),
+                    _ => code::reader_writer::remove_marker(NAME, &marker_of(marker)),
+                };
                 let router = Self::router_of(state, client);
                 self.apply_operators(state, router, &filter, &update);
             }
@@ -3495,7 +3691,12 @@ impl LeaseProtocol {
                         }],
                         Some(self.settle_by(at)),
                     );
-                    let marker = if self.config.kind == Kind::ReaderWriter && !self.reads(client) {
+                    let marks = match self.config.kind {
+                        Kind::ReaderWriter => !self.reads(client),
+                        Kind::Semaphore(_) => self.config.callers[client].places > 1,
+                        Kind::Exclusive | Kind::Document => false,
+                    };
+                    let marker = if marks {
                         *state.clients[client].wait.get_or_insert(lock_id)
                     } else {
                         0
@@ -3892,6 +4093,8 @@ impl LeaseProtocol {
                     reader_writer: None,
                     embedded: None,
                     committed_by: None,
+                    waiting: None,
+                    resized_at_ms: None,
                 }
             }),
             resource: None,
@@ -3920,6 +4123,8 @@ impl LeaseProtocol {
             may_pause: self.config.pause.is_some(),
             paused_until: None,
             may_force_release: self.config.force_release,
+            may_resize: self.config.resize.is_some(),
+            admitted_within_count: true,
             forced: Vec::new(),
             max_token_held: None,
             tokens_increase: true,
@@ -3933,6 +4138,9 @@ impl LeaseProtocol {
             abandoned_win_released: false,
             renewal_met_another: false,
             extension_kept_a_later_end: false,
+            mark_held_places_back: false,
+            several_places_held: false,
+            set_count_kept_an_attempt_out: false,
             operator_ended_a_held_lease: false,
             transfer_undone_by_a_shutdown: false,
             acquired_at: BTreeMap::new(),
@@ -4025,6 +4233,9 @@ impl Model for LeaseProtocol {
         if state.may_force_release {
             actions.push(Action::ForceRelease);
         }
+        if state.may_resize {
+            actions.push(Action::Resize);
+        }
         if state.may_crash {
             actions.push(Action::Crash);
         }
@@ -4100,6 +4311,12 @@ impl Model for LeaseProtocol {
             Action::Pause => {
                 state.may_pause = false;
                 state.paused_until = self.config.pause.map(|ticks| state.now + ticks);
+            }
+            Action::Resize => {
+                state.may_resize = false;
+                let count = self.config.resize.expect("a resize");
+                let (filter, update) = code::semaphore::set_count(NAME, count.into());
+                self.update(&mut state, 0, &filter, &update, true);
             }
             Action::ForceRelease => {
                 state.may_force_release = false;
@@ -4269,7 +4486,11 @@ impl Model for LeaseProtocol {
 type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 
 /// What every state must keep, in the order [`broken`] looks for a counterexample.
-pub const SAFETY: [Condition; 13] = [
+pub const SAFETY: [Condition; 14] = [
+    (
+        "a semaphore admits no lease beyond its count",
+        |_, state| state.admitted_within_count,
+    ),
     // Except the holder of a lease an operator ended, until its next renewal's reply (the
     // property below): by design, a forced release does not ask the holder.
     // A semaphore's: at most `max_count` holders at once; a reader-writer lock's: readers, or
@@ -4277,11 +4498,15 @@ pub const SAFETY: [Condition; 13] = [
     ("mutual exclusion", |model, state| {
         let holders = (0..state.clients.len())
             .filter(|&client| state.believes_it_holds(client) && !state.ended_by_operator(client));
+        // (A semaphore's holder counts its places.)
         let (readers, writers) = holders.fold((0, 0), |(readers, writers), client| {
             if model.reads(client) {
                 (readers + 1, writers)
             } else {
-                (readers, writers + 1)
+                (
+                    readers,
+                    writers + usize::from(model.config.callers[client].places),
+                )
             }
         });
         match model.config.kind {
@@ -4341,7 +4566,19 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 27] = [
+pub const COVERAGE: [Condition; 30] = [
+    (
+        "a count set lower keeps out an attempt the old one admitted",
+        |_, state| state.set_count_kept_an_attempt_out,
+    ),
+    (
+        "a waiting mark holds free places back from a waiter for fewer",
+        |_, state| state.mark_held_places_back,
+    ),
+    (
+        "a semaphore's caller holds several places at once",
+        |_, state| state.several_places_held,
+    ),
     (
         "an extension leaves a later end it does not reach as it is",
         |_, state| state.extension_kept_a_later_end,
@@ -4565,6 +4802,10 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
             Action::Purge => format!(
                 "an operator purges the collection: deleted {:?} of the others",
                 after.others_deleted
+            ),
+            Action::Resize => format!(
+                "an operator sets the semaphore's count to {:?}",
+                after.lock.as_ref().and_then(|lock| lock.max_count)
             ),
             Action::DeleteByHand => match after.forced.first() {
                 Some((lock_id, _)) => {

@@ -338,6 +338,27 @@ fn a_lease_its_holder_extends_by_hand() {
 }
 
 #[test]
+fn a_semaphore_whose_count_an_operator_sets_lower() {
+    verify(
+        "a semaphore whose count is set lower",
+        Config::a_semaphore_whose_count_is_set_lower(),
+        &["a count set lower keeps out an attempt the old one admitted"],
+    );
+}
+
+#[test]
+fn a_semaphore_whose_caller_asks_for_both_places_at_once() {
+    verify(
+        "a semaphore with weighted places",
+        Config::a_semaphore_with_weighted_places(),
+        &[
+            "a waiting mark holds free places back from a waiter for fewer",
+            "a semaphore's caller holds several places at once",
+        ],
+    );
+}
+
+#[test]
 fn a_semaphore_place_its_holder_extends_by_hand() {
     verify(
         "a semaphore place extended by hand",

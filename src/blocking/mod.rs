@@ -224,7 +224,15 @@ macro_rules! returned_as_is {
         )*
     };
 }
-returned_as_is!((), bool, u64, LockStatus, Vec<LockStatus>, crate::Purgeable);
+returned_as_is!(
+    (),
+    bool,
+    u32,
+    u64,
+    LockStatus,
+    Vec<LockStatus>,
+    crate::Purgeable
+);
 
 impl<A, B: FromAsync<A>> FromAsync<Option<A>> for Option<B> {
     fn from_async(inner: Option<A>, background: &Arc<Background>) -> Self {

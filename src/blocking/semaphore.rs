@@ -43,6 +43,21 @@ impl MongoDistributedSemaphore {
         fn try_acquire(&self) -> Option<LockGuard>;
         /// Blocks at most `timeout` for a place; `Ok(None)` if every place stayed taken.
         fn try_acquire_timeout(&self, timeout: Duration) -> Option<LockGuard>;
+        /// Blocks until `places` places are acquired at once; see
+        /// [`crate::MongoDistributedSemaphore::acquire_many`].
+        fn acquire_many(&self, places: u32) -> LockGuard;
+        /// Blocks at most `timeout` for `places` places at once.
+        fn acquire_many_timeout(&self, places: u32, timeout: Duration) -> LockGuard;
+        /// Makes one attempt for `places` places at once; `Ok(None)` if fewer are free.
+        fn try_acquire_many(&self, places: u32) -> Option<LockGuard>;
+        /// Blocks at most `timeout` for `places` places at once; `Ok(None)` if fewer stayed
+        /// free.
+        fn try_acquire_many_timeout(&self, places: u32, timeout: Duration) -> Option<LockGuard>;
+        /// How many places are free now, read from the server.
+        fn available(&self) -> u32;
+        /// Sets the number of places for every process; see
+        /// [`crate::MongoDistributedSemaphore::set_max_count`].
+        fn set_max_count(&self, max_count: u32) -> ();
         /// The current holders.
         fn holders(&self) -> Vec<LockStatus>;
         /// A watch of the semaphore's holders, read every `every`.

@@ -11,15 +11,15 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use mongodb::Collection;
 use mongodb::bson::{Bson, DateTime, Document, doc};
-use mongodb::options::ReadConcern;
+use mongodb::options::{ReadConcern, WriteConcern};
 
 use super::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, Ending, FENCING_TOKEN, HOLDERS, ID, LOCK_ID,
-    Layout, MIN_HOLD_UNTIL, READERS, RENEWED_AT, RETENTION, Stored, WAITING_WRITER, WRITER,
-    end_lease, live_members, primary,
+    Layout, MAX_COUNT, MIN_HOLD_UNTIL, PLACES, READERS, RENEWED_AT, RESIZED_AT, RETENTION, Stored,
+    WAITING_WRITER, WRITER, end_lease, live_members, places_of, primary,
 };
 use crate::details::LockDetails;
-use crate::error::{Error, Operation, Result, shown_name};
+use crate::error::{Error, Operation, Result, is_duplicate_key, shown_name};
 use crate::lock_status::{LockKind, LockStatus};
 use crate::options::LockOptions;
 use crate::token::FencingToken;
@@ -93,6 +93,10 @@ fn of_holder(
         kept,
         min_hold_until: date(MIN_HOLD_UNTIL),
         details: holder.get(DETAILS).and_then(LockDetails::from_bson),
+        places: match kind {
+            LockKind::Semaphore => u32::try_from(places_of(holder)).unwrap_or(u32::MAX),
+            _ => 1,
+        },
     }
 }
 
@@ -320,6 +324,74 @@ pub(crate) fn force_release_reader_writer_command(name: &str) -> (Document, Vec<
         READERS: [],
         WRITER: token_only,
         WAITING_WRITER: "$$REMOVE",
+    } }];
+    (filter, update)
+}
+
+/// Semaphore `name`'s stored count (`None` without a document) and the places its live leases
+/// take, read at one server instant from the primary.
+pub(crate) async fn semaphore_places(
+    collection: &Collection<Document>,
+    name: &str,
+) -> Result<(Option<i64>, i64)> {
+    let taken = doc! { "$sum": { "$map": {
+        "input": live_members(HOLDERS, None),
+        "as": "m",
+        "in": { "$ifNull": [format!("$$m.{PLACES}"), 1] },
+    } } };
+    let rows: Vec<Document> = collection
+        .aggregate([
+            doc! { "$match": { ID: name, "$expr": Stored::Semaphore.shape() } },
+            doc! { "$project": { MAX_COUNT: 1, "taken": taken } },
+        ])
+        .selection_criteria(primary())
+        .read_concern(ReadConcern::local())
+        .await?
+        .try_collect()
+        .await?;
+    let Some(row) = rows.first() else {
+        return Ok((None, 0));
+    };
+    let taken = row.get("taken").and_then(read_i64).unwrap_or(0);
+    Ok((row.get(MAX_COUNT).and_then(read_i64), taken))
+}
+
+/// Sets semaphore `name`'s count to `max_count` for every caller (see
+/// `MongoDistributedSemaphore::set_max_count`), creating its document if need be; refused when a
+/// document of that name is not a semaphore's.
+pub(crate) async fn set_semaphore_count(
+    collection: &Collection<Document>,
+    name: &str,
+    max_count: u32,
+    write_concern: &WriteConcern,
+) -> Result<()> {
+    let (filter, update) = set_semaphore_count_command(name, max_count);
+    match collection
+        .update_one(filter, update)
+        .upsert(true)
+        .write_concern(write_concern.clone())
+        .await
+    {
+        Ok(_) => Ok(()),
+        // The name is taken by a document that is not a semaphore's: the upsert's insert clashed.
+        Err(error) if is_duplicate_key(&error) => Err(Error::InvalidArgument(format!(
+            "set_max_count: the document {:?} in {:?} is not a semaphore's",
+            shown_name(name),
+            collection.name()
+        ))),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The filter and update pipeline of [`set_semaphore_count`]: run with upsert, on a document
+/// shaped like a semaphore's (a missing one is created, with no holders).
+pub(crate) fn set_semaphore_count_command(name: &str, max_count: u32) -> (Document, Vec<Document>) {
+    let filter = doc! { ID: name, "$expr": Stored::Semaphore.shape() };
+    let update = vec![doc! { "$set": {
+        MAX_COUNT: i64::from(max_count),
+        RESIZED_AT: "$$NOW",
+        HOLDERS: { "$ifNull": [format!("${HOLDERS}"), []] },
+        EXPIRES_AT: { "$ifNull": [format!("${EXPIRES_AT}"), "$$NOW"] },
     } }];
     (filter, update)
 }

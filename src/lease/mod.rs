@@ -43,6 +43,7 @@ pub(crate) mod held;
 pub(crate) mod lost;
 pub(crate) mod schema;
 pub(crate) mod state;
+pub(crate) mod waiting_marker;
 
 // The engine's internals, reachable from outside only through what is re-exported below.
 mod backoff;

@@ -48,6 +48,14 @@ pub(crate) const WAITING_WRITER: &str = "waitingWriter";
 pub(crate) const HOLDERS: &str = "holders";
 /// A semaphore's number of places.
 pub(crate) const MAX_COUNT: &str = "maxCount";
+/// How many places a semaphore holder's lease takes, when more than one.
+pub(crate) const PLACES: &str = "places";
+/// A semaphore's marker of the waiter for several places that waits first: `{id, places,
+/// expiresAt}`.
+pub(crate) const WAITING: &str = "waiting";
+/// When a semaphore's `maxCount` was last set by `set_max_count`: from then on it is the count,
+/// whatever its callers were built with.
+pub(crate) const RESIZED_AT: &str = "resizedAt";
 
 /// A fresh lock id: names one acquisition attempt and, if it wins, the lease.
 pub(crate) fn new_lock_id() -> String {
@@ -541,7 +549,15 @@ impl Stored {
                 is(READERS, &["array"]),
             ),
             Stored::Semaphore => (
-                &[ID, EXPIRES_AT, HOLDERS, MAX_COUNT, FENCING_TOKEN],
+                &[
+                    ID,
+                    EXPIRES_AT,
+                    HOLDERS,
+                    MAX_COUNT,
+                    FENCING_TOKEN,
+                    WAITING,
+                    RESIZED_AT,
+                ],
                 is(HOLDERS, &["array"]),
             ),
         }
@@ -603,6 +619,15 @@ pub(crate) fn live_members(field: &str, lock_ids: Option<&[String]>) -> Document
         "as": "m",
         "cond": cond,
     } }
+}
+
+/// How many places a semaphore holder's lease takes (`places`, 1 where absent or unreadable).
+pub(crate) fn places_of(holder: &Document) -> i64 {
+    holder
+        .get(PLACES)
+        .and_then(read_i64)
+        .filter(|places| *places >= 1)
+        .unwrap_or(1)
 }
 
 /// The outcome of an acquisition attempt, read from the document it returned.

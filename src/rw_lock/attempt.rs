@@ -1,7 +1,7 @@
 //! One attempt on a reader-writer lock's document: its update pipelines, and whether it won.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+#[cfg(test)]
 use std::time::Duration;
 
 use mongodb::bson::{Bson, Document, doc};
@@ -22,8 +22,8 @@ use crate::options::LockOptions;
 use crate::token::FencingToken;
 use crate::token::read_i64;
 
-use super::waiting_writer::WaitingWriter;
 use super::{Mode, ReadGuard};
+use crate::lease::waiting_marker::{WaitingMarker, marker_lease_millis};
 
 /// A field that lives only inside one update pipeline.
 pub(super) const WRITE_IS_FREE: &str = "_writeIsFree";
@@ -72,7 +72,7 @@ impl Claim for Reading {
 /// marker is removed once the last attempt's outcome is in, so that an attempt applied after the
 /// removal cannot place it again.
 pub(super) struct Writing {
-    pub(super) marker: Arc<WaitingWriter>,
+    pub(super) marker: Arc<WaitingMarker>,
     pub(super) wait: Wait,
 }
 
@@ -81,7 +81,7 @@ impl Claim for Writing {
     const TAKES_OVER: bool = false;
 
     fn target(&self) -> &Target {
-        &self.marker.target
+        self.marker.target()
     }
 
     fn layout(&self) -> Layout {
@@ -94,9 +94,9 @@ impl Claim for Writing {
         // Only a writer with time left to wait holds readers back.
         let waits = !self.wait.is_over();
         if waits {
-            self.marker.placed.store(true, Ordering::Relaxed);
+            self.marker.may_be_placed();
         }
-        let target = &self.marker.target;
+        let target = self.marker.target();
         let (options, details) = (&target.options, target.details.as_ref());
         write_update(options, details, lock_id, &self.marker.id, waits)
     }
@@ -108,7 +108,7 @@ impl Claim for Writing {
         lock_id: String,
         request: Request,
     ) -> Result<Option<LockGuard>> {
-        let target = &self.marker.target;
+        let target = self.marker.target();
         let won = hold(target, runtime, Mode::Write, &document, lock_id, request)?;
         Ok(won.map(|(lease, token)| LockGuard::new(lease, token)))
     }
@@ -305,12 +305,6 @@ pub(crate) fn write_update(
         doc! { "$unset": WRITE_IS_FREE },
         retain(options.expiry_millis().max(marker_lease_millis(options))),
     ]
-}
-
-/// The waiting-writer marker's lease: longer than the longest sleep between two attempts.
-pub(super) fn marker_lease_millis(options: &LockOptions) -> i64 {
-    let lease = options.busy_wait_sleep_time().1 * 2 + Duration::from_secs(1);
-    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -1,20 +1,19 @@
 //! The reader-writer lock: any number of readers, or one writer.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use mongodb::Database;
 use mongodb::bson::doc;
-use tokio::runtime::Handle;
 
 use crate::details::LockDetails;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::family::Family;
 use crate::lease::held::{self};
-use crate::lease::schema::{ID, new_lock_id};
+use crate::lease::schema::{ID, WAITING_WRITER};
+use crate::lease::waiting_marker::WaitingMarker;
 use crate::lease::{Problem, Target, admin};
 use crate::lock_status::{LockKind, LockStatus};
 use crate::options::LockOptions;
@@ -23,11 +22,9 @@ use futures::future::BoxFuture;
 
 pub(crate) mod attempt;
 mod read_guard;
-pub(crate) mod waiting_writer;
 
 use attempt::{Reading, Writing};
 pub use read_guard::ReadGuard;
-use waiting_writer::WaitingWriter;
 
 /// The default collection of reader-writer locks.
 pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
@@ -124,7 +121,7 @@ impl MongoDistributedReaderWriterLock {
 
     /// Stores the lock in `collection` instead of `distributed_rw_locks`. Defaults to
     /// `distributed_rw_locks`. An invalid name is reported by the first call that talks to the
-    /// server ([`Error::InvalidCollectionName`]).
+    /// server ([`Error::InvalidCollectionName`](crate::Error::InvalidCollectionName)).
     #[must_use]
     pub fn with_collection(mut self, collection: impl Into<String>) -> Self {
         Arc::make_mut(&mut self.target).set_collection(&collection.into());
@@ -175,7 +172,7 @@ impl MongoDistributedReaderWriterLock {
             .await
     }
 
-    /// Waits at most `timeout` for a read lock; [`Error::Timeout`] when it runs out.
+    /// Waits at most `timeout` for a read lock; [`Error::Timeout`](crate::Error::Timeout) when it runs out.
     ///
     /// # Errors
     /// As [`MongoDistributedLock::acquire_timeout`](crate::MongoDistributedLock::acquire_timeout).
@@ -225,7 +222,7 @@ impl MongoDistributedReaderWriterLock {
             .await
     }
 
-    /// Waits at most `timeout` for the write lock; [`Error::Timeout`] when it runs out (the
+    /// Waits at most `timeout` for the write lock; [`Error::Timeout`](crate::Error::Timeout) when it runs out (the
     /// waiting-writer marker is removed before this returns).
     ///
     /// # Errors
@@ -264,10 +261,10 @@ impl MongoDistributedReaderWriterLock {
 
     /// Acquires a read lock (waiting as [`acquire_read`](Self::acquire_read) does), runs `work`
     /// while it is held ([`ReadGuard::run_while_held`]) and releases it: `work`'s output, or
-    /// [`Error::LockLost`] if the read lock was lost first.
+    /// [`Error::LockLost`](crate::Error::LockLost) if the read lock was lost first.
     ///
     /// # Errors
-    /// As [`acquire_read`](Self::acquire_read); [`Error::LockLost`] if the lock was lost before `work`
+    /// As [`acquire_read`](Self::acquire_read); [`Error::LockLost`](crate::Error::LockLost) if the lock was lost before `work`
     /// completed (`work` is dropped then). A release that fails after `work` completed is
     /// logged, not returned: the work ran while the lock was held, and the lease ends by itself
     /// at its expiry at the latest.
@@ -286,10 +283,10 @@ impl MongoDistributedReaderWriterLock {
 
     /// Acquires the write lock (waiting as [`acquire_write`](Self::acquire_write) does), runs
     /// `work` while it is held ([`LockGuard::run_while_held`]) and releases it: `work`'s output,
-    /// or [`Error::LockLost`] if the write lock was lost first.
+    /// or [`Error::LockLost`](crate::Error::LockLost) if the write lock was lost first.
     ///
     /// # Errors
-    /// As [`acquire_write`](Self::acquire_write); [`Error::LockLost`] if the lock was lost before `work`
+    /// As [`acquire_write`](Self::acquire_write); [`Error::LockLost`](crate::Error::LockLost) if the lock was lost before `work`
     /// completed (`work` is dropped then). A release that fails after `work` completed is
     /// logged, not returned: the work ran while the lock was held, and the lease ends by itself
     /// at its expiry at the latest.
@@ -310,7 +307,7 @@ impl MongoDistributedReaderWriterLock {
     /// lease and details; empty when the lock is free.
     ///
     /// # Errors
-    /// [`Error::Mongo`] if the read fails; [`Error::InvalidCollectionName`].
+    /// [`Error::Mongo`](crate::Error::Mongo) if the read fails; [`Error::InvalidCollectionName`](crate::Error::InvalidCollectionName).
     ///
     /// # Cancel safety
     /// Cancel safe: a read only.
@@ -325,8 +322,8 @@ impl MongoDistributedReaderWriterLock {
     /// [`LockWatch`].
     ///
     /// # Errors
-    /// As [`holders`](Self::holders) for the first read; [`Error::InvalidArgument`] for a zero
-    /// `every`; [`Error::NoRuntime`] outside a Tokio runtime.
+    /// As [`holders`](Self::holders) for the first read; [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a zero
+    /// `every`; [`Error::NoRuntime`](crate::Error::NoRuntime) outside a Tokio runtime.
     ///
     /// # Cancel safety
     /// Cancel safe: a read, then a task of the returned watch.
@@ -365,33 +362,13 @@ impl MongoDistributedReaderWriterLock {
     /// writer's marker holds new readers back; it is removed when the wait ends without the
     /// lock (or its future is dropped).
     async fn write_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
-        let target = &self.target;
-        let Ok(runtime) = Handle::try_current() else {
-            return Err(Error::NoRuntime);
-        };
-        let marker = Arc::new(WaitingWriter {
-            target: Arc::clone(target),
-            runtime,
-            id: new_lock_id(),
-            placed: AtomicBool::new(false),
-        });
+        let marker = WaitingMarker::new(&self.target, WAITING_WRITER)?;
         let writing = Arc::new(Writing {
             marker: Arc::clone(&marker),
             wait,
         });
         let result = acquire::acquire(self.acquisition(Mode::Write), wait, writing).await;
-        match &result {
-            // The winning update removed the marker.
-            Ok(Some(_)) => marker.placed.store(false, Ordering::Relaxed),
-            // The wait ran out: readers may go on as soon as this returns.
-            Ok(None) => {
-                if let Some(removal) = marker.remove() {
-                    let _ = removal.await;
-                }
-            }
-            // Dropping the marker removes it in the background.
-            Err(_) => {}
-        }
+        marker.end(&result).await;
         result
     }
 

@@ -300,6 +300,23 @@ fn semaphore_admits_max_count_holders() {
 }
 
 #[test]
+fn a_semaphore_gives_several_places_at_once_and_follows_a_set_count() {
+    let provider = provider(common::options(10_000, 3_000));
+    let semaphore = provider.create_semaphore(common::unique("semaphore"), 3);
+    let two = semaphore.try_acquire_many(2).unwrap().expect("2 of 3 free");
+    assert_eq!(semaphore.available().unwrap(), 1);
+    assert!(semaphore.try_acquire_many(2).unwrap().is_none(), "1 left");
+    semaphore.set_max_count(2).unwrap();
+    assert_eq!(semaphore.available().unwrap(), 0, "2 of 2 taken");
+    assert!(semaphore.try_acquire().unwrap().is_none());
+    two.release().unwrap();
+    let both = semaphore
+        .acquire_many_timeout(2, HANG)
+        .expect("both places of 2");
+    both.release().unwrap();
+}
+
+#[test]
 fn acquire_all_and_administration() {
     let (provider, admin) = two_processes(common::options(10_000, 3_000));
     let (a, b) = (common::unique("all-a"), common::unique("all-b"));

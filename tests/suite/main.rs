@@ -58,5 +58,6 @@ mod shutdown;
 mod tracing_events;
 mod transactions;
 mod watch;
+mod weighted_semaphore;
 mod who_blocks_me;
 mod work_bound_to_lease;
