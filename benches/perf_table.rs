@@ -122,6 +122,10 @@ async fn main() -> Result<()> {
         semaphore_fill(&database, &commands, rtt).await?;
         clock.lap("semaphore");
     }
+    if run("weighted") {
+        weighted_semaphore(&database, &commands).await?;
+        clock.lap("weighted");
+    }
     if run("reader") {
         reader_wake_up(&database, &commands, rtt).await?;
         clock.lap("reader");
@@ -498,6 +502,93 @@ async fn semaphore_fill(
         ms(fills[fills.len() - 1]),
         refill_commands as f64 / fills.len() as f64,
         ms(percentile(&release_calls, 0.5)),
+    );
+    Ok(())
+}
+
+/// Weighted semaphores: taking several places at once costs what taking one costs (one command
+/// each way), against raw driver calls in the same run; and a waiter for 3 places of 4, among 8
+/// tasks that keep taking one place each, is served rather than starved (its mark holds back
+/// what it needs).
+async fn weighted_semaphore(database: &Database, commands: &CommandCounter) -> Result<()> {
+    const CYCLES: usize = 200;
+    let pool =
+        Provider::new(database).create_semaphore(format!("perf-weighted-{}", wall_micros()), 8);
+    let raw: Collection<Document> = database.collection("raw");
+    with_ttl_index(&raw).await?;
+    let (mut many, mut one, mut driver) = (Vec::new(), Vec::new(), Vec::new());
+    commands.reset();
+    for _ in 0..CYCLES {
+        let started = Instant::now();
+        let places = pool.try_acquire_many(3).await?.ok_or("3 of 8 free")?;
+        places.release().await?;
+        many.push(started.elapsed());
+    }
+    let many_commands = commands.lock_commands() as f64 / CYCLES as f64;
+    for _ in 0..CYCLES {
+        let started = Instant::now();
+        pool.try_acquire()
+            .await?
+            .ok_or("a free place")?
+            .release()
+            .await?;
+        one.push(started.elapsed());
+        let started = Instant::now();
+        raw_cycle(&raw).await?;
+        driver.push(started.elapsed());
+    }
+    for samples in [&mut many, &mut one, &mut driver] {
+        samples.sort();
+    }
+    let (many, one, driver) = (
+        percentile(&many, 0.5),
+        percentile(&one, 0.5),
+        percentile(&driver, 0.5),
+    );
+    println!(
+        "| semaphore of 8: `try_acquire_many(3)` + release, median ({CYCLES} cycles) | {} ({many_commands:.1} commands) vs one place {} vs raw `find_one_and_update` + `update_one` {}: **{:.2}×** raw, {:.2}× one place |",
+        ms(many),
+        ms(one),
+        ms(driver),
+        many.as_secs_f64() / driver.as_secs_f64(),
+        many.as_secs_f64() / one.as_secs_f64(),
+    );
+
+    // Not starved: 8 tasks keep taking 1 place of 4 for 20 ms; a waiter for 3 joins after 300 ms.
+    let pool =
+        Provider::new(database).create_semaphore(format!("perf-starve-{}", wall_micros()), 4);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let singles = Arc::new(AtomicUsize::new(0));
+    let small: Vec<_> = (0..8)
+        .map(|_| {
+            let (pool, stop, singles) = (pool.clone(), Arc::clone(&stop), Arc::clone(&singles));
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let place = pool.acquire_timeout(Duration::from_secs(30)).await?;
+                    singles.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    place.release().await?;
+                }
+                Ok::<_, distributed_lock_mongodb::Error>(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = singles.load(Ordering::SeqCst);
+    let started = Instant::now();
+    let big = pool
+        .acquire_many_timeout(3, Duration::from_secs(60))
+        .await?;
+    let waited = started.elapsed();
+    let meanwhile = singles.load(Ordering::SeqCst) - before;
+    big.release().await?;
+    stop.store(true, Ordering::SeqCst);
+    for task in small {
+        task.await??;
+    }
+    println!(
+        "| semaphore of 4, 8 tasks taking 1 place for 20 ms each in a loop: a waiter for 3 places is served after | {} ({meanwhile} single places taken meanwhile, {before} in the 300 ms before it came) |",
+        ms(waited),
     );
     Ok(())
 }

@@ -115,15 +115,19 @@ enum Command {
         #[arg(long, short)]
         yes: bool,
     },
-    /// Follow one lock's holders live, until Ctrl-C or until the reader of the output goes away.
+    /// Follow one lock's holders live (or, without a name, every held lock of the
+    /// collections), until Ctrl-C or until the reader of the output goes away.
     ///
     /// Prints the holders now, then again at every change: at once through the collections'
     /// change streams where the server has them (a replica set or sharded cluster), otherwise
-    /// read every `--every`. Each print is the time (this machine's clock) and a table, or with
-    /// `--json` one line per change (a JSON document: `at`, `name`, `holders`). Exits 0.
+    /// read every `--every`. The waiters other processes can see are shown too: a
+    /// reader-writer lock's waiting writer, a semaphore's waiter for several places. Each print
+    /// is the time (this machine's clock), a table and the waiters, or with `--json` one line
+    /// per change (a JSON document: `at`, `name` (null for every lock), `holders`, `waiters`).
+    /// Exits 0.
     Watch {
-        /// The lock's name.
-        name: String,
+        /// The lock's name [default: every lock].
+        name: Option<String>,
         /// Only this kind of lock.
         #[arg(long)]
         kind: Option<Kind>,
@@ -292,7 +296,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             if every.is_zero() {
                 return Err(Failure::Usage("--every must be more than zero".to_owned()));
             }
-            watch(&provider, &name, kind, every, cli.json).await
+            let marks = Marks::of(&database, &collections);
+            match name {
+                Some(name) => watch(&provider, &marks, &name, kind, every, cli.json).await,
+                None => watch_all(&provider, &marks, &collections, kind, every, cli.json).await,
+            }
         }
         Command::Purge { yes, dry_run } => {
             let due = provider.purgeable(PURGE_NAMES_SHOWN).await?;
@@ -321,10 +329,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-/// Prints lock `name`'s holders (of `kind`, or of every kind) now and at every change, until
-/// Ctrl-C or a closed output.
+/// Prints lock `name`'s holders (of `kind`, or of every kind) and waiters now and at every
+/// change, until Ctrl-C or a closed output.
 async fn watch(
     provider: &Provider,
+    marks: &Marks,
     name: &str,
     kind: Option<Kind>,
     every: Duration,
@@ -347,31 +356,61 @@ async fn watch(
         // The count only matters to acquisitions; a watch reads the holders.
         watches.push(provider.create_semaphore(name, 1).watch(every).await?);
     }
-    let holders = |watches: &[LockWatch]| -> Vec<LockStatus> {
-        let wanted =
-            |holder: &LockStatus| kind.is_none_or(|kind| LockKind::from(kind) == holder.kind);
-        watches
-            .iter()
+    let wanted = |holder: &LockStatus| kind.is_none_or(|kind| LockKind::from(kind) == holder.kind);
+    let mut tick = tokio::time::interval(every);
+    let mut shown = None;
+    loop {
+        let holders: Vec<LockStatus> = (watches.iter())
             .flat_map(|watch| watch.holders())
             .filter(|holder| wanted(holder))
-            .collect()
-    };
-    let mut shown = holders(&watches);
-    if !output::watched(name, &shown, json) {
-        return Ok(());
-    }
-    loop {
-        let changed = first_change(&mut watches);
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-            result = changed => result?,
-        }
-        let now = holders(&watches);
-        if now != shown {
-            shown = now;
-            if !output::watched(name, &shown, json) {
+            .collect();
+        let now = (holders, marks.read(Some(name), kind).await?);
+        if shown.as_ref() != Some(&now) {
+            if !output::watched(Some(name), &now.0, &now.1, json) {
                 return Ok(());
             }
+            shown = Some(now);
+        }
+        // (A waiter's mark changes no holder: the tick reads it again.)
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            result = first_change(&mut watches) => result?,
+            _ = tick.tick() => {}
+        }
+    }
+}
+
+/// Prints every held lock of the collections (of `kind`, or of every kind) and the waiters now
+/// and at every change (told by the collections' change streams where the server has them,
+/// read every `every` otherwise), until Ctrl-C or a closed output.
+async fn watch_all(
+    provider: &Provider,
+    marks: &Marks,
+    collections: &Collections,
+    kind: Option<Kind>,
+    every: Duration,
+    json: bool,
+) -> Result<(), Failure> {
+    use futures::StreamExt;
+    let filter = with_kind(LockFilter::new(), kind);
+    let mut changes = marks.changes(collections).await;
+    let mut tick = tokio::time::interval(every);
+    let mut shown = None;
+    loop {
+        let now = (
+            provider.held_locks_matching(&filter).await?,
+            marks.read(None, kind).await?,
+        );
+        if shown.as_ref() != Some(&now) {
+            if !output::watched(None, &now.0, &now.1, json) {
+                return Ok(());
+            }
+            shown = Some(now);
+        }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            Some(()) = changes.next(), if !changes.is_empty() => {}
+            _ = tick.tick() => {}
         }
     }
 }
@@ -381,6 +420,120 @@ async fn first_change(watches: &mut [LockWatch]) -> Result<(), Failure> {
     let changes = watches.iter_mut().map(|watch| Box::pin(watch.changed()));
     let (result, _, _) = futures::future::select_all(changes).await;
     Ok(result?)
+}
+
+/// A waiter other processes can see: the mark a reader-writer lock's waiting writer, or a
+/// semaphore's waiter for several places, keeps in the lock's document.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Waiter {
+    pub(crate) name: String,
+    pub(crate) kind: LockKind,
+    /// The mark's id (one per wait).
+    pub(crate) id: String,
+    /// The places a semaphore's waiter waits for.
+    pub(crate) places: Option<i64>,
+    /// How long the mark lasts unless its waiter's next attempt renews it.
+    pub(crate) remaining: Duration,
+}
+
+/// Where the waiters' marks are: the reader-writer and semaphore collections.
+struct Marks {
+    reader_writer: mongodb::Collection<mongodb::bson::Document>,
+    semaphore: mongodb::Collection<mongodb::bson::Document>,
+}
+
+impl Marks {
+    fn of(database: &Database, collections: &Collections) -> Marks {
+        Marks {
+            reader_writer: database.collection(&collections.reader_writer),
+            semaphore: database.collection(&collections.semaphore),
+        }
+    }
+
+    /// The live marks (of lock `name`, or of every lock; of `kind`, or of every kind), read
+    /// from the primary at one server instant per collection.
+    async fn read(&self, name: Option<&str>, kind: Option<Kind>) -> Result<Vec<Waiter>, Failure> {
+        let mut waiters = Vec::new();
+        if kind.is_none_or(|kind| kind == Kind::Write) {
+            waiters.extend(
+                read_marks(&self.reader_writer, "waitingWriter", LockKind::Write, name).await?,
+            );
+        }
+        if kind.is_none_or(|kind| kind == Kind::Semaphore) {
+            waiters
+                .extend(read_marks(&self.semaphore, "waiting", LockKind::Semaphore, name).await?);
+        }
+        Ok(waiters)
+    }
+
+    /// Every change of the lock collections, as a stream of wake-ups (empty where the server
+    /// has no change streams: a standalone server).
+    async fn changes(
+        &self,
+        collections: &Collections,
+    ) -> futures::stream::SelectAll<futures::stream::BoxStream<'static, ()>> {
+        use futures::StreamExt;
+        let database = self
+            .reader_writer
+            .client()
+            .database(&self.reader_writer.namespace().db);
+        let mut all = futures::stream::SelectAll::new();
+        for name in collections.all() {
+            let collection = database.collection::<mongodb::bson::Document>(name);
+            if let Ok(stream) = collection.watch().await {
+                all.push(stream.map(|_| ()).boxed());
+            }
+        }
+        all
+    }
+}
+
+/// The live marks in `field` of the documents of `collection` (only lock `name`'s, if given).
+async fn read_marks(
+    collection: &mongodb::Collection<mongodb::bson::Document>,
+    field: &str,
+    kind: LockKind,
+    name: Option<&str>,
+) -> Result<Vec<Waiter>, Failure> {
+    use futures::TryStreamExt;
+    let expires_at = format!("${field}.expiresAt");
+    let mut live = doc! { "$expr": { "$gt": [&expires_at, "$$NOW"] } };
+    if let Some(name) = name {
+        live.insert("_id", name);
+    }
+    let rows: Vec<mongodb::bson::Document> = collection
+        .aggregate([
+            doc! { "$match": live },
+            doc! { "$project": { "mark": format!("${field}"), "now": "$$NOW" } },
+            doc! { "$sort": { "_id": 1 } },
+        ])
+        .selection_criteria(mongodb::options::SelectionCriteria::ReadPreference(
+            mongodb::options::ReadPreference::Primary,
+        ))
+        .await
+        .map_err(|error| Failure::Server(error.to_string()))?
+        .try_collect()
+        .await
+        .map_err(|error| Failure::Server(error.to_string()))?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            let mark = row.get_document("mark").ok()?;
+            let now = row.get_datetime("now").ok()?;
+            let ends = mark.get_datetime("expiresAt").ok()?;
+            let left = ends.timestamp_millis() - now.timestamp_millis();
+            Some(Waiter {
+                name: row.get("_id").map_or_else(String::new, |id| match id {
+                    mongodb::bson::Bson::String(name) => name.clone(),
+                    other => other.to_string(),
+                }),
+                kind,
+                id: mark.get_str("id").unwrap_or_default().to_owned(),
+                places: mark.get("places").and_then(mongodb::bson::Bson::as_i64),
+                remaining: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+            })
+        })
+        .collect())
 }
 
 /// How many names of the documents to delete the purge's question and dry run show per

@@ -7,6 +7,8 @@ use distributed_lock_mongodb::{LockKind, LockStatus, Purgeable};
 use mongodb::bson::{Bson, DateTime};
 use serde_json::{Value, json};
 
+use crate::Waiter;
+
 /// Prints `holders` (a table, or a JSON array); `empty` is the table's text when there are none.
 pub fn holders(holders: &[LockStatus], json: bool, empty: &str) {
     if json {
@@ -105,21 +107,53 @@ pub fn purged(deleted: u64, json: bool) {
 
 /// Prints lock `name`'s `holders` as seen now by `dlock watch`: the time and a table, or one
 /// JSON line. Whether the output is still read (a closed pipe ends the watch).
-pub fn watched(name: &str, holders: &[LockStatus], json: bool) -> bool {
+pub fn watched(name: Option<&str>, holders: &[LockStatus], waiters: &[Waiter], json: bool) -> bool {
     let at = DateTime::now();
     let text = if json {
         let rows: Vec<Value> = holders.iter().map(holder_json).collect();
-        json!({ "at": at.try_to_rfc3339_string().unwrap_or_default(), "name": name, "holders": rows })
-            .to_string()
-    } else if holders.is_empty() {
-        format!("{}  {name:?} is free", time(at))
+        let waiting: Vec<Value> = waiters.iter().map(waiter_json).collect();
+        json!({
+            "at": at.try_to_rfc3339_string().unwrap_or_default(),
+            "name": name,
+            "holders": rows,
+            "waiters": waiting,
+        })
+        .to_string()
     } else {
-        format!("{}\n{}", time(at), table(holders).trim_end())
+        let mut text = match (holders.is_empty(), name) {
+            (true, Some(name)) => format!("{}  {name:?} is free", time(at)),
+            (true, None) => format!("{}  no lock is held", time(at)),
+            (false, _) => format!("{}\n{}", time(at), table(holders).trim_end()),
+        };
+        for waiter in waiters {
+            let places = waiter
+                .places
+                .map(|places| format!(" for {places} places"))
+                .unwrap_or_default();
+            text.push_str(&format!(
+                "\nwaiting: {} {:?}{places}, mark {} ({} left)",
+                kind(waiter.kind),
+                cell(&waiter.name),
+                cell(&waiter.id),
+                duration(waiter.remaining),
+            ));
+        }
+        text
     };
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{text}")
         .and_then(|()| stdout.flush())
         .is_ok()
+}
+
+fn waiter_json(waiter: &Waiter) -> Value {
+    json!({
+        "name": waiter.name,
+        "kind": kind(waiter.kind),
+        "mark": waiter.id,
+        "places": waiter.places,
+        "remaining_ms": millis(Some(waiter.remaining)),
+    })
 }
 
 /// Prints `text` and a newline on stdout; a reader that went away (`dlock list | head -1`) is

@@ -647,7 +647,7 @@ async fn a_lock_kept_by_a_min_hold_window_shows_as_kept() {
     assert!(listed.stdout.contains("nightly"), "{listed}");
 }
 
-/// `dlock watch NAME`, started with `--json`: its output, a line at a time.
+/// `dlock watch [NAME]`, started with `--json`: its output, a line at a time.
 struct Watching {
     child: tokio::process::Child,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
@@ -655,6 +655,11 @@ struct Watching {
 
 impl Watching {
     async fn start(database: &Database, name: &str) -> Watching {
+        Watching::start_with(database, &[name]).await
+    }
+
+    /// `dlock watch ARGS --every 1`.
+    async fn start_with(database: &Database, args: &[&str]) -> Watching {
         let uri = server::uri();
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
             .args([
@@ -664,7 +669,9 @@ impl Watching {
                 database.name(),
                 "--json",
             ])
-            .args(["watch", name, "--every", "1"])
+            .arg("watch")
+            .args(args)
+            .args(["--every", "1"])
             .env_remove("MONGODB_URI")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -680,6 +687,11 @@ impl Watching {
     /// The holders' lock ids on the next line (within 20 s: a change stream tells at once, the
     /// polling within the 1 s `--every`).
     async fn next(&mut self) -> BTreeSet<String> {
+        json_lock_ids(&self.next_line().await["holders"])
+    }
+
+    /// The next line, read as JSON (within 20 s).
+    async fn next_line(&mut self) -> Value {
         let line = tokio::time::timeout(Duration::from_secs(20), self.lines.next_line())
             .await
             .expect("a line in time")
@@ -688,7 +700,17 @@ impl Watching {
         let printed: Value =
             serde_json::from_str(&line).unwrap_or_else(|error| panic!("{error}: {line}"));
         assert!(printed["at"].is_string(), "{line}");
-        json_lock_ids(&printed["holders"])
+        printed
+    }
+
+    /// The lines until one shows what `wanted` wants (each within 20 s), and that one.
+    async fn until(&mut self, wanted: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let line = self.next_line().await;
+            if wanted(&line) {
+                return line;
+            }
+        }
     }
 }
 
@@ -754,6 +776,58 @@ async fn watch_prints_the_holders_at_each_change_and_stops_cleanly_at_ctrl_c() {
         0,
         "Ctrl-C ends the watch cleanly"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_without_a_name_follows_every_lock_and_shows_the_waiters_others_can_see() {
+    let database = fresh_database("watch-all").await;
+    for collection in [
+        "distributed_locks",
+        "distributed_rw_locks",
+        "distributed_semaphores",
+    ] {
+        database.create_collection(collection).await.unwrap();
+    }
+    let provider = provider(&database);
+    let mut watching = Watching::start_with(&database, &[]).await;
+    let first = watching.next_line().await;
+    assert!(first["name"].is_null(), "every lock: {first}");
+    assert_eq!(json_lock_ids(&first["holders"]), BTreeSet::new());
+
+    let job = provider.create_lock("job").acquire().await.unwrap();
+    let pool = provider.create_semaphore("pool", 2);
+    let place = pool.acquire().await.unwrap();
+    let both = BTreeSet::from([job.lock_id().to_owned(), place.lock_id().to_owned()]);
+    watching
+        .until(|line| json_lock_ids(&line["holders"]) == both)
+        .await;
+
+    // Another process's waiter for both places marks them: the watch shows it.
+    let other = Provider::new(&database).create_semaphore("pool", 2);
+    let waiter =
+        tokio::spawn(async move { other.acquire_many_timeout(2, Duration::from_secs(60)).await });
+    let marked = watching
+        .until(|line| !line["waiters"].as_array().expect("waiters").is_empty())
+        .await;
+    let waiters = marked["waiters"].as_array().unwrap();
+    assert_eq!(waiters.len(), 1, "{marked}");
+    assert_eq!(waiters[0]["name"], "pool");
+    assert_eq!(waiters[0]["kind"], "semaphore");
+    assert_eq!(waiters[0]["places"], 2);
+    place.release().await.unwrap();
+    let served = waiter.await.unwrap().unwrap();
+    let served_line = watching
+        .until(|line| json_lock_ids(&line["holders"]).contains(served.lock_id()))
+        .await;
+    assert!(
+        served_line["waiters"].as_array().unwrap().is_empty(),
+        "its win removed the mark: {served_line}"
+    );
+    served.release().await.unwrap();
+    job.release().await.unwrap();
+    watching
+        .until(|line| json_lock_ids(&line["holders"]).is_empty())
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
