@@ -99,8 +99,13 @@ impl LockGuard {
     /// - [`Error::LockLost`](crate::Error::LockLost) if the lease has ended (lost, or found
     ///   gone by this command, which then fires `lost`);
     /// - [`Error::NoReply`](crate::Error::NoReply) ([`Operation::Extend`](crate::Operation::Extend))
-    ///   if no reply came in time, or another error of the command: whether it applied is
-    ///   unknown, and the lease keeps the deadline it had.
+    ///   if the server's time limit ran out (the lease's document held back, say by a
+    ///   transaction), or [`Error::UnexpectedReply`](crate::Error::UnexpectedReply) naming another
+    ///   failure of the command: whether it applied is unknown, and the lease keeps the deadline
+    ///   it had.
+    ///
+    /// A lease-checked [`transaction`](Self::transaction) renews the lease by `expiry` (its
+    /// first write), also when nothing else renews it; it never shortens an extension.
     ///
     /// ```no_run
     /// # async fn demo(provider: distributed_lock_mongodb::Provider) -> distributed_lock_mongodb::Result<()> {

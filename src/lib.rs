@@ -92,6 +92,6 @@ pub use token::FencingToken;
 pub use traits::{
     BoxedDocumentGuard, BoxedGuard, BoxedReadGuard, DistributedDocumentGuard,
     DistributedDocumentLock, DistributedLock, DistributedLockGuard, DistributedLockProvider,
-    DistributedReadGuard, DistributedReaderWriterLock,
+    DistributedReadGuard, DistributedReaderWriterLock, DistributedSemaphore,
 };
 pub use watch::LockWatch;

@@ -198,6 +198,7 @@ pub mod semaphore {
             places,
             max_count,
             marker,
+            waits: marker.is_some(),
         };
         code::join_update(ask, options, None)
     }
@@ -309,6 +310,7 @@ pub mod semaphore {
             places,
             max_count,
             marker,
+            waits: marker.is_some(),
         };
         code::takeover_update(ask, options, None, releasing)
     }

@@ -475,16 +475,18 @@ struct Places {
 impl Places {
     /// What an attempt (or a takeover) with `lock_id` asks.
     fn ask<'a>(&'a self, lock_id: &'a str) -> Ask<'a> {
-        // Only a waiter with time left to wait holds the others back.
-        let marker = self.marker.as_ref().filter(|_| !self.wait.is_over());
-        if let Some(marker) = marker {
+        // Only a waiter with time left to wait holds the others back; its last attempt still
+        // names its mark, which holds nothing back from it.
+        let waits = self.marker.is_some() && !self.wait.is_over();
+        if let (Some(marker), true) = (&self.marker, waits) {
             marker.may_be_placed();
         }
         Ask {
             lock_id,
             places: self.places,
             max_count: self.max_count,
-            marker: marker.map(|marker| marker.id.as_str()),
+            marker: self.marker.as_ref().map(|marker| marker.id.as_str()),
+            waits,
         }
     }
 }
@@ -609,14 +611,16 @@ pub(crate) fn read_join_reply(
 }
 
 /// What one attempt asks of a semaphore: a lease `lock_id` of `places` places, by a caller
-/// whose semaphore has `max_count` places, placing the waiting marker `marker` while it waits (a
-/// waiter for several places with time left; see [`join_update`]).
+/// whose semaphore has `max_count` places; a waiter for several places names its wait's mark
+/// `marker` (which holds nothing back from it), and places or renews it while it `waits` (has
+/// time left; see [`join_update`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ask<'a> {
     pub(crate) lock_id: &'a str,
     pub(crate) places: u32,
     pub(crate) max_count: u32,
     pub(crate) marker: Option<&'a str>,
+    pub(crate) waits: bool,
 }
 
 /// The pipeline of a release of the place `releasing` that hands it to the local waiter of
@@ -663,6 +667,7 @@ pub(crate) fn join_update(
         places,
         max_count,
         marker,
+        waits,
     } = ask;
     let (places, max_count) = (i64::from(places), i64::from(max_count));
     let admitted = format!("${ADMITTED}");
@@ -692,13 +697,20 @@ pub(crate) fn join_update(
         format!("${MAX_COUNT}"),
     ] };
     let not_there = doc! { "$eq": [{ "$in": [lock_id, schema::member_ids(HOLDERS)] }, false] };
+    // The stored count is the caller's, or was set by `set_max_count`.
+    let agreed = doc! { "$or": [
+        { "$eq": [format!("${MAX_COUNT}"), max_count] },
+        { "$eq": [{ "$type": format!("${RESIZED_AT}") }, "date"] },
+    ] };
     let keep: Bson = format!("${WAITING}").into();
-    let when_not_admitted: Bson = match marker {
+    let when_not_admitted: Bson = match marker.filter(|_| waits) {
         Some(id) => {
+            // (Not by a caller whose count is refused: it must leave the document as it was.)
             let placed = doc! { "$and": [
                 &ours_or_none,
                 not_there.clone(),
                 { "$lte": [places, format!("${MAX_COUNT}")] },
+                &agreed,
             ] };
             let ours = doc! {
                 EMBEDDED_ID: id,
@@ -720,14 +732,7 @@ pub(crate) fn join_update(
                 "$$REMOVE",
             ] },
         } },
-        doc! { "$set": { ADMITTED: { "$and": [
-            { "$or": [
-                { "$eq": [format!("${MAX_COUNT}"), max_count] },
-                { "$eq": [{ "$type": format!("${RESIZED_AT}") }, "date"] },
-            ] },
-            fits,
-            not_there,
-        ] } } },
+        doc! { "$set": { ADMITTED: { "$and": [&agreed, fits, not_there] } } },
         doc! { "$set": {
             FENCING_TOKEN: { "$cond": [
                 &admitted,
@@ -753,6 +758,7 @@ impl ReadHolders for MongoDistributedSemaphore {
 }
 
 crate::traits::impl_distributed_lock!(MongoDistributedSemaphore);
+crate::traits::impl_distributed_semaphore!(MongoDistributedSemaphore);
 
 #[cfg(test)]
 mod tests {

@@ -124,6 +124,59 @@ pub trait DistributedReadGuard: Send + Sync + Debug {
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
 }
 
+/// A semaphore of any implementation: a [`DistributedLock`] (one place per acquisition) that
+/// also takes several places at once, tells how many are free, and has its count set, as
+/// [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore).
+pub trait DistributedSemaphore: DistributedLock {
+    /// How many places this semaphore was built with.
+    fn max_count(&self) -> u32;
+
+    /// Waits until `places` places are acquired at once (one guard).
+    ///
+    /// # Errors
+    /// As [`MongoDistributedSemaphore::acquire_many`](crate::MongoDistributedSemaphore::acquire_many).
+    fn acquire_many(&self, places: u32) -> BoxFuture<'_, Result<BoxedGuard>>;
+
+    /// Waits up to `timeout` for `places` places at once;
+    /// [`Error::Timeout`](crate::Error::Timeout) if it runs out.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedSemaphore::acquire_many_timeout`](crate::MongoDistributedSemaphore::acquire_many_timeout).
+    fn acquire_many_timeout(
+        &self,
+        places: u32,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<BoxedGuard>>;
+
+    /// One attempt for `places` places at once: `Ok(None)` if fewer are free.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedSemaphore::try_acquire_many`](crate::MongoDistributedSemaphore::try_acquire_many).
+    fn try_acquire_many(&self, places: u32) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
+
+    /// Attempts for up to `timeout` for `places` places at once.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedSemaphore::try_acquire_many_timeout`](crate::MongoDistributedSemaphore::try_acquire_many_timeout).
+    fn try_acquire_many_timeout(
+        &self,
+        places: u32,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
+
+    /// How many places are free now.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedSemaphore::available`](crate::MongoDistributedSemaphore::available).
+    fn available(&self) -> BoxFuture<'_, Result<u32>>;
+
+    /// Sets the count for every caller of the name.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedSemaphore::set_max_count`](crate::MongoDistributedSemaphore::set_max_count).
+    fn set_max_count(&self, max_count: u32) -> BoxFuture<'_, Result<()>>;
+}
+
 /// A named lock of any implementation: the four ways to acquire it, as on
 /// [`MongoDistributedLock`](crate::MongoDistributedLock).
 pub trait DistributedLock: Send + Sync + Debug {
@@ -331,7 +384,7 @@ pub trait DistributedLockProvider: Send + Sync + Debug {
     /// [`Provider::create_semaphore`](crate::Provider::create_semaphore): a `max_count` of 0,
     /// or one that differs from the count the name's first acquisition recorded, makes every
     /// acquisition [`Error::InvalidArgument`](crate::Error::InvalidArgument).
-    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock>;
+    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedSemaphore>;
 
     /// The reader-writer lock called `name`; independent of the exclusive lock and the
     /// semaphore of the same name.
@@ -404,6 +457,85 @@ macro_rules! impl_distributed_lock {
     };
 }
 pub(crate) use impl_distributed_lock;
+
+/// Implements [`DistributedSemaphore`] for a semaphore with the inherent `*_many`, `available`,
+/// `set_max_count` and `max_count` methods (its [`DistributedLock`] by
+/// [`impl_distributed_lock`]).
+macro_rules! impl_distributed_semaphore {
+    ($semaphore:ty) => {
+        impl $crate::traits::DistributedSemaphore for $semaphore {
+            fn max_count(&self) -> u32 {
+                <$semaphore>::max_count(self)
+            }
+
+            fn acquire_many(
+                &self,
+                places: u32,
+            ) -> futures::future::BoxFuture<'_, $crate::error::Result<$crate::traits::BoxedGuard>>
+            {
+                Box::pin(async move {
+                    <$semaphore>::acquire_many(self, places)
+                        .await
+                        .map($crate::traits::boxed)
+                })
+            }
+
+            fn acquire_many_timeout(
+                &self,
+                places: u32,
+                timeout: std::time::Duration,
+            ) -> futures::future::BoxFuture<'_, $crate::error::Result<$crate::traits::BoxedGuard>>
+            {
+                Box::pin(async move {
+                    <$semaphore>::acquire_many_timeout(self, places, timeout)
+                        .await
+                        .map($crate::traits::boxed)
+                })
+            }
+
+            fn try_acquire_many(
+                &self,
+                places: u32,
+            ) -> futures::future::BoxFuture<
+                '_,
+                $crate::error::Result<Option<$crate::traits::BoxedGuard>>,
+            > {
+                Box::pin(async move {
+                    <$semaphore>::try_acquire_many(self, places)
+                        .await
+                        .map(|guard| guard.map($crate::traits::boxed))
+                })
+            }
+
+            fn try_acquire_many_timeout(
+                &self,
+                places: u32,
+                timeout: std::time::Duration,
+            ) -> futures::future::BoxFuture<
+                '_,
+                $crate::error::Result<Option<$crate::traits::BoxedGuard>>,
+            > {
+                Box::pin(async move {
+                    <$semaphore>::try_acquire_many_timeout(self, places, timeout)
+                        .await
+                        .map(|guard| guard.map($crate::traits::boxed))
+                })
+            }
+
+            fn available(&self) -> futures::future::BoxFuture<'_, $crate::error::Result<u32>> {
+                Box::pin(<$semaphore>::available(self))
+            }
+
+            fn set_max_count(
+                &self,
+                max_count: u32,
+            ) -> futures::future::BoxFuture<'_, $crate::error::Result<()>> {
+                Box::pin(<$semaphore>::set_max_count(self, max_count))
+            }
+        }
+    };
+}
+pub(crate) use impl_distributed_semaphore;
 
 /// Implements [`DistributedReaderWriterLock`] for a type with the inherent `acquire_read*` and
 /// `acquire_write*` methods and `name()`.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use mongodb::Collection;
 use mongodb::bson::{Bson, DateTime, Document, doc};
-use mongodb::options::{ReadConcern, WriteConcern};
+use mongodb::options::{ReadConcern, ReturnDocument, WriteConcern};
 
 use super::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, Ending, FENCING_TOKEN, HOLDERS, ID, LOCK_ID,
@@ -358,7 +358,7 @@ pub(crate) async fn semaphore_places(
 
 /// Sets semaphore `name`'s count to `max_count` for every caller (see
 /// `MongoDistributedSemaphore::set_max_count`), creating its document if need be; refused when a
-/// document of that name is not a semaphore's.
+/// document of that name is not a semaphore's (it is left as it is).
 pub(crate) async fn set_semaphore_count(
     collection: &Collection<Document>,
     name: &str,
@@ -366,34 +366,53 @@ pub(crate) async fn set_semaphore_count(
     write_concern: &WriteConcern,
 ) -> Result<()> {
     let (filter, update) = set_semaphore_count_command(name, max_count);
-    match collection
-        .update_one(filter, update)
-        .upsert(true)
-        .write_concern(write_concern.clone())
-        .await
-    {
-        Ok(_) => Ok(()),
-        // The name is taken by a document that is not a semaphore's: the upsert's insert clashed.
-        Err(error) if is_duplicate_key(&error) => Err(Error::InvalidArgument(format!(
+    let set = || {
+        collection
+            .find_one_and_update(filter.clone(), update.clone())
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .write_concern(write_concern.clone())
+    };
+    // A first acquisition of the name may insert its document between our look and our insert:
+    // a duplicate key, after which the document exists and the second try updates it.
+    let stored = match set().await {
+        Err(error) if is_duplicate_key(&error) => set().await?,
+        other => other?,
+    };
+    let counted = stored.as_ref().is_some_and(|stored| {
+        stored.get(MAX_COUNT).and_then(read_i64) == Some(i64::from(max_count))
+            && stored.get_datetime(RESIZED_AT).is_ok()
+            && stored.get_array(HOLDERS).is_ok()
+    });
+    if !counted {
+        return Err(Error::InvalidArgument(format!(
             "set_max_count: the document {:?} in {:?} is not a semaphore's",
             shown_name(name),
             collection.name()
-        ))),
-        Err(error) => Err(error.into()),
+        )));
     }
+    Ok(())
 }
 
-/// The filter and update pipeline of [`set_semaphore_count`]: run with upsert, on a document
-/// shaped like a semaphore's (a missing one is created, with no holders).
+/// The filter and update pipeline of [`set_semaphore_count`] (a `findAndModify` with upsert):
+/// the filter names the document only, since MongoDB allows no `$expr` in an upsert's filter, and
+/// the pipeline changes it only if it is shaped like a semaphore's, or new (`_id` alone): then
+/// it sets the count, `resizedAt`, the holders (none for a new one) and keeps the document at
+/// least until now (its retention counts from there); any other document stays as it is.
 pub(crate) fn set_semaphore_count_command(name: &str, max_count: u32) -> (Document, Vec<Document>) {
-    let filter = doc! { ID: name, "$expr": Stored::Semaphore.shape() };
-    let update = vec![doc! { "$set": {
+    let new = doc! { "$eq": [{ "$size": { "$objectToArray": "$$ROOT" } }, 1] };
+    let counted = doc! { "$mergeObjects": ["$$ROOT", {
         MAX_COUNT: i64::from(max_count),
         RESIZED_AT: "$$NOW",
         HOLDERS: { "$ifNull": [format!("${HOLDERS}"), []] },
-        EXPIRES_AT: { "$ifNull": [format!("${EXPIRES_AT}"), "$$NOW"] },
-    } }];
-    (filter, update)
+        EXPIRES_AT: { "$max": [format!("${EXPIRES_AT}"), "$$NOW"] },
+    }] };
+    let update = vec![doc! { "$replaceWith": { "$cond": [
+        { "$or": [new, Stored::Semaphore.shape()] },
+        counted,
+        "$$ROOT",
+    ] } }];
+    (doc! { ID: name }, update)
 }
 
 /// Ends every lease of semaphore `name`, keeping its fencing token: whether any was live.

@@ -19,7 +19,7 @@ use super::metrics;
 use super::protocol::{Refusal, Sent, Transaction};
 use super::record::{Lease, Place};
 use super::renewal::Command;
-use super::renewal_commands::{Failure, extend_one};
+use super::renewal_commands::{Failure, MAX_TIME_LIMIT, extend_one};
 use super::schema;
 use super::state::LeaseState;
 use crate::clock;
@@ -135,7 +135,7 @@ impl HeldLease {
         };
         let time_limit = deadline
             .saturating_duration_since(now)
-            .max(Duration::from_millis(1));
+            .clamp(Duration::from_millis(1), MAX_TIME_LIMIT);
         let by_millis = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
         let sent = Sent::now(now);
         let lost = self.lost();

@@ -81,7 +81,7 @@ use super::metrics;
 use super::protocol::{Renewals, Sent, give_up_at, suspect_at};
 use super::record::{Lease, LeaseTable, Place};
 use super::release::{ReleaseContext, ReleaseReply, first_finished};
-use super::renewal_commands::{Failure, Renewed, Reply, renew_many, renew_one};
+use super::renewal_commands::{Failure, MAX_TIME_LIMIT, Renewed, Reply, renew_many, renew_one};
 use crate::clock;
 use crate::error::{Error, Operation, shown_name};
 use crate::lock_status::LockKind;
@@ -138,9 +138,6 @@ const RENEWAL_COMMAND_BYTES: usize = 2 << 20;
 
 /// The most leases in the command that retries those of a larger one that ran out of time.
 const SPLIT_COMMAND_LEASES: usize = 32;
-
-/// The largest `maxTimeMS` a server accepts (a 32-bit count of milliseconds).
-const MAX_TIME_LIMIT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// One renewal command in flight: the lock ids it covers, when it was sent, and its task.
 struct Renewal {

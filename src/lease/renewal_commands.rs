@@ -14,6 +14,9 @@ use super::schema::{self, LIVE_LOCK_IDS};
 use crate::clock;
 use crate::error::error_code;
 
+/// The largest `maxTimeMS` a server accepts (a 32-bit count of milliseconds).
+pub(crate) const MAX_TIME_LIMIT: Duration = Duration::from_millis(i32::MAX as u64);
+
 /// MaxTimeMSExpired: the command ran out of its server-side time limit.
 const MAX_TIME_MS_EXPIRED: i32 = 50;
 

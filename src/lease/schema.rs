@@ -5,7 +5,8 @@
 //! can share locks:
 //! `{ _id: <name>, lockId: <string>, expiresAt: <date>, acquiredAt: <date>, fencingToken: <long> }`
 //! and no other field (unless details are stored, or the lock has a `min_hold`: see
-//! [`acquire_update`]). Reader-writer locks, semaphores and
+//! [`acquire_update`]; or its holder extended its lease, which records `renewedAt` until the
+//! next holder's acquisition rewrites the document: see [`Layout::lengthen`]). Reader-writer locks, semaphores and
 //! document locks keep their leases as embedded documents `{id, expiresAt, ...}` (see
 //! [`Layout`]); a reader-writer lock or semaphore document also keeps a top-level `expiresAt`,
 //! never earlier than the end of any lease it holds (see [`retain`]), so the same TTL index and

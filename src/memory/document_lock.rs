@@ -178,6 +178,7 @@ impl MemoryDocumentLock {
             stored.holder = Some(Holder {
                 acquisition,
                 reader: false,
+                places: 1,
                 state: Arc::clone(&state),
             });
             return Ok(Some(MemoryDocumentGuard {

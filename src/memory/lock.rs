@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::names::{Claim, Key, Kind, Locks};
+use super::names::{Ask, Claim, Key, Kind, Locks};
 use crate::error::{Error, Result};
 use crate::lease::lost::LostSignal;
 use crate::lease::state::LeaseState;
@@ -56,12 +56,7 @@ impl MemoryLock {
     /// acquisition recorded), [`Error::NoRuntime`](crate::Error::NoRuntime) outside a Tokio runtime, [`Error::ShutDown`](crate::Error::ShutDown)
     /// once the provider is shut down (also while waiting).
     pub async fn acquire(&self) -> Result<MemoryGuard> {
-        loop {
-            // Without a deadline the wait only ends with the lock (or an error).
-            if let Some(guard) = self.wait_for(None).await? {
-                return Ok(guard);
-            }
-        }
+        self.acquire_many(1).await
     }
 
     /// Waits up to `timeout`.
@@ -69,8 +64,55 @@ impl MemoryLock {
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when `timeout` runs out; the refusals of [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MemoryGuard> {
+        self.acquire_many_timeout(1, timeout).await
+    }
+
+    /// One attempt: `Ok(None)` if the lock is held.
+    ///
+    /// # Errors
+    /// The refusals of [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self) -> Result<Option<MemoryGuard>> {
+        self.try_acquire_many(1).await
+    }
+
+    /// Attempts for up to `timeout`: `Ok(None)` if the lock stayed held.
+    ///
+    /// # Errors
+    /// The refusals of [`acquire`](Self::acquire).
+    pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<MemoryGuard>> {
+        self.try_acquire_many_timeout(1, timeout).await
+    }
+
+    /// Waits until `places` places of a semaphore are acquired at once, as
+    /// [`MongoDistributedSemaphore::acquire_many`](crate::MongoDistributedSemaphore::acquire_many):
+    /// one guard, all or none; while it waits, a waiter for several places holds back the places
+    /// it needs (the first such waiter does).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for `places` of 0 or more than
+    /// the count (for a lock: more than 1); the refusals of [`acquire`](Self::acquire).
+    pub async fn acquire_many(&self, places: u32) -> Result<MemoryGuard> {
+        loop {
+            // Without a deadline the wait only ends with the places (or an error).
+            if let Some(guard) = self.wait_for(places, None).await? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for `places` places at once; see
+    /// [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when `timeout` runs out; the refusals of
+    /// [`acquire_many`](Self::acquire_many).
+    pub async fn acquire_many_timeout(
+        &self,
+        places: u32,
+        timeout: Duration,
+    ) -> Result<MemoryGuard> {
         let started = Instant::now();
-        self.wait_for(Some(timeout))
+        self.wait_for(places, Some(timeout))
             .await?
             .ok_or_else(|| Error::Timeout {
                 name: self.key.name.clone(),
@@ -79,32 +121,77 @@ impl MemoryLock {
             })
     }
 
-    /// One attempt: `Ok(None)` if the lock is held.
+    /// One attempt for `places` places at once: `Ok(None)` if fewer are free.
     ///
     /// # Errors
-    /// The refusals of [`acquire`](Self::acquire).
-    pub async fn try_acquire(&self) -> Result<Option<MemoryGuard>> {
-        self.check()?;
-        self.take()
+    /// The refusals of [`acquire_many`](Self::acquire_many).
+    pub async fn try_acquire_many(&self, places: u32) -> Result<Option<MemoryGuard>> {
+        self.check(places)?;
+        self.take(Ask { places, wait: None })
     }
 
-    /// Attempts for up to `timeout`: `Ok(None)` if the lock stayed held.
+    /// Attempts for up to `timeout` for `places` places at once: `Ok(None)` if fewer stayed
+    /// free.
     ///
     /// # Errors
-    /// The refusals of [`acquire`](Self::acquire).
-    pub async fn try_acquire_timeout(&self, timeout: Duration) -> Result<Option<MemoryGuard>> {
-        self.wait_for(Some(timeout)).await
+    /// The refusals of [`acquire_many`](Self::acquire_many).
+    pub async fn try_acquire_many_timeout(
+        &self,
+        places: u32,
+        timeout: Duration,
+    ) -> Result<Option<MemoryGuard>> {
+        self.wait_for(places, Some(timeout)).await
+    }
+
+    /// How many places are free now: the count (as set, or recorded by the first acquisition,
+    /// or this semaphore's before any) less the places its holders take.
+    ///
+    /// # Errors
+    /// None today; a `Result` as [`MongoDistributedSemaphore::available`](crate::MongoDistributedSemaphore::available).
+    pub async fn available(&self) -> Result<u32> {
+        Ok(self.locks.available(&self.key, self.max_count()))
+    }
+
+    /// Sets the semaphore's count for every caller of its name, as
+    /// [`MongoDistributedSemaphore::set_max_count`](crate::MongoDistributedSemaphore::set_max_count):
+    /// holders keep their places; acquisitions wait until theirs fit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a `max_count` of 0, or on a
+    /// lock (not a semaphore).
+    pub async fn set_max_count(&self, max_count: u32) -> Result<()> {
+        if self.key.kind != Kind::Semaphore {
+            return Err(Error::InvalidArgument(format!(
+                "set_max_count: {:?} is not a semaphore",
+                crate::error::shown_name(&self.key.name)
+            )));
+        }
+        if let Some(problem) = max_count_problem(&self.key.name, max_count) {
+            return Err(Error::InvalidArgument(problem));
+        }
+        self.locks.set_count(&self.key, max_count);
+        Ok(())
     }
 
     /// What the MongoDB locks refuse before they try, in their order: a name too long to store
     /// (or a semaphore's `max_count` of 0), a provider shut down, a call outside a Tokio runtime.
-    fn check(&self) -> Result<()> {
-        let problem = name_problem(&self.key.name).or_else(|| match self.claim {
-            Claim::Places(places) if self.key.kind == Kind::Semaphore => {
-                max_count_problem(&self.key.name, places)
-            }
-            _ => None,
-        });
+    fn check(&self, places: u32) -> Result<()> {
+        let problem = name_problem(&self.key.name)
+            .or_else(|| match self.claim {
+                Claim::Places(max_count) if self.key.kind == Kind::Semaphore => {
+                    max_count_problem(&self.key.name, max_count)
+                }
+                _ => None,
+            })
+            .or_else(|| {
+                let most = self.max_count();
+                (places == 0 || places > most).then(|| {
+                    format!(
+                        "semaphore {:?}: asks for {places} places of {most}; ask for 1 to {most}",
+                        crate::error::shown_name(&self.key.name)
+                    )
+                })
+            });
         if let Some(problem) = problem {
             return Err(Error::InvalidArgument(problem));
         }
@@ -115,8 +202,8 @@ impl MemoryLock {
         Ok(())
     }
 
-    fn take(&self) -> Result<Option<MemoryGuard>> {
-        let taken = self.locks.try_take(&self.key, self.claim)?;
+    fn take(&self, ask: Ask) -> Result<Option<MemoryGuard>> {
+        let taken = self.locks.try_take(&self.key, self.claim, ask)?;
         Ok(
             taken.map(|(acquisition, fencing_token, state)| MemoryGuard {
                 key: self.key.clone(),
@@ -128,15 +215,29 @@ impl MemoryLock {
         )
     }
 
-    /// Takes the lock as soon as it is free, within `timeout` if given.
-    async fn wait_for(&self, timeout: Option<Duration>) -> Result<Option<MemoryGuard>> {
-        self.check()?;
+    /// Takes `places` of it as soon as they are free, within `timeout` if given.
+    async fn wait_for(
+        &self,
+        places: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<MemoryGuard>> {
+        self.check(places)?;
         let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         let mut waiting_writer = None;
+        // A waiter for several places marks them while it waits; its mark goes when it ends.
+        let mark = (places > 1).then(|| Mark {
+            locks: Arc::clone(&self.locks),
+            key: self.key.clone(),
+            wait: self.locks.new_wait(),
+        });
+        let ask = Ask {
+            places,
+            wait: mark.as_ref().map(|mark| mark.wait),
+        };
         loop {
             // Registered before the attempt, so a release (or shutdown) in between is not missed.
             let freed = self.locks.freed.notified();
-            if let Some(guard) = self.take()? {
+            if let Some(guard) = self.take(ask)? {
                 return Ok(Some(guard));
             }
             if self.claim == Claim::Write && waiting_writer.is_none() {
@@ -146,7 +247,7 @@ impl MemoryLock {
                 None => freed.await,
                 Some(deadline) => {
                     if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                        return self.take();
+                        return self.take(ask);
                     }
                 }
             }
@@ -155,6 +256,20 @@ impl MemoryLock {
 }
 
 crate::traits::impl_distributed_lock!(MemoryLock);
+crate::traits::impl_distributed_semaphore!(MemoryLock);
+
+/// A waiter's mark on a semaphore's places, removed when the wait ends (dropped).
+struct Mark {
+    locks: Arc<Locks>,
+    key: Key,
+    wait: u64,
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        self.locks.clear_mark(&self.key, self.wait);
+    }
+}
 
 /// Proof that a [`MemoryLock`](super::MemoryLock) is held; behaves as [`LockGuard`](crate::LockGuard) does.
 #[must_use = "dropping the guard releases the lock at once"]

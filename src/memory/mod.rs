@@ -4,12 +4,18 @@
 //! [`DistributedDocumentLock`], give the code a [`MemoryLockProvider`] in tests.
 //!
 //! What it keeps of the real thing, among everyone using the same provider (and its clones):
-//! - one holder per lock name; at most `max_count` per semaphore name, and a semaphore's callers
-//!   must agree on it; any number of readers or one writer per reader-writer name, new readers
-//!   waiting while a writer waits; one holder per document of a document lock's collection;
+//! - one holder per lock name; at most `max_count` places per semaphore name, and a semaphore's
+//!   callers must agree on it unless it was set ([`MemoryLock::set_max_count`]); several places
+//!   at once ([`MemoryLock::acquire_many`]), the first waiter for several holding back the places
+//!   it needs, and [`MemoryLock::available`]; any number of readers or one writer per
+//!   reader-writer name, new readers waiting while a writer waits; one holder per document of a
+//!   document lock's collection;
 //! - the three kinds of one name being independent, as they are in their separate collections;
 //! - fencing tokens that strictly increase per name (readers have none), and per document;
-//! - a guard's lease that stays held while the guard lives, with no deadline of its own;
+//! - a guard's lease that stays held while the guard lives, with no deadline of its own (so a
+//!   guard's `extend` only checks its argument and that the lease is not lost, and nothing
+//!   plays [`auto_renew(false)`](crate::LockOptionsBuilder::auto_renew): expire the lease with
+//!   [`MemoryLockProvider::expire`] instead);
 //! - `lost` that fires before anyone else can take the lock;
 //! - release by [`release`](crate::DistributedLockGuard::release) or on drop, which wakes the next
 //!   waiter at once;
@@ -52,6 +58,7 @@ use std::sync::Arc;
 use crate::token::FencingToken;
 use crate::traits::{
     DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
+    DistributedSemaphore,
 };
 
 mod document_lock;
@@ -182,7 +189,7 @@ impl DistributedLockProvider for MemoryLockProvider {
         Box::new(MemoryLockProvider::create_lock(self, name))
     }
 
-    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock> {
+    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedSemaphore> {
         Box::new(MemoryLockProvider::create_semaphore(self, name, max_count))
     }
 

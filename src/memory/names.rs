@@ -63,6 +63,18 @@ pub(super) struct Name {
     pub(super) holders: Vec<Holder>,
     pub(super) max_count: Option<u32>,
     pub(super) waiting_writers: usize,
+    /// A semaphore's count was set by `set_max_count`: it is the count, whatever the callers'.
+    pub(super) resized: bool,
+    /// A semaphore's waiter for several places: its wait and the places it holds back.
+    pub(super) mark: Option<(u64, u32)>,
+}
+
+/// What one attempt asks besides its claim: how many places (of a semaphore), and the wait
+/// that marks them while it waits (a waiter for several places).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ask {
+    pub(super) places: u32,
+    pub(super) wait: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -71,6 +83,8 @@ pub(super) struct Holder {
     pub(super) acquisition: u64,
     /// Whether it holds a reader-writer lock to read.
     pub(super) reader: bool,
+    /// How many of a semaphore's places it takes.
+    pub(super) places: u32,
     pub(super) state: Arc<LeaseState>,
 }
 
@@ -83,6 +97,7 @@ impl Locks {
         &self,
         key: &Key,
         claim: Claim,
+        ask: Ask,
     ) -> Result<Option<(u64, FencingToken, Arc<LeaseState>)>> {
         let mut names = self.names.lock();
         if self.shut_down.load(Ordering::SeqCst) {
@@ -90,14 +105,38 @@ impl Locks {
         }
         let entry = names.entry(key.clone()).or_default();
         let free = match claim {
-            Claim::Places(places) => {
-                if key.kind == Kind::Semaphore {
-                    let recorded = *entry.max_count.get_or_insert(places);
-                    if recorded != places {
-                        return Err(max_count_mismatch(&key.name, &recorded.to_string(), places));
-                    }
+            Claim::Places(max_count) => {
+                let recorded = match key.kind {
+                    Kind::Semaphore => *entry.max_count.get_or_insert(max_count),
+                    _ => max_count,
+                };
+                if recorded != max_count && !entry.resized {
+                    return Err(max_count_mismatch(
+                        &key.name,
+                        &recorded.to_string(),
+                        max_count,
+                    ));
                 }
-                entry.holders.len() < usize::try_from(places).unwrap_or(usize::MAX)
+                if ask.places > recorded {
+                    return Err(Error::InvalidArgument(format!(
+                        "semaphore {:?}: asks for {} places of {recorded}; it was set to \
+                         {recorded} places",
+                        crate::error::shown_name(&key.name),
+                        ask.places
+                    )));
+                }
+                let taken: u64 = (entry.holders.iter())
+                    .map(|holder| u64::from(holder.places))
+                    .sum();
+                let held_back = match entry.mark {
+                    Some((wait, places)) if Some(wait) != ask.wait => u64::from(places),
+                    _ => 0,
+                };
+                let fits = taken + u64::from(ask.places) + held_back <= u64::from(recorded);
+                if !fits && ask.wait.is_some() && entry.mark.is_none() {
+                    entry.mark = ask.wait.map(|wait| (wait, ask.places));
+                }
+                fits
             }
             Claim::Read => {
                 entry.waiting_writers == 0 && entry.holders.iter().all(|holder| holder.reader)
@@ -110,11 +149,15 @@ impl Locks {
         if claim != Claim::Read {
             entry.last_token += 1;
         }
+        if ask.wait.is_some() && entry.mark.map(|(wait, _)| wait) == ask.wait {
+            entry.mark = None;
+        }
         entry.last_acquisition += 1;
         let state = LeaseState::without_deadline();
         entry.holders.push(Holder {
             acquisition: entry.last_acquisition,
             reader: claim == Claim::Read,
+            places: ask.places,
             state: Arc::clone(&state),
         });
         Ok(Some((
@@ -122,6 +165,50 @@ impl Locks {
             FencingToken::new(entry.last_token),
             state,
         )))
+    }
+
+    /// A new wait's number, for a semaphore's mark.
+    pub(super) fn new_wait(&self) -> u64 {
+        self.next_acquisition.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Removes the mark of `wait` from `key`, if it is still there (its wait ended).
+    pub(super) fn clear_mark(&self, key: &Key, wait: u64) {
+        let cleared = self.names.lock().get_mut(key).is_some_and(|entry| {
+            let ours = entry.mark.is_some_and(|(marked, _)| marked == wait);
+            if ours {
+                entry.mark = None;
+            }
+            ours
+        });
+        if cleared {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// A semaphore's places free now: its count (recorded, or `max_count` before any
+    /// acquisition) less the places its holders take.
+    pub(super) fn available(&self, key: &Key, max_count: u32) -> u32 {
+        let names = self.names.lock();
+        let Some(entry) = names.get(key) else {
+            return max_count;
+        };
+        let taken: u64 = (entry.holders.iter())
+            .map(|holder| u64::from(holder.places))
+            .sum();
+        let count = u64::from(entry.max_count.unwrap_or(max_count));
+        u32::try_from(count.saturating_sub(taken)).unwrap_or(u32::MAX)
+    }
+
+    /// Sets a semaphore's count for every caller (`set_max_count`).
+    pub(super) fn set_count(&self, key: &Key, max_count: u32) {
+        {
+            let mut names = self.names.lock();
+            let entry = names.entry(key.clone()).or_default();
+            entry.max_count = Some(max_count);
+            entry.resized = true;
+        }
+        self.freed.notify_waiters();
     }
 
     /// Counts a writer of `key` as waiting until the returned value is dropped.

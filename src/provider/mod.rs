@@ -21,6 +21,7 @@ use crate::rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock};
 use crate::semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 use crate::traits::{
     DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
+    DistributedSemaphore,
 };
 
 mod administration;
@@ -299,7 +300,7 @@ impl DistributedLockProvider for Provider {
         Box::new(Provider::create_lock(self, name))
     }
 
-    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock> {
+    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedSemaphore> {
         Box::new(Provider::create_semaphore(self, name, max_count))
     }
 

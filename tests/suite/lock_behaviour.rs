@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use distributed_lock_mongodb::memory::MemoryLockProvider;
 use distributed_lock_mongodb::{
     BoxedGuard, DistributedDocumentLock, DistributedLock, DistributedLockProvider,
-    DistributedReaderWriterLock, Error, Provider, Result,
+    DistributedReaderWriterLock, DistributedSemaphore, Error, Provider, Result,
 };
 use mongodb::bson::{Bson, doc};
 
@@ -56,7 +56,7 @@ impl DistributedLockProvider for Writers {
         Box::new(WriteSide(self.0.create_reader_writer_lock(name)))
     }
 
-    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedLock> {
+    fn create_semaphore(&self, name: &str, max_count: u32) -> Box<dyn DistributedSemaphore> {
         self.0.create_semaphore(name, max_count)
     }
 
@@ -151,6 +151,9 @@ behaviours!(
     a_waiter_gets_the_document_when_it_is_unlocked,
     updates_that_would_corrupt_a_document_lock_are_refused,
     every_guard_extends_a_held_lease_and_refuses_a_bad_length,
+    a_semaphore_gives_several_places_at_once_all_or_none,
+    a_waiter_for_several_places_is_not_starved_by_waiters_for_one,
+    a_set_count_evicts_nobody_and_rules_every_caller,
 );
 
 async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
@@ -265,6 +268,106 @@ async fn every_guard_extends_a_held_lease_and_refuses_a_bad_length(locks: Locks)
         Err(Error::InvalidArgument(_))
     ));
     locked.release().await.unwrap();
+}
+
+async fn a_semaphore_gives_several_places_at_once_all_or_none(locks: Locks) {
+    let pool = locks.create_semaphore("pool", 4);
+    assert_eq!(pool.max_count(), 4);
+    assert_eq!(pool.available().await.unwrap(), 4, "nothing held yet");
+    let three = pool
+        .try_acquire_many(3)
+        .await
+        .unwrap()
+        .expect("3 of 4 free");
+    assert_eq!(pool.available().await.unwrap(), 1);
+    assert!(
+        pool.try_acquire_many(2).await.unwrap().is_none(),
+        "2 do not fit"
+    );
+    let one = pool.try_acquire().await.unwrap().expect("the last place");
+    assert!(one.fencing_token() > three.fencing_token());
+    assert_eq!(pool.available().await.unwrap(), 0);
+    for places in [0, 5] {
+        assert!(
+            matches!(
+                pool.try_acquire_many(places).await,
+                Err(Error::InvalidArgument(_))
+            ),
+            "{places} places"
+        );
+    }
+    three.release().await.unwrap();
+    assert_eq!(pool.available().await.unwrap(), 3);
+    one.release().await.unwrap();
+    let all = pool
+        .acquire_many_timeout(4, Duration::from_secs(10))
+        .await
+        .unwrap();
+    all.release().await.unwrap();
+}
+
+async fn a_waiter_for_several_places_is_not_starved_by_waiters_for_one(locks: Locks) {
+    let pool: Arc<dyn DistributedSemaphore> = locks.create_semaphore("pool", 2).into();
+    let first = pool.acquire().await.unwrap();
+    let big = {
+        let pool = Arc::clone(&pool);
+        tokio::spawn(async move { pool.acquire_many_timeout(2, Duration::from_secs(30)).await })
+    };
+    // Once the waiter for both places has tried, the free place is held back for it.
+    let held_back = common::eventually(Duration::from_secs(10), || async {
+        pool.try_acquire().await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        held_back,
+        "the free place is held back for the waiter for 2"
+    );
+    first.release().await.unwrap();
+    let both = big.await.unwrap().expect("served");
+    assert_eq!(pool.available().await.unwrap(), 0);
+    both.release().await.unwrap();
+    let one = pool.acquire().await.unwrap();
+    assert!(
+        matches!(
+            pool.acquire_many_timeout(2, Duration::from_millis(200))
+                .await,
+            Err(Error::Timeout { .. })
+        ),
+        "one place taken"
+    );
+    assert!(
+        pool.try_acquire().await.unwrap().is_some(),
+        "the mark of a wait that ended holds nothing back"
+    );
+    one.release().await.unwrap();
+}
+
+async fn a_set_count_evicts_nobody_and_rules_every_caller(locks: Locks) {
+    let pool = locks.create_semaphore("pool", 2);
+    let (a, b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+    pool.set_max_count(1).await.unwrap();
+    assert!(!a.is_lost() && !b.is_lost(), "shrinking evicts nobody");
+    let built_with_five = locks.create_semaphore("pool", 5);
+    assert!(
+        built_with_five.try_acquire().await.unwrap().is_none(),
+        "2 taken of 1"
+    );
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    let only = built_with_five
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("1 of 1");
+    assert!(pool.try_acquire().await.unwrap().is_none());
+    assert!(matches!(
+        pool.set_max_count(0).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    pool.set_max_count(3).await.unwrap();
+    let two = pool.try_acquire_many(2).await.unwrap().expect("grown to 3");
+    only.release().await.unwrap();
+    two.release().await.unwrap();
 }
 
 async fn names_are_independent(locks: Locks) {

@@ -279,3 +279,29 @@ async fn a_bad_count_or_a_document_that_is_no_semaphore_is_refused_with_nothing_
         "untouched"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_whose_count_is_refused_leaves_no_mark() {
+    let database = common::database().await;
+    let collection = common::unique("semaphores");
+    let pool = semaphore(&database, &collection, &common::unique("pool"), 2);
+    let held = pool.acquire().await.unwrap();
+    let built_with_three = elsewhere(&pool, &database, &collection, 3);
+    assert!(matches!(
+        built_with_three.acquire_many_timeout(3, Duration::from_secs(5)).await,
+        Err(Error::InvalidArgument(message)) if message.contains("created with max_count 2")
+    ));
+    let stored_now = stored(&database, &collection, pool.name()).await.unwrap();
+    assert!(
+        stored_now.get_document("waiting").is_err(),
+        "the document is left as it was: {stored_now}"
+    );
+    pool.try_acquire()
+        .await
+        .unwrap()
+        .expect("the free place")
+        .release()
+        .await
+        .unwrap();
+    held.release().await.unwrap();
+}
