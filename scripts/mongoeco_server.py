@@ -30,6 +30,9 @@ cites the MongoDB manual page it imitates:
    by a standalone mongod; --change-stream-history N bounds the history (default 5000 events).
 9. A `$cond` branch naming a missing field yields a missing value, which `$set`/`$addFields`/
    `$project` leave out (mongoeco stored null).
+10. An upsert whose query predicate holds `$expr` is refused (224, QueryFeatureNotAllowed), as
+   MongoDB refuses it: a `findAndModify` as a command error, an `update` statement as a write
+   error (mongoeco ran them).
 
 With --skewed-port-offset-ms N it also opens a second port on the same in-memory data whose clock
 is N milliseconds ahead (behind, if negative): a second router with a skewed clock. Its URI is the
@@ -340,7 +343,57 @@ def _step_clock(body):
 _original_dispatch_wire_request = wire_proxy.AsyncMongoEcoProxyServer._dispatch_wire_request
 
 
+# Shim 10: MongoDB refuses `$expr` anywhere in the query predicate of an upsert, before it
+# looks at any document (manual: `db.collection.updateOne()` and `findAndModify`, "Upsert":
+# DOCS-14158; SERVER-59704 asks to allow it); mongoeco evaluated it.
+_UPSERT_EXPR_MESSAGE = "$expr is not allowed in the query predicate for an upsert"
+_QUERY_FEATURE_NOT_ALLOWED = 224
+
+
+def _holds_expr(predicate):
+    if isinstance(predicate, dict):
+        return any(key == "$expr" or _holds_expr(value) for key, value in predicate.items())
+    if isinstance(predicate, list):
+        return any(_holds_expr(item) for item in predicate)
+    return False
+
+
+def _refused_upsert(body):
+    """The reply MongoDB gives an upsert with `$expr` in its query, or None for any other
+    command. An `update` command is refused only when it is one statement (the crate's): of
+    several, MongoDB would still apply those before the refused one."""
+    command = next(iter(body), "").lower()
+    if command == "findandmodify":
+        if body.get("upsert") and _holds_expr(body.get("query") or {}):
+            return {
+                "ok": 0.0,
+                "errmsg": _UPSERT_EXPR_MESSAGE,
+                "code": _QUERY_FEATURE_NOT_ALLOWED,
+                "codeName": "QueryFeatureNotAllowed",
+            }
+    elif command == "update":
+        updates = body.get("updates") or []
+        if len(updates) == 1 and updates[0].get("upsert") and _holds_expr(updates[0].get("q") or {}):
+            return {
+                "ok": 1.0,
+                "n": 0,
+                "nModified": 0,
+                "writeErrors": [
+                    {"index": 0, "code": _QUERY_FEATURE_NOT_ALLOWED, "errmsg": _UPSERT_EXPR_MESSAGE}
+                ],
+            }
+    return None
+
+
 async def _dispatch_wire_request(self, header, payload, *, connection):
+    if header.op_code == wire_proxy.OP_MSG and b"$expr" in payload and b"upsert" in payload:
+        refused = _refused_upsert(wire_proxy.decode_op_msg(header, payload).body or {})
+        if refused is not None:
+            return wire_proxy.encode_op_msg_response(
+                refused,
+                request_id=next(self._request_ids),
+                response_to=header.request_id,
+            )
     # A cheap byte check first: only the control command pays for a second decoding.
     if header.op_code == wire_proxy.OP_MSG and CLOCK_STEP_COMMAND.encode() in payload:
         body = wire_proxy.decode_op_msg(header, payload).body

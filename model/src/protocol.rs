@@ -2477,6 +2477,12 @@ impl LeaseProtocol {
         pipeline: &[Document],
         upsert: bool,
     ) -> Option<Document> {
+        // MongoDB refuses an upsert whose filter holds `$expr` (error 224), whether or not a
+        // document matches: a command the crate sends so is a mistake the model must not hide.
+        assert!(
+            !(upsert && filter.contains_key("$expr")),
+            "MongoDB refuses $expr in an upsert's filter: {filter}"
+        );
         let now = self.server_now(state, router);
         let existing = state.lock.is_some().then(|| Self::stored(state));
         let target = match existing {

@@ -525,3 +525,42 @@ async fn a_cond_branch_naming_a_missing_field_leaves_the_field_out() {
         .unwrap();
     assert_eq!(projected, [doc! { "_id": "a", "kept": 1 }]);
 }
+
+/// MongoDB manual, `db.collection.updateOne()` and `findAndModify`, "Upsert" (DOCS-14158): an
+/// upsert whose query predicate holds `$expr` is refused, error 224 (QueryFeatureNotAllowed),
+/// "$expr is not allowed in the query predicate for an upsert", whether or not a document
+/// matches; without upsert the same filter is fine. (Shim 10: mongoeco ran such upserts.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upsert_whose_filter_holds_expr_is_refused() {
+    let database = common::database().await;
+    let collection = database.collection::<Document>(&common::unique("upserts"));
+    collection
+        .insert_one(doc! { "_id": "x", "n": 1 })
+        .await
+        .unwrap();
+    let filter = doc! { "_id": "x", "$expr": { "$eq": ["$n", 1] } };
+    let refused = collection
+        .find_one_and_update(filter.clone(), doc! { "$set": { "n": 2 } })
+        .upsert(true)
+        .await
+        .expect_err("findAndModify with upsert and $expr");
+    assert_eq!(error_code(&refused), Some(224), "{refused}");
+    let refused = collection
+        .update_one(filter.clone(), doc! { "$set": { "n": 2 } })
+        .upsert(true)
+        .await
+        .expect_err("update with upsert and $expr");
+    assert_eq!(error_code(&refused), Some(224), "{refused}");
+    let stored = collection
+        .find_one(doc! { "_id": "x" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.get_i32("n"), Ok(1), "nothing applied: {stored}");
+    // Without upsert, the same filter is an ordinary one.
+    let updated = collection
+        .update_one(filter, doc! { "$set": { "n": 2 } })
+        .await
+        .unwrap();
+    assert_eq!(updated.modified_count, 1);
+}
