@@ -385,7 +385,12 @@ impl MongoDistributedSemaphore {
                 None => target.options.check_min_hold_unsupported("semaphore"),
             }
         });
-        let checked = checked.and_then(|()| places_problem(&target.name, places, self.max_count));
+        let checked = checked.and_then(|()| {
+            match lease::places_problem(&target.name, places, self.max_count) {
+                Some(problem) => Err(Error::InvalidArgument(problem)),
+                None => Ok(()),
+            }
+        });
         // A waiter for several places marks what it needs while it waits.
         let marker = match places {
             0 | 1 => None,
@@ -418,18 +423,6 @@ impl MongoDistributedSemaphore {
         }
         Ok(joined?.map(|joined| joined.guard))
     }
-}
-
-/// [`Error::InvalidArgument`] unless `places` places can be asked of semaphore `name` of
-/// `max_count` places: at least 1, at most `max_count`.
-fn places_problem(name: &str, places: u32, max_count: u32) -> Result<()> {
-    if places == 0 || places > max_count {
-        return Err(Error::InvalidArgument(format!(
-            "semaphore {:?}: asks for {places} places of {max_count}; ask for 1 to {max_count}",
-            crate::error::shown_name(name)
-        )));
-    }
-    Ok(())
 }
 
 /// A place just taken, and whether others are left.

@@ -120,6 +120,17 @@ pub(crate) fn max_count_problem(name: &str, max_count: u32) -> Option<String> {
     })
 }
 
+/// What is wrong with asking `places` places of semaphore `name` of `max_count` places (at
+/// least 1, at most `max_count`), if anything. Also used by the in-memory semaphores.
+pub(crate) fn places_problem(name: &str, places: u32, max_count: u32) -> Option<String> {
+    (places == 0 || places > max_count).then(|| {
+        format!(
+            "semaphore {:?}: asks for {places} places of {max_count}; ask for 1 to {max_count}",
+            shown_name(name)
+        )
+    })
+}
+
 /// The refusal of a semaphore `name` whose caller's `max_count` differs from the one its first
 /// acquisition recorded (`stored`). Also used by the in-memory semaphores.
 pub(crate) fn max_count_mismatch(name: &str, stored: &str, max_count: u32) -> Error {

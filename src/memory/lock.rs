@@ -11,7 +11,7 @@ use super::names::{Ask, Claim, Key, Kind, Locks};
 use crate::error::{Error, Result};
 use crate::lease::lost::LostSignal;
 use crate::lease::state::LeaseState;
-use crate::lease::{max_count_problem, name_problem};
+use crate::lease::{max_count_problem, name_problem, places_problem};
 use crate::token::FencingToken;
 
 /// An in-memory exclusive lock, or a semaphore (a lock with `max_count` places); see the
@@ -183,15 +183,7 @@ impl MemoryLock {
                 }
                 _ => None,
             })
-            .or_else(|| {
-                let most = self.max_count();
-                (places == 0 || places > most).then(|| {
-                    format!(
-                        "semaphore {:?}: asks for {places} places of {most}; ask for 1 to {most}",
-                        crate::error::shown_name(&self.key.name)
-                    )
-                })
-            });
+            .or_else(|| places_problem(&self.key.name, places, self.max_count()));
         if let Some(problem) = problem {
             return Err(Error::InvalidArgument(problem));
         }
