@@ -1,5 +1,6 @@
 //! Many readers of a shared configuration at once, one writer at a time, and writers are not
-//! starved by a steady stream of readers: a distributed reader-writer lock.
+//! starved by a steady stream of readers: a distributed reader-writer lock. Then an upgradeable
+//! reader that writes only when what it read says so, with nobody writing in between.
 //! `scripts/run-example reader_writer` (uses `MONGODB_URI` when set).
 //!
 //! Output (`…` stands for what changes from run to run; `scripts/run-examples` checks that
@@ -9,6 +10,7 @@
 //! config-service holds feature-flags to read (host …, pid …)
 //! writer got in after … ms with fencing token …; holders now: write
 //! reader 1 read … times
+//! refresher upgraded to the writer with fencing token … (the last writer's was …)
 //! ```
 
 mod common;
@@ -79,6 +81,7 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
         holders.join(", "),
     );
     tokio::time::sleep(Duration::from_millis(100)).await; // write the new configuration
+    let last_token = writer.fencing_token();
     writer.release().await?;
 
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -86,5 +89,20 @@ async fn run(client: &Client) -> Result<(), Box<dyn std::error::Error>> {
     for (reader, task) in readers.into_iter().enumerate() {
         println!("reader {} read {} times", reader + 1, task.await??);
     }
+
+    // A refresher reads beside any readers and writes only when it must. Its read is
+    // upgradeable: no writer gets in while it holds it, so nothing changes between its read and
+    // its write.
+    let mut refresher = config.acquire_upgradeable_read().await?;
+    let stale = true; // what it read says a refresh is due
+    if stale {
+        refresher.upgrade().await?; // once no plain reader holds the lock
+        let token = refresher.fencing_token().expect("upgraded");
+        println!(
+            "refresher upgraded to the writer with fencing token {token} (the last writer's was {last_token})"
+        );
+        refresher.downgrade().await?; // reading again; readers may come back
+    }
+    refresher.release().await?;
     Ok(())
 }

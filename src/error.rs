@@ -554,6 +554,7 @@ mod tests {
             min_hold_until: None,
             details: owner.map(|owner| crate::LockDetails::new().with_owner(owner)),
             places: 1,
+            upgradeable: false,
         };
         let one = busy(vec![holder("7f3a", Some("worker-7"))]).to_string();
         assert!(

@@ -199,6 +199,7 @@ mod tests {
             min_hold_until: None,
             details: Some(LockDetails::new().with_owner("worker-7")),
             places: 1,
+            upgradeable: false,
         };
         let running = Skipped {
             status: Some(status.clone()),

@@ -86,7 +86,9 @@ pub use lock::{DEFAULT_LOCK_COLLECTION, MongoDistributedLock};
 pub use lock_status::{LockFilter, LockKind, LockStatus, Purgeable};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
-pub use rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard};
+pub use rw_lock::{
+    DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard, UpgradeableReadGuard,
+};
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 pub use token::FencingToken;
 pub use traits::{

@@ -337,17 +337,21 @@ pub mod reader_writer {
 
     /// The update pipeline of an attempt of `lock_id` (the filter is the exclusive lock's
     /// [`attempt_filter`](super::attempt_filter)); a writer's places or renews its waiting
-    /// writer's `marker` while it waits (its callers wait for ever).
+    /// writer's `marker` while it waits (its callers wait for ever). A reader may be
+    /// `upgradeable` (`acquire_upgradeable_read`); a writer may be the upgrade of the
+    /// upgradeable reader's lease `upgrading` (`UpgradeableReadGuard::upgrade`).
     pub fn attempt_update(
         lock_id: &str,
         reads: bool,
         options: &LockOptions,
         marker: &str,
+        upgradeable: bool,
+        upgrading: Option<&str>,
     ) -> Vec<Document> {
         if reads {
-            code::read_update(options, None, lock_id)
+            code::read_update(options, None, lock_id, upgradeable)
         } else {
-            code::write_update(options, None, lock_id, marker, true)
+            code::write_update(options, None, lock_id, marker, true, upgrading)
         }
     }
 
@@ -418,9 +422,15 @@ pub mod reader_writer {
         schema::transfer_filter(&Bson::from(name), &from, releasing, &to, &[waiter])
     }
 
-    /// The update pipeline of that transfer, as the reader's takeover builds it.
-    pub fn transfer_update(waiter: &str, options: &LockOptions, releasing: &str) -> Vec<Document> {
-        code::read_takeover_update(waiter, options, None, releasing)
+    /// The update pipeline of that transfer, as the (`upgradeable`) reader's takeover builds
+    /// it.
+    pub fn transfer_update(
+        waiter: &str,
+        options: &LockOptions,
+        releasing: &str,
+        upgradeable: bool,
+    ) -> Vec<Document> {
+        code::read_takeover_update(waiter, options, None, releasing, upgradeable)
     }
 }
 

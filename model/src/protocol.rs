@@ -234,6 +234,16 @@ pub struct Caller {
     /// than one places a waiting mark (`waiting`) that holds the places it needs back from the
     /// others. (Such a caller has no peer in its process: no release hands it places.)
     pub places: u8,
+    /// In a reader-writer lock, a reader whose lease is upgradeable (`acquire_upgradeable_read`):
+    /// it joins only while no other upgradeable lease is live, and holds until its upgrade
+    /// ([`Caller::upgrades`]) is done.
+    pub upgradeable: bool,
+    /// In a reader-writer lock, a writer that is the upgrade of that caller's upgradeable read
+    /// lease (`UpgradeableReadGuard::upgrade`, then `downgrade` after its `hold_ticks`): it
+    /// attempts only while that lease is held, wins when it is the only live reader's (however
+    /// a writer waits), and leaves its wait when that lease is lost. It is in no line of local
+    /// waiters, as the crate's upgrade is not.
+    pub upgrades: Option<u8>,
 }
 
 /// What the checker explores.
@@ -364,6 +374,8 @@ impl Default for Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
                 Caller {
                     process: 0,
@@ -377,6 +389,8 @@ impl Default for Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
                 Caller {
                     process: 1,
@@ -390,6 +404,8 @@ impl Default for Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
             ],
             faults: 1,
@@ -433,6 +449,8 @@ impl Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
                 Caller {
                     process: 1,
@@ -446,6 +464,8 @@ impl Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
             ],
             slow_replies: true,
@@ -517,6 +537,8 @@ impl Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
                 Caller {
                     process: 0,
@@ -530,6 +552,8 @@ impl Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
                 Caller {
                     process: 1,
@@ -543,6 +567,8 @@ impl Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
             ],
             faults: 0,
@@ -673,6 +699,8 @@ impl Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
                 Caller {
                     process: 1,
@@ -686,6 +714,8 @@ impl Config {
                     transaction: false,
                     extends: None,
                     places: 1,
+                    upgradeable: false,
+                    upgrades: None,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -763,6 +793,35 @@ impl Config {
             horizon: 40,
             ..Config::default()
         }
+    }
+
+    /// A reader-writer lock with an upgradeable reader (the long holder, in process 0) and its
+    /// upgrade (process 0), beside a caller of process 1 that reads (`reads`) or writes; routers
+    /// whose clocks differ and one fault. The upgrade waits for a plain reader to leave, holding
+    /// new ones back, or wins while the other writer waits (its marker stays); no writer gets in
+    /// beside the upgradeable reader but its upgrade.
+    pub fn an_upgradeable_reader_beside(reads: bool) -> Config {
+        let mut callers = Config::default().callers;
+        callers[0].reads = true;
+        callers[0].upgradeable = true;
+        callers[1].upgrades = Some(0);
+        callers[2].reads = reads;
+        Config {
+            callers,
+            kind: Kind::ReaderWriter,
+            write_max_delay: WRITE_MAX_DELAY,
+            horizon: 40,
+            ..Config::default()
+        }
+    }
+
+    /// Two upgradeable readers, one in each process (the one of process 0 with its upgrade):
+    /// the other joins only once the first one's lease has ended, so no document ever stores
+    /// two.
+    pub fn two_upgradeable_readers() -> Config {
+        let mut config = Config::an_upgradeable_reader_beside(true);
+        config.callers[2].upgradeable = true;
+        config
     }
 
     /// The reader-writer lock of [`Self::a_reader_writer_lock`], one of whose callers stops
@@ -957,11 +1016,13 @@ struct Command {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum CommandKey {
     /// An attempt of `client` with this lock id (its options, its details if any; a
-    /// reader-writer lock's writer, its wait's marker).
+    /// reader-writer lock's writer, its wait's marker; an upgrade, the upgradeable reader's
+    /// lease it upgrades).
     Attempt {
         lock_id: u8,
         client: u8,
         marker: u8,
+        reading: Option<u8>,
     },
     /// A renewal of `client`'s lease `lock_id`, or with `by` > 0 its extension by that many
     /// ticks (a guard's `extend`; the filter is the same).
@@ -1178,6 +1239,7 @@ impl LeaseProtocol {
                 lock_id,
                 client,
                 marker,
+                ..
             } => semaphore(
                 code::attempt_filter(NAME),
                 code::semaphore::attempt_update(
@@ -1256,12 +1318,14 @@ impl LeaseProtocol {
     fn build_for_reader_writer(&self, key: CommandKey) -> Command {
         use code::reader_writer as rw;
         let reads = |client: u8| self.config.callers[usize::from(client)].reads;
+        let upgradeable = |client: u8| self.config.callers[usize::from(client)].upgradeable;
         let command = |filter, update| Command { filter, update };
         match key {
             CommandKey::Attempt {
                 lock_id,
                 client,
                 marker,
+                reading,
             } => command(
                 code::attempt_filter(NAME),
                 rw::attempt_update(
@@ -1269,6 +1333,8 @@ impl LeaseProtocol {
                     reads(client),
                     self.options_of(client),
                     &marker_of(marker),
+                    upgradeable(client),
+                    reading.map(lock_id_name).as_deref(),
                 ),
             ),
             CommandKey::Renew {
@@ -1307,7 +1373,12 @@ impl LeaseProtocol {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
                 command(
                     rw::transfer_filter(NAME, &releasing, &waiter),
-                    rw::transfer_update(&waiter, self.options_of(client), &releasing),
+                    rw::transfer_update(
+                        &waiter,
+                        self.options_of(client),
+                        &releasing,
+                        upgradeable(client),
+                    ),
                 )
             }
             CommandKey::Purge | CommandKey::Write(_) => unreachable!("built as for any kind"),
@@ -1422,6 +1493,15 @@ impl LeaseProtocol {
             }
         };
         won.map(|token| token.expect("a numeric token"))
+    }
+
+    /// Whether the upgrade of `client`'s upgradeable read lease believes it holds the write
+    /// lease.
+    fn upgraded(&self, state: &State, client: usize) -> bool {
+        (0..state.clients.len()).any(|other| {
+            self.config.callers[other].upgrades == Some(u8::try_from(client).expect("small"))
+                && state.believes_it_holds(other)
+        })
     }
 
     /// Whether `client` reads a reader-writer lock: it has no fencing token.
@@ -1601,12 +1681,14 @@ pub struct Pending {
 /// A message in flight.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Message {
-    /// An attempt; a reader-writer lock's writer sends its wait's `marker` (else 0).
+    /// An attempt; a reader-writer lock's writer sends its wait's `marker` (else 0), an upgrade
+    /// the lease of the upgradeable reader it upgrades (`reading`).
     Attempt {
         client: u8,
         lock_id: u8,
         sent: u8,
         marker: u8,
+        reading: Option<u8>,
     },
     AttemptReply {
         client: u8,
@@ -1819,8 +1901,11 @@ pub struct ReaderWriter {
     pub readers: Vec<(u8, i64)>,
     /// The `writer` field: a lease, or only the last token once its lease ended.
     pub writer: Option<EmbeddedLease>,
-    /// The waiting writer's marker: its caller and expiry.
+    /// The waiting writer's marker: its wait and expiry.
     pub waiting: Option<(u8, i64)>,
+    /// The reader whose lease is upgradeable (`upgradeable: true`), if one is stored (at most
+    /// one is: a safety property).
+    pub upgradeable: Option<u8>,
 }
 
 /// A lease embedded in a field: a reader-writer lock's `writer`, a document lock's `lock`.
@@ -2101,6 +2186,18 @@ pub struct State {
     /// An attempt the semaphore's configured count would admit was refused under a count an
     /// operator set lower.
     pub set_count_kept_an_attempt_out: bool,
+    /// Every lock document stored held at most one upgradeable reader's lease.
+    pub one_upgradeable_reader: bool,
+    /// An upgrade's attempt found another reader's lease live, and waited (a coverage flag).
+    pub upgrade_waited_for_a_reader: bool,
+    /// An upgrade won while another writer's marker held new readers back, and left it there
+    /// (a coverage flag).
+    pub upgrade_left_a_writers_marker: bool,
+    /// An upgrade won beside its own live read lease (a coverage flag).
+    pub upgraded_beside_its_read: bool,
+    /// An upgradeable reader's attempt failed while another's upgradeable lease was live (a
+    /// coverage flag).
+    pub upgradeable_kept_out_by_another: bool,
     /// For coverage: an operator ended a lease a caller held.
     pub operator_ended_a_held_lease: bool,
     /// For coverage: a transfer applied, but its reply came after a shutdown took its undo.
@@ -2371,10 +2468,14 @@ impl LeaseProtocol {
                     .readers
                     .iter()
                     .map(|&(lock_id, expires_at)| {
-                        doc! {
+                        let mut reader = doc! {
                             "id": lock_id_name(lock_id),
                             "expiresAt": DateTime::from_millis(expires_at),
+                        };
+                        if rw.upgradeable == Some(lock_id) {
+                            reader.insert("upgradeable", true);
                         }
+                        reader
                     })
                     .collect();
                 document.insert("readers", readers);
@@ -2399,6 +2500,16 @@ impl LeaseProtocol {
     }
 
     fn store(state: &mut State, document: &Document) {
+        let upgradeable = document.get_array("readers").map_or(0, |readers| {
+            (readers.iter())
+                .filter(|reader| {
+                    reader
+                        .as_document()
+                        .is_some_and(|reader| reader.get_bool("upgradeable") == Ok(true))
+                })
+                .count()
+        });
+        state.one_upgradeable_reader &= upgradeable <= 1;
         state.lock = Some(LockDocument {
             lock_id: document.get_str("lockId").ok().map(model_lock_id),
             expires_at_ms: document
@@ -2432,6 +2543,11 @@ impl LeaseProtocol {
                             (model_lock_id(id), expires_at.timestamp_millis())
                         })
                         .collect(),
+                    upgradeable: readers.iter().find_map(|reader| {
+                        let reader = reader.as_document()?;
+                        (reader.get_bool("upgradeable") == Ok(true))
+                            .then(|| model_lock_id(reader.get_str("id").expect("a reader's id")))
+                    }),
                     writer: document
                         .get_document("writer")
                         .ok()
@@ -2764,12 +2880,14 @@ impl LeaseProtocol {
                 lock_id,
                 sent: _,
                 marker,
+                reading,
             } => {
                 let details = self.details_of(client);
                 let attempt = self.command(CommandKey::Attempt {
                     lock_id,
                     client,
                     marker,
+                    reading,
                 });
                 let router = Self::router_of(state, client);
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
@@ -2801,6 +2919,22 @@ impl LeaseProtocol {
                 }
                 state.several_places_held |=
                     won.is_some() && self.config.callers[usize::from(client)].places > 1;
+                if reading.is_some() {
+                    self.cover_upgrade(state, router, marker, won.is_some());
+                }
+                let caller = &self.config.callers[usize::from(client)];
+                if caller.upgradeable && won.is_none() {
+                    let now = self.server_now(state, router).timestamp_millis();
+                    let rw = state
+                        .lock
+                        .as_ref()
+                        .and_then(|lock| lock.reader_writer.as_ref());
+                    state.upgradeable_kept_out_by_another |= rw.is_some_and(|rw| {
+                        rw.readers
+                            .iter()
+                            .any(|&(id, end)| rw.upgradeable == Some(id) && end > now)
+                    });
+                }
                 if won.is_some() {
                     self.check_details(state, details, replaced_details);
                 }
@@ -2849,6 +2983,7 @@ impl LeaseProtocol {
                     lock_id,
                     client,
                     marker: 0,
+                    reading: None,
                 });
                 let router = Self::router_of(state, client);
                 let won = self
@@ -3421,8 +3556,10 @@ impl LeaseProtocol {
                 self.hold(state, client, lock_id, token, request);
             }
             code::Tell::Busy => {
+                // (An upgrade waits in no line.)
+                let queues = self.config.callers[client].upgrades.is_none();
                 let caller = &mut state.clients[client];
-                caller.queued = true;
+                caller.queued = queues;
                 caller.phase = Phase::Idle {
                     at: now + POLL_TICKS,
                 };
@@ -3681,6 +3818,22 @@ impl LeaseProtocol {
                 continue; // standing still
             }
             let id = u8::try_from(client).expect("small");
+            // An upgrade attempts only while its upgradeable reader holds, and its wait ends when
+            // that lease is lost (the crate's `upgrade` returns `LockLost`).
+            let waits = matches!(
+                state.clients[client].phase,
+                Phase::Idle { .. } | Phase::Attempting { .. }
+            );
+            let reading = match self.config.callers[client].upgrades {
+                Some(reader) if waits => match self.held_lease(state, usize::from(reader)) {
+                    Some(lease) => Some(lease),
+                    None => {
+                        self.upgrade_without_its_reader(state, client, usize::from(reader));
+                        continue;
+                    }
+                },
+                _ => None,
+            };
             match state.clients[client].phase.clone() {
                 Phase::Idle { at: due } if due <= now => {
                     let lock_id = state.next_lock_id;
@@ -3712,6 +3865,7 @@ impl LeaseProtocol {
                         lock_id,
                         sent: now,
                         marker,
+                        reading,
                     });
                 }
                 Phase::Attempting { attempt, .. } if at >= attempt.reply_limit() => {
@@ -3719,9 +3873,11 @@ impl LeaseProtocol {
                 }
                 Phase::Holding(hold) if is_lost(hold.lease, at) => self.lost(state, client),
                 // (Not while its transaction is open: the transaction borrows the guard.)
+                // (Nor while its upgrade is under way: the upgrade borrows the guard.)
                 Phase::Holding(hold)
                     if now >= hold.since + self.config.callers[client].hold_ticks
-                        && hold.transaction.is_none() =>
+                        && hold.transaction.is_none()
+                        && !self.upgrade_under_way(state, client) =>
                 {
                     self.release(state, client);
                 }
@@ -3781,6 +3937,69 @@ impl LeaseProtocol {
                 _ => {}
             }
         }
+    }
+
+    /// What an upgrade's attempt (of the wait whose marker is `marker`) met, as router `router`
+    /// reads the stored lock after it: for the coverage flags.
+    fn cover_upgrade(&self, state: &mut State, router: u8, marker: u8, won: bool) {
+        let now = self.server_now(state, router).timestamp_millis();
+        let Some(rw) = state
+            .lock
+            .as_ref()
+            .and_then(|lock| lock.reader_writer.as_ref())
+        else {
+            return;
+        };
+        let live_readers = rw.readers.iter().filter(|&&(_, end)| end > now).count();
+        let others_marker = rw
+            .waiting
+            .is_some_and(|(wait, end)| wait != marker && end > now);
+        state.upgrade_waited_for_a_reader |= !won && live_readers > 1;
+        state.upgraded_beside_its_read |= won && live_readers == 1;
+        state.upgrade_left_a_writers_marker |= won && others_marker;
+    }
+
+    /// The lease `client` holds and believes live, if it does.
+    fn held_lease(&self, state: &State, client: usize) -> Option<u8> {
+        match &state.clients[client].phase {
+            Phase::Holding(hold) if !is_lost(hold.lease, state.at()) => Some(hold.lock_id),
+            _ => None,
+        }
+    }
+
+    /// Whether the upgrade of `client`'s upgradeable read lease is still to be done.
+    fn upgrade_under_way(&self, state: &State, client: usize) -> bool {
+        (0..state.clients.len()).any(|other| {
+            self.config.callers[other].upgrades == Some(u8::try_from(client).expect("small"))
+                && state.clients[other].phase != Phase::Done
+        })
+    }
+
+    /// The upgrade `client` finds its upgradeable `reader` holding nothing: it waits for the
+    /// lease to be won; once that lease has been lost (its holder is done), the upgrade's wait
+    /// ends as the crate's does on the lost signal: an attempt in flight is left (its cleanup
+    /// goes out, a late win is released), and the waiting marker is removed once no attempt is
+    /// in flight.
+    fn upgrade_without_its_reader(&self, state: &mut State, client: usize, reader: usize) {
+        if state.clients[reader].phase != Phase::Done {
+            return; // not won yet
+        }
+        if matches!(state.clients[client].phase, Phase::Attempting { .. }) {
+            self.leave_attempt(state, client, Leave::Cancelled);
+        }
+        let caller = &mut state.clients[client];
+        if let Some(marker) = caller.wait.take() {
+            match caller.abandoned {
+                Some(_) => caller.removal_after = Some(marker),
+                None => state.send(Message::RemoveMarker {
+                    client: u8::try_from(client).expect("small"),
+                    marker,
+                }),
+            }
+        }
+        let caller = &mut state.clients[client];
+        caller.rounds = 0;
+        caller.phase = Phase::Done;
     }
 
     /// Another holder of a semaphore's place in `client`'s family whose lease the renewal loop
@@ -4147,6 +4366,11 @@ impl LeaseProtocol {
             mark_held_places_back: false,
             several_places_held: false,
             set_count_kept_an_attempt_out: false,
+            one_upgradeable_reader: true,
+            upgrade_waited_for_a_reader: false,
+            upgrade_left_a_writers_marker: false,
+            upgraded_beside_its_read: false,
+            upgradeable_kept_out_by_another: false,
             operator_ended_a_held_lease: false,
             transfer_undone_by_a_shutdown: false,
             acquired_at: BTreeMap::new(),
@@ -4492,7 +4716,11 @@ impl Model for LeaseProtocol {
 type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 
 /// What every state must keep, in the order [`broken`] looks for a counterexample.
-pub const SAFETY: [Condition; 14] = [
+pub const SAFETY: [Condition; 15] = [
+    (
+        "a reader-writer lock stores at most one upgradeable reader",
+        |_, state| state.one_upgradeable_reader,
+    ),
     (
         "a semaphore admits no lease beyond its count",
         |_, state| state.admitted_within_count,
@@ -4506,7 +4734,9 @@ pub const SAFETY: [Condition; 14] = [
             .filter(|&client| state.believes_it_holds(client) && !state.ended_by_operator(client));
         // (A semaphore's holder counts its places.)
         let (readers, writers) = holders.fold((0, 0), |(readers, writers), client| {
-            if model.reads(client) {
+            if model.reads(client) && model.upgraded(state, client) {
+                (readers, writers) // beside its own upgrade, which counts as the writer
+            } else if model.reads(client) {
                 (readers + 1, writers)
             } else {
                 (
@@ -4572,7 +4802,22 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 30] = [
+pub const COVERAGE: [Condition; 34] = [
+    (
+        "an upgradeable reader waits while another's lease is live",
+        |_, state| state.upgradeable_kept_out_by_another,
+    ),
+    (
+        "an upgrade takes the write lease beside its own read lease",
+        |_, state| state.upgraded_beside_its_read,
+    ),
+    ("an upgrade waits while a plain reader holds", |_, state| {
+        state.upgrade_waited_for_a_reader
+    }),
+    (
+        "an upgrade leaves another writer's marker in place",
+        |_, state| state.upgrade_left_a_writers_marker,
+    ),
     (
         "a count set lower keeps out an attempt the old one admitted",
         |_, state| state.set_count_kept_an_attempt_out,

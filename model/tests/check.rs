@@ -386,6 +386,42 @@ fn a_document_lock_its_holder_extends_by_hand() {
 }
 
 #[test]
+fn an_upgradeable_reader_beside_a_plain_reader_of_another_process() {
+    verify(
+        "an upgradeable reader beside a reader",
+        Config::an_upgradeable_reader_beside(true),
+        &[
+            "an upgrade takes the write lease beside its own read lease",
+            "an upgrade waits while a plain reader holds",
+        ],
+    );
+}
+
+#[test]
+fn an_upgradeable_reader_beside_a_writer_of_another_process() {
+    verify(
+        "an upgradeable reader beside a writer",
+        Config::an_upgradeable_reader_beside(false),
+        &[
+            "an upgrade takes the write lease beside its own read lease",
+            "an upgrade leaves another writer's marker in place",
+        ],
+    );
+}
+
+#[test]
+fn two_upgradeable_readers_of_two_processes() {
+    verify(
+        "two upgradeable readers",
+        Config::two_upgradeable_readers(),
+        &[
+            "an upgradeable reader waits while another's lease is live",
+            "an upgrade takes the write lease beside its own read lease",
+        ],
+    );
+}
+
+#[test]
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (

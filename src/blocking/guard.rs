@@ -72,6 +72,76 @@ impl LockGuard {
     }
 }
 
+/// Proof that the upgradeable read lock is held; see [`crate::UpgradeableReadGuard`]: it reads
+/// beside plain readers, keeps writers out, and can become the writer and go back to reading.
+#[must_use = "dropping the guard releases the upgradeable read lock at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct UpgradeableReadGuard {
+    inner: crate::UpgradeableReadGuard,
+    background: Arc<Background>,
+}
+
+wrapper!(UpgradeableReadGuard wraps crate::UpgradeableReadGuard);
+
+impl UpgradeableReadGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The read lease's lock id; see
+    /// [`UpgradeableReadGuard::lock_id`](crate::UpgradeableReadGuard::lock_id).
+    pub fn lock_id(&self) -> &str {
+        self.inner.lock_id()
+    }
+
+    /// Whether it holds the write lease now.
+    pub fn is_upgraded(&self) -> bool {
+        self.inner.is_upgraded()
+    }
+
+    /// The write lease's fencing token while upgraded, `None` while reading.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.inner.fencing_token()
+    }
+
+    /// Whether the read lease, or the write lease while held, is known or presumed lost.
+    pub fn is_lost(&self) -> bool {
+        self.inner.is_lost()
+    }
+
+    /// The [`LostSignal`] of the leases held now; see
+    /// [`UpgradeableReadGuard::lost`](crate::UpgradeableReadGuard::lost).
+    pub fn lost(&self) -> LostSignal {
+        self.inner.lost()
+    }
+
+    /// Blocks until a lease held now is known or presumed lost, for at most `timeout`: whether
+    /// it was lost.
+    ///
+    /// # Errors
+    /// [`Error::BlockingInAsyncContext`](crate::Error::BlockingInAsyncContext) inside a Tokio runtime.
+    pub fn wait_lost(&self, timeout: Duration) -> Result<bool> {
+        wait_lost(&self.background, &self.inner.lost(), timeout)
+    }
+
+    twins! { UpgradeableReadGuard:
+        /// Blocks until it holds the write lease too (the plain readers have left).
+        fn upgrade(&mut self) -> ();
+        /// Makes one upgrade attempt: whether it holds the write lease now.
+        fn try_upgrade(&mut self) -> bool;
+        /// Blocks at most `timeout` for the write lease: whether it holds it now.
+        fn try_upgrade_timeout(&mut self, timeout: Duration) -> bool;
+        /// Ends the write lease and goes on reading.
+        fn downgrade(&mut self) -> ();
+        /// Extends its leases to at least `by` from now.
+        fn extend(&self, by: Duration) -> ();
+        /// Releases the write lease (if held), then the read lease.
+        fn release(self) -> ();
+    }
+}
+
 /// Proof that a read lock is held; see [`crate::ReadGuard`]. Behaves like [`LockGuard`], without
 /// a fencing token.
 #[must_use = "dropping the guard releases the read lock at once"]

@@ -82,7 +82,7 @@ mod watch;
 
 pub use document_lock::{DocumentGuard, DocumentLock};
 pub use fencing::Fence;
-pub use guard::{CompositeGuard, LockGuard, ReadGuard};
+pub use guard::{CompositeGuard, LockGuard, ReadGuard, UpgradeableReadGuard};
 pub use leader::LeaderElection;
 pub use lock::MongoDistributedLock;
 pub use provider::Provider;
@@ -261,7 +261,7 @@ use wrapper;
 
 /// The blocking twins of async methods: each runs the async method of the same name on
 /// `self.inner` to completion on the provider's runtime, and converts its output with
-/// `FromAsync`. A method takes `&self`, or `self` (a guard's release, commit or resignation:
+/// `FromAsync`. A method takes `&self`, `&mut self`, or `self` (a guard's release, commit or resignation:
 /// should it be refused inside a runtime, the value is dropped, which ends it in the
 /// background). Its docs link to the async method, whose docs say what it does; the lines given
 /// here come first.
@@ -274,6 +274,19 @@ macro_rules! twins {
     ) => {
         $crate::blocking::twins!(@twin $async, $method, $output, ""; $(#[doc = $doc])*;
             pub fn $method(&self $(, $arg: $arg_type)*) -> $crate::Result<$output> {
+                let output = self.background.block_on(self.inner.$method($($arg),*))??;
+                Ok($crate::blocking::FromAsync::from_async(output, &self.background))
+            }
+        );
+        $crate::blocking::twins!($async: $($rest)*);
+    };
+    ($async:ident:
+        $(#[doc = $doc:literal])*
+        fn $method:ident(&mut self $(, $arg:ident: $arg_type:ty)*) -> $output:ty;
+        $($rest:tt)*
+    ) => {
+        $crate::blocking::twins!(@twin $async, $method, $output, ""; $(#[doc = $doc])*;
+            pub fn $method(&mut self $(, $arg: $arg_type)*) -> $crate::Result<$output> {
                 let output = self.background.block_on(self.inner.$method($($arg),*))??;
                 Ok($crate::blocking::FromAsync::from_async(output, &self.background))
             }

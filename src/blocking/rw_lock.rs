@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Background, LockGuard, LockWatch, ReadGuard, twins, wrapper};
+use super::{Background, LockGuard, LockWatch, ReadGuard, UpgradeableReadGuard, twins, wrapper};
 use crate::lock_status::LockStatus;
 use crate::options::LockOptions;
 
@@ -38,6 +38,16 @@ impl MongoDistributedReaderWriterLock {
         fn try_acquire_read(&self) -> Option<ReadGuard>;
         /// Blocks at most `timeout` for a read lock; `Ok(None)` if it stayed unavailable.
         fn try_acquire_read_timeout(&self, timeout: Duration) -> Option<ReadGuard>;
+        /// Blocks until the upgradeable read lock is acquired (no writer holds the lock or
+        /// waits for it, no other reader holds it upgradeable).
+        fn acquire_upgradeable_read(&self) -> UpgradeableReadGuard;
+        /// Blocks at most `timeout` for the upgradeable read lock.
+        fn acquire_upgradeable_read_timeout(&self, timeout: Duration) -> UpgradeableReadGuard;
+        /// Makes one attempt at the upgradeable read lock; `Ok(None)` if it is unavailable.
+        fn try_acquire_upgradeable_read(&self) -> Option<UpgradeableReadGuard>;
+        /// Blocks at most `timeout` for the upgradeable read lock; `Ok(None)` if it stayed
+        /// unavailable.
+        fn try_acquire_upgradeable_read_timeout(&self, timeout: Duration) -> Option<UpgradeableReadGuard>;
         /// Blocks until the write lock is acquired (no readers, no other writer).
         fn acquire_write(&self) -> LockGuard;
         /// Blocks at most `timeout` for the write lock.

@@ -39,6 +39,7 @@ const TWINS: &[(&str, Option<&str>, &[&str])] = &[
     ),
     ("LockGuard", Some("LockGuard"), RUN_WHILE_HELD),
     ("ReadGuard", Some("ReadGuard"), RUN_WHILE_HELD),
+    ("UpgradeableReadGuard", Some("UpgradeableReadGuard"), &[]),
     ("CompositeGuard", Some("CompositeGuard"), RUN_WHILE_HELD),
     ("DocumentLock", Some("DocumentLock"), &["lock_and_run"]),
     ("DocumentGuard", Some("DocumentGuard"), RUN_WHILE_HELD),

@@ -16,7 +16,7 @@ use mongodb::options::{ReadConcern, ReturnDocument, WriteConcern};
 use super::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, Ending, FENCING_TOKEN, HOLDERS, ID, LOCK_ID,
     Layout, MAX_COUNT, MIN_HOLD_UNTIL, PLACES, READERS, RENEWED_AT, RESIZED_AT, RETENTION, Stored,
-    WAITING_WRITER, WRITER, end_lease, live_members, places_of, primary,
+    UPGRADEABLE, WAITING_WRITER, WRITER, end_lease, live_members, places_of, primary,
 };
 use crate::details::LockDetails;
 use crate::error::{Error, Operation, Result, is_duplicate_key, shown_name};
@@ -97,6 +97,7 @@ fn of_holder(
             LockKind::Semaphore => u32::try_from(places_of(holder)).unwrap_or(u32::MAX),
             _ => 1,
         },
+        upgradeable: kind == LockKind::Read && holder.get_bool(UPGRADEABLE) == Ok(true),
     }
 }
 

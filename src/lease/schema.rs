@@ -41,6 +41,9 @@ pub(crate) const EMBEDDED_ID: &str = "id";
 
 /// A reader-writer lock's array of readers' leases.
 pub(crate) const READERS: &str = "readers";
+/// Marks the one reader of a reader-writer lock that may become its writer (`true`, in that
+/// reader's lease).
+pub(crate) const UPGRADEABLE: &str = "upgradeable";
 /// A reader-writer lock's writer lease.
 pub(crate) const WRITER: &str = "writer";
 /// A reader-writer lock's marker of the writer that waits first.

@@ -15,8 +15,8 @@ use crate::lease::claim::{Claim, Request};
 use crate::lease::held::HeldLease;
 use crate::lease::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, READERS, RENEWED_AT,
-    WAITING_WRITER, WRITER, lease_end, literal, live_members, member_ids, next_fencing_token,
-    retain,
+    UPGRADEABLE, WAITING_WRITER, WRITER, lease_end, literal, live_members, member_ids,
+    next_fencing_token, retain,
 };
 use crate::options::LockOptions;
 use crate::token::FencingToken;
@@ -31,15 +31,19 @@ pub(super) const WRITE_IS_FREE: &str = "_writeIsFree";
 /// A reader, as the engine claims it: it joins the readers unless a writer holds or waits for the
 /// lock; or in the release command of a local writer (see `lease::handoff`), with the readers
 /// waiting behind it, the writer's lease ends and the same pipeline admits this reader (unless
-/// another writer waits: writers are not starved).
-pub(super) struct Reading(pub(super) Arc<Target>);
+/// another writer waits: writers are not starved). An `upgradeable` reader also waits while
+/// another upgradeable reader holds the lock.
+pub(super) struct Reading {
+    pub(super) target: Arc<Target>,
+    pub(super) upgradeable: bool,
+}
 
 impl Claim for Reading {
     type Won = ReadGuard;
     const TAKES_OVER: bool = true;
 
     fn target(&self) -> &Target {
-        &self.0
+        &self.target
     }
 
     fn layout(&self) -> Layout {
@@ -47,10 +51,13 @@ impl Claim for Reading {
     }
 
     fn update(&self, lock_id: &str, replacing: Option<&str>) -> Vec<Document> {
-        let (options, details) = (&self.0.options, self.0.details.as_ref());
+        let (options, details) = (&self.target.options, self.target.details.as_ref());
+        let upgradeable = self.upgradeable;
         match replacing {
-            None => read_update(options, details, lock_id),
-            Some(releasing) => read_takeover_update(lock_id, options, details, releasing),
+            None => read_update(options, details, lock_id, upgradeable),
+            Some(releasing) => {
+                read_takeover_update(lock_id, options, details, releasing, upgradeable)
+            }
         }
     }
 
@@ -61,7 +68,14 @@ impl Claim for Reading {
         lock_id: String,
         request: Request,
     ) -> Result<Option<ReadGuard>> {
-        let won = hold(&self.0, runtime, Mode::Read, &document, lock_id, request)?;
+        let won = hold(
+            &self.target,
+            runtime,
+            Mode::Read,
+            &document,
+            lock_id,
+            request,
+        )?;
         Ok(won.map(|(lease, _)| ReadGuard { lease }))
     }
 }
@@ -71,9 +85,13 @@ impl Claim for Reading {
 /// readers back. Each attempt in flight keeps the marker: should the caller stop waiting, the
 /// marker is removed once the last attempt's outcome is in, so that an attempt applied after the
 /// removal cannot place it again.
+///
+/// The upgrade of an upgradeable reader is a writer `upgrading` that reader's lease (its lock
+/// id): see [`write_update`].
 pub(super) struct Writing {
     pub(super) marker: Arc<WaitingMarker>,
     pub(super) wait: Wait,
+    pub(super) upgrading: Option<String>,
 }
 
 impl Claim for Writing {
@@ -98,7 +116,8 @@ impl Claim for Writing {
         }
         let target = self.marker.target();
         let (options, details) = (&target.options, target.details.as_ref());
-        write_update(options, details, lock_id, &self.marker.id, waits)
+        let upgrading = self.upgrading.as_deref();
+        write_update(options, details, lock_id, &self.marker.id, waits, upgrading)
     }
 
     fn won(
@@ -147,9 +166,10 @@ pub(crate) fn read_takeover_update(
     options: &LockOptions,
     details: Option<&Document>,
     releasing: &str,
+    upgradeable: bool,
 ) -> Vec<Document> {
     let mut update = vec![end_writer(releasing)];
-    update.extend(read_update(options, details, lock_id));
+    update.extend(read_update(options, details, lock_id, upgradeable));
     update
 }
 
@@ -233,18 +253,30 @@ pub(super) fn drop_expired() -> Document {
 
 /// A read attempt: join the readers unless a writer holds the lock or waits for it (a missing or
 /// ended lease compares below `$$NOW`), or this reader is among them already (a transfer sent
-/// again after it applied).
+/// again after it applied). An `upgradeable` reader's lease is marked so, and joins only if no
+/// live reader's is (the first stage dropped the others).
 pub(crate) fn read_update(
     options: &LockOptions,
     details: Option<&Document>,
     lock_id: &str,
+    upgradeable: bool,
 ) -> Vec<Document> {
-    let may_read = doc! { "$and": [
-        { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
-        { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
-        { "$eq": [{ "$in": [lock_id, member_ids(READERS)] }, false] },
-    ] };
-    let lease = new_lease(options, details, lock_id);
+    let mut may_read = vec![
+        Bson::from(doc! { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] }),
+        doc! { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] }.into(),
+        doc! { "$eq": [{ "$in": [lock_id, member_ids(READERS)] }, false] }.into(),
+    ];
+    let mut lease = new_lease(options, details, lock_id);
+    if upgradeable {
+        let marks = doc! { "$map": {
+            "input": format!("${READERS}"),
+            "as": "m",
+            "in": { "$eq": [format!("$$m.{UPGRADEABLE}"), true] },
+        } };
+        may_read.push(doc! { "$eq": [{ "$in": [true, marks] }, false] }.into());
+        lease.insert(UPGRADEABLE, true);
+    }
+    let may_read = doc! { "$and": may_read };
     let join = doc! { "$concatArrays": [format!("${READERS}"), [lease]] };
     vec![
         drop_expired(),
@@ -257,21 +289,38 @@ pub(crate) fn read_update(
 /// no live writer and no other writer's live marker is there, with the next fencing token,
 /// removing the marker; otherwise, if `waits`, place or renew our marker (unless another
 /// writer's is live).
+///
+/// The upgrade of the upgradeable reader `upgrading` takes the lock when that reader's lease is
+/// the only live one (it stays, beside the writer's) and no writer's is live, whatever writer
+/// waits: no other writer can get in while that reader holds the lock, and another writer's
+/// marker stays (it only holds new readers back, and that writer goes next). Its marker is
+/// placed only while that reader's lease is live.
 pub(crate) fn write_update(
     options: &LockOptions,
     details: Option<&Document>,
     lock_id: &str,
     marker_id: &str,
     waits: bool,
+    upgrading: Option<&str>,
 ) -> Vec<Document> {
     let marker_is_ours_or_absent = doc! {
         "$eq": [{ "$ifNull": [format!("${WAITING_WRITER}.{EMBEDDED_ID}"), marker_id] }, marker_id]
     };
-    let free = doc! { "$and": [
-        { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
-        { "$eq": [{ "$size": format!("${READERS}") }, 0] },
-        marker_is_ours_or_absent.clone(),
-    ] };
+    let writer_ended = doc! { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] };
+    let readers = format!("${READERS}");
+    let free = match upgrading {
+        None => doc! { "$and": [
+            writer_ended,
+            { "$eq": [{ "$size": &readers }, 0] },
+            marker_is_ours_or_absent.clone(),
+        ] },
+        Some(reader) => doc! { "$and": [
+            writer_ended,
+            { "$eq": [{ "$size": &readers }, 1] },
+            { "$in": [reader, member_ids(READERS)] },
+        ] },
+    };
+
     let mut writer = new_lease(options, details, lock_id);
     writer.insert(
         FENCING_TOKEN,
@@ -286,21 +335,27 @@ pub(crate) fn write_update(
         // Not when the writer is this very attempt's lease (the attempt applied again): its
         // wait is over, and a marker left now would hold every reader and writer back until it
         // expired.
-        let placed = doc! { "$and": [
-            marker_is_ours_or_absent,
-            { "$ne": [format!("${WRITER}.{EMBEDDED_ID}"), lock_id] },
-        ] };
-        doc! { "$cond": [placed, ours, keep_marker] }.into()
+        let mut placed = vec![
+            Bson::from(marker_is_ours_or_absent.clone()),
+            doc! { "$ne": [format!("${WRITER}.{EMBEDDED_ID}"), lock_id] }.into(),
+        ];
+        if let Some(reader) = upgrading {
+            placed.push(doc! { "$in": [reader, member_ids(READERS)] }.into());
+        }
+        let placed = doc! { "$and": placed };
+        doc! { "$cond": [placed, ours, keep_marker.clone()] }.into()
     } else {
-        keep_marker
+        keep_marker.clone()
     };
+    // A plain writer wins only with its own marker or none; an upgrade leaves another's.
+    let marker_when_won = doc! { "$cond": [marker_is_ours_or_absent, "$$REMOVE", keep_marker] };
     let is_free = format!("${WRITE_IS_FREE}");
     vec![
         drop_expired(),
         doc! { "$set": { WRITE_IS_FREE: free } },
         doc! { "$set": {
             WRITER: { "$cond": [&is_free, writer, format!("${WRITER}")] },
-            WAITING_WRITER: { "$cond": [&is_free, "$$REMOVE", marker_when_busy] },
+            WAITING_WRITER: { "$cond": [&is_free, marker_when_won, marker_when_busy] },
         } },
         doc! { "$unset": WRITE_IS_FREE },
         retain(options.expiry_millis().max(marker_lease_millis(options))),

@@ -22,9 +22,11 @@ use futures::future::BoxFuture;
 
 pub(crate) mod attempt;
 mod read_guard;
+mod upgradeable_guard;
 
 use attempt::{Reading, Writing};
 pub use read_guard::ReadGuard;
+pub use upgradeable_guard::UpgradeableReadGuard;
 
 /// The default collection of reader-writer locks.
 pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
@@ -36,7 +38,7 @@ pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
 ///
 /// ```text
 /// { _id: <name>,
-///   readers: [ { id, expiresAt, acquiredAt, renewedAt, details }, ... ],
+///   readers: [ { id, expiresAt, acquiredAt, renewedAt, details, upgradeable }, ... ],
 ///   writer: { id, expiresAt, acquiredAt, renewedAt, fencingToken, details },
 ///   waitingWriter: { id, expiresAt },
 ///   expiresAt }
@@ -61,6 +63,19 @@ pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
 /// dropped wait whose last attempt reached the server after the removal) blocks new readers for
 /// at most the marker's lease. One writer at a time holds the marker; other waiting
 /// writers compete as usual once it is gone.
+///
+/// # Upgradeable reads
+/// One reader at a time may hold the lock *upgradeable* (`upgradeable: true` in its lease;
+/// [`acquire_upgradeable_read`](Self::acquire_upgradeable_read)): it reads beside plain readers,
+/// and since it is a reader no writer gets in while it holds. Its
+/// [`upgrade`](UpgradeableReadGuard::upgrade) is a writer's acquisition that wins when its own read
+/// lease is the only live reader's and no writer's is live, whatever writer waits (that writer
+/// waits for this very reader; its marker stays and it goes next): so nothing is written between
+/// its read and its write. The write lease comes beside the read lease, with the next fencing
+/// token; [`downgrade`](UpgradeableReadGuard::downgrade) releases it and keeps the read lease.
+/// While the upgrade waits, its waiting-writer marker holds new readers back; a wait that ends
+/// (timeout, drop, or the read lease lost) removes it. The upgrade polls at the busy-wait pace,
+/// outside the line of this process's waiters (they wait for what its reader holds).
 ///
 /// # Guards
 /// Readers get a [`ReadGuard`], the writer a [`LockGuard`] whose fencing token is larger than
@@ -168,7 +183,7 @@ impl MongoDistributedReaderWriterLock {
     /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire_read(&self) -> Result<ReadGuard> {
         let wait = Wait::forever();
-        wait.required(self.read_within(wait).await, self.name(), self)
+        wait.required(self.read_within(wait, false).await, self.name(), self)
             .await
     }
 
@@ -181,7 +196,7 @@ impl MongoDistributedReaderWriterLock {
     /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn acquire_read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
         let wait = Wait::at_most(timeout);
-        wait.required(self.read_within(wait).await, self.name(), self)
+        wait.required(self.read_within(wait, false).await, self.name(), self)
             .await
     }
 
@@ -204,7 +219,7 @@ impl MongoDistributedReaderWriterLock {
     /// # Cancel safety
     /// Cancel safe, as [`MongoDistributedLock::acquire`](crate::MongoDistributedLock::acquire).
     pub async fn try_acquire_read_timeout(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
-        self.read_within(Wait::at_most(timeout)).await
+        self.read_within(Wait::at_most(timeout), false).await
     }
 
     /// Waits until the write lock is acquired: when no reader and no other writer holds it.
@@ -257,6 +272,70 @@ impl MongoDistributedReaderWriterLock {
     /// As [`acquire_write`](Self::acquire_write).
     pub async fn try_acquire_write_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         self.write_within(Wait::at_most(timeout)).await
+    }
+
+    /// Waits until the upgradeable read lock is acquired: when no writer holds the lock or
+    /// waits for it, and no other reader holds it upgradeable. It reads beside plain readers
+    /// and keeps writers out until it [upgrades](UpgradeableReadGuard::upgrade) (see
+    /// [`UpgradeableReadGuard`]).
+    ///
+    /// # Errors
+    /// As [`acquire_read`](Self::acquire_read).
+    ///
+    /// # Cancel safety
+    /// As [`acquire_read`](Self::acquire_read).
+    pub async fn acquire_upgradeable_read(&self) -> Result<UpgradeableReadGuard> {
+        let wait = Wait::forever();
+        let read = self.read_within(wait, true).await;
+        let read = wait.required(read, self.name(), self).await?;
+        Ok(UpgradeableReadGuard::new(read, self.clone()))
+    }
+
+    /// Waits at most `timeout` for the upgradeable read lock;
+    /// [`Error::Timeout`](crate::Error::Timeout) when it runs out.
+    ///
+    /// # Errors
+    /// As [`acquire_read_timeout`](Self::acquire_read_timeout).
+    ///
+    /// # Cancel safety
+    /// As [`acquire_read`](Self::acquire_read).
+    pub async fn acquire_upgradeable_read_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<UpgradeableReadGuard> {
+        let wait = Wait::at_most(timeout);
+        let read = self.read_within(wait, true).await;
+        let read = wait.required(read, self.name(), self).await?;
+        Ok(UpgradeableReadGuard::new(read, self.clone()))
+    }
+
+    /// One attempt at the upgradeable read lock; `Ok(None)` if a writer holds the lock or waits
+    /// for it, or another reader holds it upgradeable.
+    ///
+    /// # Errors
+    /// As [`try_acquire_read`](Self::try_acquire_read).
+    ///
+    /// # Cancel safety
+    /// As [`acquire_read`](Self::acquire_read).
+    pub async fn try_acquire_upgradeable_read(&self) -> Result<Option<UpgradeableReadGuard>> {
+        self.try_acquire_upgradeable_read_timeout(Duration::ZERO)
+            .await
+    }
+
+    /// Attempts at the upgradeable read lock for up to `timeout`; `Ok(None)` if it stayed
+    /// unavailable.
+    ///
+    /// # Errors
+    /// As [`try_acquire_read_timeout`](Self::try_acquire_read_timeout).
+    ///
+    /// # Cancel safety
+    /// As [`acquire_read`](Self::acquire_read).
+    pub async fn try_acquire_upgradeable_read_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<UpgradeableReadGuard>> {
+        let read = self.read_within(Wait::at_most(timeout), true).await?;
+        Ok(read.map(|read| UpgradeableReadGuard::new(read, self.clone())))
     }
 
     /// Acquires a read lock (waiting as [`acquire_read`](Self::acquire_read) does), runs `work`
@@ -352,9 +431,13 @@ impl MongoDistributedReaderWriterLock {
         admin::force_release_reader_writer(&target.collection, &target.name).await
     }
 
-    /// Read attempts until one joins the readers or the wait runs out.
-    async fn read_within(&self, wait: Wait) -> Result<Option<ReadGuard>> {
-        let reading = Arc::new(Reading(Arc::clone(&self.target)));
+    /// Read attempts (of the `upgradeable` reader, or a plain one) until one joins the readers
+    /// or the wait runs out.
+    async fn read_within(&self, wait: Wait, upgradeable: bool) -> Result<Option<ReadGuard>> {
+        let reading = Arc::new(Reading {
+            target: Arc::clone(&self.target),
+            upgradeable,
+        });
         acquire::acquire(self.acquisition(Mode::Read), wait, reading).await
     }
 
@@ -366,8 +449,34 @@ impl MongoDistributedReaderWriterLock {
         let writing = Arc::new(Writing {
             marker: Arc::clone(&marker),
             wait,
+            upgrading: None,
         });
         let result = acquire::acquire(self.acquisition(Mode::Write), wait, writing).await;
+        marker.end(&result).await;
+        result
+    }
+
+    /// Upgrade attempts of the upgradeable reader `reader` (its lock id) until one takes the
+    /// write lease or the wait runs out; its marker as a waiting writer's. The upgrade stays out
+    /// of the line of local waiters: they wait for what its reader holds, and a line whose
+    /// first waiter cannot win until it wins would stand still.
+    pub(super) async fn upgrade_within(
+        &self,
+        reader: &str,
+        wait: Wait,
+    ) -> Result<Option<LockGuard>> {
+        let marker = WaitingMarker::new(&self.target, WAITING_WRITER)?;
+        let upgrading = Arc::new(Writing {
+            marker: Arc::clone(&marker),
+            wait,
+            upgrading: Some(reader.to_owned()),
+        });
+        let acquisition = Acquisition {
+            waiters: None,
+            push: None,
+            ..self.acquisition(Mode::Write)
+        };
+        let result = acquire::acquire(acquisition, wait, upgrading).await;
         marker.end(&result).await;
         result
     }

@@ -279,6 +279,38 @@ fn reader_writer_lock_shares_reads_and_excludes_the_writer() {
 }
 
 #[test]
+fn an_upgradeable_reader_upgrades_and_downgrades_by_blocking_calls() {
+    let provider = provider(common::options(10_000, 3_000));
+    let lock = provider.create_reader_writer_lock(common::unique("rw"));
+    let mut guard = lock.acquire_upgradeable_read_timeout(HANG).expect("free");
+    assert!(lock.try_acquire_upgradeable_read().unwrap().is_none());
+    let plain = lock.try_acquire_read().unwrap().expect("readers share");
+    assert!(!guard.try_upgrade().unwrap(), "a plain reader holds it");
+    plain.release().unwrap();
+    assert!(guard.try_upgrade_timeout(HANG).unwrap());
+    assert!(guard.is_upgraded());
+    let token = guard.fencing_token().expect("a writer's token");
+    // Its two leases: the writer's, and the upgradeable reader's beside it.
+    let holders = lock.holders().unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert_eq!(holders[0].kind, LockKind::Write);
+    assert_eq!(holders[0].fencing_token, Some(token));
+    assert_eq!(holders[1].kind, LockKind::Read);
+    assert_eq!(holders[1].lock_id.as_deref(), Some(guard.lock_id()));
+    assert!(holders[1].upgradeable);
+    assert!(lock.try_acquire_read().unwrap().is_none(), "it writes");
+    guard.downgrade().unwrap();
+    assert_eq!(guard.fencing_token(), None);
+    let plain = lock.try_acquire_read().unwrap().expect("it reads again");
+    assert!(lock.try_acquire_write().unwrap().is_none());
+    plain.release().unwrap();
+    guard.upgrade().unwrap();
+    assert!(guard.fencing_token().unwrap() > token);
+    guard.release().unwrap();
+    assert!(lock.holders().unwrap().is_empty());
+}
+
+#[test]
 fn semaphore_admits_max_count_holders() {
     let provider = provider(common::options(10_000, 3_000));
     let semaphore = provider.create_semaphore(common::unique("semaphore"), 2);

@@ -57,6 +57,7 @@ mod shared_renewal;
 mod shutdown;
 mod tracing_events;
 mod transactions;
+mod upgradeable_read;
 mod watch;
 mod weighted_semaphore;
 mod who_blocks_me;

@@ -726,7 +726,8 @@ async fn a_write_attempt_applied_twice_leaves_no_waiting_marker() {
     use mongodb::options::ReturnDocument;
 
     let (lock, collection) = rw_lock(common::options(5_000, 1_000)).await;
-    let update = reader_writer::attempt_update("w-1", false, lock.options(), "marker-1");
+    let update =
+        reader_writer::attempt_update("w-1", false, lock.options(), "marker-1", false, None);
     for application in ["first", "second"] {
         let document = collection
             .find_one_and_update(attempt_filter(lock.name()), update.clone())
