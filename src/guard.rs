@@ -51,11 +51,6 @@ impl LockGuard {
         self.lease.name()
     }
 
-    /// The lease, for a guard that holds more than this one.
-    pub(crate) fn lease(&self) -> &HeldLease {
-        &self.lease
-    }
-
     /// This acquisition's fencing token: larger than that of every earlier acquisition of the
     /// same name.
     pub fn fencing_token(&self) -> FencingToken {

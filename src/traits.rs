@@ -55,6 +55,10 @@ use crate::token::FencingToken;
 /// A held lock of any implementation, boxed: what the [`DistributedLock`] methods return.
 pub type BoxedGuard = Box<dyn DistributedLockGuard>;
 
+/// An upgradeable read lock of any implementation, boxed: what the
+/// [`DistributedReaderWriterLock::acquire_upgradeable_read`] methods return.
+pub type BoxedUpgradeableReadGuard = Box<dyn DistributedUpgradeableReadGuard>;
+
 /// A locked document of any implementation, boxed: what the [`DistributedDocumentLock`]
 /// methods return.
 pub type BoxedDocumentGuard = Box<dyn DistributedDocumentGuard>;
@@ -121,6 +125,61 @@ pub trait DistributedReadGuard: Send + Sync + Debug {
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) if it had been lost before; otherwise as
     /// the implementation's release.
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
+}
+
+/// A held upgradeable read lock, of any implementation: see
+/// [`UpgradeableReadGuard`](crate::UpgradeableReadGuard).
+pub trait DistributedUpgradeableReadGuard: Send + Sync + Debug {
+    /// The lock's name.
+    fn name(&self) -> &str;
+
+    /// Whether it holds the write lease now.
+    fn is_upgraded(&self) -> bool;
+
+    /// The write lease's fencing token while upgraded, `None` while reading.
+    fn fencing_token(&self) -> Option<FencingToken>;
+
+    /// A signal that turns true when a lease held now is known or presumed lost.
+    fn lost(&self) -> LostSignal;
+
+    /// Whether a lease held now is known or presumed lost.
+    fn is_lost(&self) -> bool;
+
+    /// Waits until it holds the write lease too (the plain readers have left).
+    ///
+    /// # Errors
+    /// As [`UpgradeableReadGuard::upgrade`](crate::UpgradeableReadGuard::upgrade).
+    fn upgrade(&mut self) -> BoxFuture<'_, Result<()>>;
+
+    /// One upgrade attempt: whether it holds the write lease now.
+    ///
+    /// # Errors
+    /// As [`UpgradeableReadGuard::upgrade`](crate::UpgradeableReadGuard::upgrade).
+    fn try_upgrade(&mut self) -> BoxFuture<'_, Result<bool>>;
+
+    /// Upgrade attempts for up to `timeout`: whether it holds the write lease now.
+    ///
+    /// # Errors
+    /// As [`UpgradeableReadGuard::upgrade`](crate::UpgradeableReadGuard::upgrade).
+    fn try_upgrade_timeout(&mut self, timeout: Duration) -> BoxFuture<'_, Result<bool>>;
+
+    /// Ends the write lease and goes on reading.
+    ///
+    /// # Errors
+    /// As [`UpgradeableReadGuard::downgrade`](crate::UpgradeableReadGuard::downgrade).
+    fn downgrade(&mut self) -> BoxFuture<'_, Result<()>>;
+
+    /// Extends its leases to at least `by` from now.
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`](crate::LockGuard::extend).
+    fn extend(&self, by: Duration) -> BoxFuture<'_, Result<()>>;
+
+    /// Releases the write lease (if held), then the read lease.
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`](crate::LockGuard::release).
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
 }
 
@@ -271,6 +330,38 @@ pub trait DistributedReaderWriterLock: Send + Sync + Debug {
         &self,
         timeout: Duration,
     ) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
+
+    /// Waits until the upgradeable read lock is acquired.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::acquire_upgradeable_read`](crate::MongoDistributedReaderWriterLock::acquire_upgradeable_read).
+    fn acquire_upgradeable_read(&self) -> BoxFuture<'_, Result<BoxedUpgradeableReadGuard>>;
+
+    /// Waits at most `timeout` for the upgradeable read lock.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::acquire_upgradeable_read_timeout`](crate::MongoDistributedReaderWriterLock::acquire_upgradeable_read_timeout).
+    fn acquire_upgradeable_read_timeout(
+        &self,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<BoxedUpgradeableReadGuard>>;
+
+    /// One attempt at the upgradeable read lock.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::try_acquire_upgradeable_read`](crate::MongoDistributedReaderWriterLock::try_acquire_upgradeable_read).
+    fn try_acquire_upgradeable_read(
+        &self,
+    ) -> BoxFuture<'_, Result<Option<BoxedUpgradeableReadGuard>>>;
+
+    /// Attempts at the upgradeable read lock for up to `timeout`.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedReaderWriterLock::try_acquire_upgradeable_read_timeout`](crate::MongoDistributedReaderWriterLock::try_acquire_upgradeable_read_timeout).
+    fn try_acquire_upgradeable_read_timeout(
+        &self,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Option<BoxedUpgradeableReadGuard>>>;
 }
 
 /// Locks on the documents of one collection, of any implementation, with the documents as BSON:
@@ -437,6 +528,13 @@ macro_rules! forward_acquisitions {
 }
 pub(crate) use forward_acquisitions;
 
+/// Boxes a concrete upgradeable read guard.
+pub(crate) fn boxed_upgradeable<G: DistributedUpgradeableReadGuard + 'static>(
+    guard: G,
+) -> BoxedUpgradeableReadGuard {
+    Box::new(guard)
+}
+
 /// Boxes a concrete read guard.
 pub(crate) fn boxed_read<G: DistributedReadGuard + 'static>(guard: G) -> BoxedReadGuard {
     Box::new(guard)
@@ -551,6 +649,11 @@ macro_rules! impl_distributed_reader_writer_lock {
 
             $crate::traits::forward_acquisitions!($lock, $crate::traits::BoxedGuard, $crate::traits::boxed:
                 acquire_write, acquire_write_timeout, try_acquire_write, try_acquire_write_timeout);
+
+            $crate::traits::forward_acquisitions!($lock, $crate::traits::BoxedUpgradeableReadGuard,
+                $crate::traits::boxed_upgradeable:
+                acquire_upgradeable_read, acquire_upgradeable_read_timeout,
+                try_acquire_upgradeable_read, try_acquire_upgradeable_read_timeout);
         }
     };
 }
@@ -615,6 +718,50 @@ macro_rules! impl_distributed_read_guard {
     };
 }
 pub(crate) use impl_distributed_read_guard;
+
+/// Implements [`DistributedUpgradeableReadGuard`] for a guard with the inherent methods of the
+/// same names.
+macro_rules! impl_distributed_upgradeable_read_guard {
+    ($guard:ty) => {
+        impl $crate::traits::DistributedUpgradeableReadGuard for $guard {
+            fn name(&self) -> &str {
+                <$guard>::name(self)
+            }
+
+            fn is_upgraded(&self) -> bool {
+                <$guard>::is_upgraded(self)
+            }
+
+            fn fencing_token(&self) -> Option<$crate::token::FencingToken> {
+                <$guard>::fencing_token(self)
+            }
+
+            fn upgrade(&mut self) -> futures::future::BoxFuture<'_, $crate::error::Result<()>> {
+                Box::pin(<$guard>::upgrade(self))
+            }
+
+            fn try_upgrade(
+                &mut self,
+            ) -> futures::future::BoxFuture<'_, $crate::error::Result<bool>> {
+                Box::pin(<$guard>::try_upgrade(self))
+            }
+
+            fn try_upgrade_timeout(
+                &mut self,
+                timeout: std::time::Duration,
+            ) -> futures::future::BoxFuture<'_, $crate::error::Result<bool>> {
+                Box::pin(<$guard>::try_upgrade_timeout(self, timeout))
+            }
+
+            fn downgrade(&mut self) -> futures::future::BoxFuture<'_, $crate::error::Result<()>> {
+                Box::pin(<$guard>::downgrade(self))
+            }
+
+            $crate::traits::forward_guard!($guard);
+        }
+    };
+}
+pub(crate) use impl_distributed_upgradeable_read_guard;
 
 /// Implements [`DistributedDocumentGuard`] for a guard of BSON documents with the inherent
 /// methods of the same names.

@@ -54,6 +54,12 @@ impl LostSignal {
         LostSignal { leases }
     }
 
+    /// Lost when this or `other` is (a guard that holds both leases).
+    pub(crate) fn and(mut self, other: &LostSignal) -> Self {
+        self.leases.extend(other.leases.iter().cloned());
+        self
+    }
+
     /// Whether the lock is known or presumed lost.
     pub fn is_lost(&self) -> bool {
         self.leases.iter().any(|lease| lease.is_lost())

@@ -179,6 +179,7 @@ impl MemoryDocumentLock {
                 acquisition,
                 reader: false,
                 places: 1,
+                upgradeable: false,
                 state: Arc::clone(&state),
             });
             return Ok(Some(MemoryDocumentGuard {

@@ -44,7 +44,7 @@ impl MemoryLock {
     pub fn max_count(&self) -> u32 {
         match self.claim {
             Claim::Places(places) => places,
-            Claim::Read | Claim::Write => 1,
+            Claim::Read | Claim::Write | Claim::UpgradeableRead | Claim::Upgrade(_) => 1,
         }
     }
 
@@ -232,7 +232,7 @@ impl MemoryLock {
             if let Some(guard) = self.take(ask)? {
                 return Ok(Some(guard));
             }
-            if self.claim == Claim::Write && waiting_writer.is_none() {
+            if self.claim.writes() && waiting_writer.is_none() {
                 waiting_writer = Some(self.locks.writer_waits(&self.key));
             }
             match deadline {
@@ -288,6 +288,20 @@ impl MemoryGuard {
     /// The lock's name.
     pub fn name(&self) -> &str {
         &self.key.name
+    }
+
+    /// The lock of its name and kind claiming `claim` (an upgrade of this reader's lease).
+    pub(super) fn lock_for(&self, claim: Claim) -> MemoryLock {
+        MemoryLock {
+            key: self.key.clone(),
+            claim,
+            locks: Arc::clone(&self.locks),
+        }
+    }
+
+    /// Tells this acquisition from later ones of the same name.
+    pub(super) fn acquisition(&self) -> u64 {
+        self.acquisition
     }
 
     /// This acquisition's fencing token: larger than every earlier one of the same name.

@@ -8,8 +8,10 @@
 //!   callers must agree on it unless it was set ([`MemoryLock::set_max_count`]); several places
 //!   at once ([`MemoryLock::acquire_many`]), the first waiter for several holding back the places
 //!   it needs, and [`MemoryLock::available`]; any number of readers or one writer per
-//!   reader-writer name, new readers waiting while a writer waits; one holder per document of a
-//!   document lock's collection;
+//!   reader-writer name, new readers waiting while a writer waits, and one upgradeable reader
+//!   ([`MemoryReaderWriterLock::acquire_upgradeable_read`]) whose upgrade takes the write lock
+//!   once it is the only holder, whatever writer waits; one holder per document of a document
+//!   lock's collection;
 //! - the three kinds of one name being independent, as they are in their separate collections;
 //! - fencing tokens that strictly increase per name (readers have none), and per document;
 //! - a guard's lease that stays held while the guard lives, with no deadline of its own (so a
@@ -70,7 +72,7 @@ mod rw_lock;
 pub use document_lock::{MemoryDocumentGuard, MemoryDocumentLock};
 pub use lock::{MemoryGuard, MemoryLock};
 use names::{Claim, Key, Kind, Locks};
-pub use rw_lock::{MemoryReadGuard, MemoryReaderWriterLock};
+pub use rw_lock::{MemoryReadGuard, MemoryReaderWriterLock, MemoryUpgradeableReadGuard};
 
 /// Creates in-memory locks that exclude each other by name; clones share the locks. See the
 /// [module docs](self).
@@ -116,6 +118,7 @@ impl MemoryLockProvider {
         let key = Key::new(Kind::ReaderWriter, name);
         MemoryReaderWriterLock {
             read: self.lock(key.clone(), Claim::Read),
+            upgradeable: self.lock(key.clone(), Claim::UpgradeableRead),
             write: self.lock(key, Claim::Write),
         }
     }

@@ -51,6 +51,23 @@ pub(super) enum Claim {
     Read,
     /// The write lock: alone.
     Write,
+    /// The upgradeable read lock: a read lock while no other reader holds it upgradeable.
+    UpgradeableRead,
+    /// The upgrade of the upgradeable reader of this acquisition: the write lock beside that
+    /// reader, once it is the only holder.
+    Upgrade(u64),
+}
+
+impl Claim {
+    /// Whether its holder reads (and takes no fencing token of its own).
+    fn reads(self) -> bool {
+        matches!(self, Claim::Read | Claim::UpgradeableRead)
+    }
+
+    /// Whether its waiter holds new readers back, as a waiting writer's marker does.
+    pub(super) fn writes(self) -> bool {
+        matches!(self, Claim::Write | Claim::Upgrade(_))
+    }
 }
 
 /// The state of one name: its last fencing token, its holders, for a semaphore the
@@ -85,6 +102,8 @@ pub(super) struct Holder {
     pub(super) reader: bool,
     /// How many of a semaphore's places it takes.
     pub(super) places: u32,
+    /// Whether it holds a reader-writer lock to read, upgradeable.
+    pub(super) upgradeable: bool,
     pub(super) state: Arc<LeaseState>,
 }
 
@@ -141,12 +160,20 @@ impl Locks {
             Claim::Read => {
                 entry.waiting_writers == 0 && entry.holders.iter().all(|holder| holder.reader)
             }
+            Claim::UpgradeableRead => {
+                entry.waiting_writers == 0
+                    && (entry.holders.iter()).all(|holder| holder.reader && !holder.upgradeable)
+            }
             Claim::Write => entry.holders.is_empty(),
+            // Whatever writer waits: it waits for this very reader.
+            Claim::Upgrade(reader) => {
+                matches!(entry.holders.as_slice(), [only] if only.acquisition == reader)
+            }
         };
         if !free {
             return Ok(None);
         }
-        if claim != Claim::Read {
+        if !claim.reads() {
             entry.last_token += 1;
         }
         if ask.wait.is_some() && entry.mark.map(|(wait, _)| wait) == ask.wait {
@@ -156,8 +183,9 @@ impl Locks {
         let state = LeaseState::without_deadline();
         entry.holders.push(Holder {
             acquisition: entry.last_acquisition,
-            reader: claim == Claim::Read,
+            reader: claim.reads(),
             places: ask.places,
+            upgradeable: claim == Claim::UpgradeableRead,
             state: Arc::clone(&state),
         });
         Ok(Some((

@@ -3,8 +3,10 @@
 use std::time::Duration;
 
 use super::lock::{MemoryGuard, MemoryLock};
-use crate::error::Result;
+use super::names::Claim;
+use crate::error::{Error, Result};
 use crate::lease::lost::LostSignal;
+use crate::token::FencingToken;
 
 /// An in-memory reader-writer lock; see the [module docs](super) and
 /// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock), whose
@@ -13,6 +15,7 @@ use crate::lease::lost::LostSignal;
 #[derive(Clone, Debug)]
 pub struct MemoryReaderWriterLock {
     pub(super) read: MemoryLock,
+    pub(super) upgradeable: MemoryLock,
     pub(super) write: MemoryLock,
 }
 
@@ -99,7 +102,187 @@ impl MemoryReaderWriterLock {
     }
 }
 
+impl MemoryReaderWriterLock {
+    /// Waits until the upgradeable read lock is acquired: no writer holds the lock or waits for
+    /// it, and no other reader holds it upgradeable.
+    ///
+    /// # Errors
+    /// As [`acquire_read`](Self::acquire_read).
+    pub async fn acquire_upgradeable_read(&self) -> Result<MemoryUpgradeableReadGuard> {
+        self.upgradeable
+            .acquire()
+            .await
+            .map(MemoryUpgradeableReadGuard::new)
+    }
+
+    /// Waits at most `timeout` for the upgradeable read lock.
+    ///
+    /// # Errors
+    /// As [`acquire_read_timeout`](Self::acquire_read_timeout).
+    pub async fn acquire_upgradeable_read_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<MemoryUpgradeableReadGuard> {
+        self.upgradeable
+            .acquire_timeout(timeout)
+            .await
+            .map(MemoryUpgradeableReadGuard::new)
+    }
+
+    /// One attempt at the upgradeable read lock.
+    ///
+    /// # Errors
+    /// As [`try_acquire_read`](Self::try_acquire_read).
+    pub async fn try_acquire_upgradeable_read(&self) -> Result<Option<MemoryUpgradeableReadGuard>> {
+        let guard = self.upgradeable.try_acquire().await?;
+        Ok(guard.map(MemoryUpgradeableReadGuard::new))
+    }
+
+    /// Attempts at the upgradeable read lock for up to `timeout`.
+    ///
+    /// # Errors
+    /// As [`try_acquire_read_timeout`](Self::try_acquire_read_timeout).
+    pub async fn try_acquire_upgradeable_read_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<MemoryUpgradeableReadGuard>> {
+        let guard = self.upgradeable.try_acquire_timeout(timeout).await?;
+        Ok(guard.map(MemoryUpgradeableReadGuard::new))
+    }
+}
+
 crate::traits::impl_distributed_reader_writer_lock!(MemoryReaderWriterLock);
+
+/// Proof that an in-memory upgradeable read lock is held: as
+/// [`UpgradeableReadGuard`](crate::UpgradeableReadGuard), it reads beside plain readers, keeps
+/// writers out, upgrades to the write lock (with the next fencing token) once it is the only
+/// holder, whatever writer waits, and downgrades back to reading.
+#[must_use = "dropping the guard releases the upgradeable read lock at once"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct MemoryUpgradeableReadGuard {
+    // Dropped in this order (as fields are): the write lock before the read lock.
+    writer: Option<MemoryGuard>,
+    read: MemoryGuard,
+}
+
+impl MemoryUpgradeableReadGuard {
+    fn new(read: MemoryGuard) -> Self {
+        MemoryUpgradeableReadGuard { writer: None, read }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.read.name()
+    }
+
+    /// Whether it holds the write lock now.
+    pub fn is_upgraded(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    /// The write lock's fencing token while upgraded, `None` while reading.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.writer.as_ref().map(MemoryGuard::fencing_token)
+    }
+
+    /// A signal that turns true when the read lock, or the write lock held now, is lost.
+    pub fn lost(&self) -> LostSignal {
+        let mut lost = self.read.lost();
+        if let Some(writer) = &self.writer {
+            lost = lost.and(&writer.lost());
+        }
+        lost
+    }
+
+    /// Whether the read lock, or the write lock while held, is lost.
+    pub fn is_lost(&self) -> bool {
+        self.read.is_lost() || self.writer.as_ref().is_some_and(MemoryGuard::is_lost)
+    }
+
+    /// Waits until it holds the write lock too; [`Error::LockLost`] once the read lock is lost.
+    ///
+    /// # Errors
+    /// As [`UpgradeableReadGuard::upgrade`](crate::UpgradeableReadGuard::upgrade).
+    pub async fn upgrade(&mut self) -> Result<()> {
+        self.upgrade_within(None).await.map(|_| ())
+    }
+
+    /// One upgrade attempt: whether it holds the write lock now.
+    ///
+    /// # Errors
+    /// As [`upgrade`](Self::upgrade).
+    pub async fn try_upgrade(&mut self) -> Result<bool> {
+        self.upgrade_within(Some(Duration::ZERO)).await
+    }
+
+    /// Upgrade attempts for up to `timeout`: whether it holds the write lock now.
+    ///
+    /// # Errors
+    /// As [`upgrade`](Self::upgrade).
+    pub async fn try_upgrade_timeout(&mut self, timeout: Duration) -> Result<bool> {
+        self.upgrade_within(Some(timeout)).await
+    }
+
+    async fn upgrade_within(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        if self.writer.is_some() {
+            return Ok(true);
+        }
+        let lost = self.read.lost();
+        let upgrade = self.read.lock_for(Claim::Upgrade(self.read.acquisition()));
+        let won = async {
+            match timeout {
+                None => upgrade.acquire().await.map(Some),
+                Some(timeout) => upgrade.try_acquire_timeout(timeout).await,
+            }
+        };
+        let won = tokio::select! {
+            biased;
+            () = lost.wait() => Err(Error::LockLost { name: self.name().to_owned() }),
+            won = won => won,
+        }?;
+        self.writer = won;
+        Ok(self.writer.is_some())
+    }
+
+    /// Ends the write lock and goes on reading.
+    ///
+    /// # Errors
+    /// As [`MemoryGuard::release`].
+    pub async fn downgrade(&mut self) -> Result<()> {
+        match self.writer.take() {
+            Some(writer) => writer.release().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Checks `by` and that no lock it holds is lost, as [`MemoryGuard::extend`].
+    ///
+    /// # Errors
+    /// As [`MemoryGuard::extend`].
+    pub async fn extend(&self, by: Duration) -> Result<()> {
+        if let Some(writer) = &self.writer {
+            writer.extend(by).await?;
+        }
+        self.read.extend(by).await
+    }
+
+    /// Releases the write lock (if held), then the read lock: the first error.
+    ///
+    /// # Errors
+    /// As [`MemoryGuard::release`].
+    pub async fn release(self) -> Result<()> {
+        let MemoryUpgradeableReadGuard { writer, read } = self;
+        let written = match writer {
+            Some(writer) => writer.release().await,
+            None => Ok(()),
+        };
+        let read = read.release().await;
+        written.and(read)
+    }
+}
+
+crate::traits::impl_distributed_upgradeable_read_guard!(MemoryUpgradeableReadGuard);
 
 /// Proof that a [`MemoryReaderWriterLock`](super::MemoryReaderWriterLock) is held to read; behaves as
 /// [`ReadGuard`](crate::ReadGuard) does (no fencing token).

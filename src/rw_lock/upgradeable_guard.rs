@@ -90,11 +90,11 @@ impl UpgradeableReadGuard {
     /// A signal that turns true when the read lease, or the write lease held when this is
     /// called, is known or presumed lost (see [`LockGuard::lost`]).
     pub fn lost(&self) -> LostSignal {
-        let mut leases = vec![std::sync::Arc::clone(self.read.lease.state())];
-        if let Some(writer) = &self.writer {
-            leases.push(std::sync::Arc::clone(writer.lease().state()));
+        let lost = self.read.lost();
+        match &self.writer {
+            Some(writer) => lost.and(&writer.lost()),
+            None => lost,
         }
-        LostSignal::new(leases)
     }
 
     /// Whether the read lease, or the write lease while held, is known or presumed lost.
@@ -221,3 +221,5 @@ impl UpgradeableReadGuard {
         written.and(read)
     }
 }
+
+crate::traits::impl_distributed_upgradeable_read_guard!(UpgradeableReadGuard);

@@ -154,7 +154,95 @@ behaviours!(
     a_semaphore_gives_several_places_at_once_all_or_none,
     a_waiter_for_several_places_is_not_starved_by_waiters_for_one,
     a_set_count_evicts_nobody_and_rules_every_caller,
+    one_upgradeable_reader_reads_beside_others_and_keeps_writers_out,
+    an_upgrade_waits_for_plain_readers_and_ignores_a_waiting_writer,
 );
+
+async fn one_upgradeable_reader_reads_beside_others_and_keeps_writers_out(locks: Locks) {
+    let rw = locks.create_reader_writer_lock("rw");
+    let mut upgradeable = rw.acquire_upgradeable_read().await.unwrap();
+    assert!(!upgradeable.is_upgraded());
+    assert_eq!(upgradeable.fencing_token(), None);
+    let plain = rw.try_acquire_read().await.unwrap().expect("readers share");
+    assert!(rw.try_acquire_upgradeable_read().await.unwrap().is_none());
+    assert!(
+        rw.try_acquire_write_timeout(Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    plain.release().await.unwrap();
+    assert!(
+        rw.try_acquire_write().await.unwrap().is_none(),
+        "it still reads"
+    );
+
+    assert!(upgradeable.try_upgrade().await.unwrap(), "the only reader");
+    let token = upgradeable.fencing_token().expect("a writer's token");
+    assert!(rw.try_acquire_read().await.unwrap().is_none(), "it writes");
+    upgradeable.downgrade().await.unwrap();
+    assert!(!upgradeable.is_upgraded());
+    let plain = rw
+        .try_acquire_read()
+        .await
+        .unwrap()
+        .expect("it reads again");
+    plain.release().await.unwrap();
+    assert!(rw.try_acquire_write().await.unwrap().is_none());
+    upgradeable.upgrade().await.unwrap();
+    assert!(upgradeable.fencing_token().unwrap() > token);
+    upgradeable.release().await.unwrap();
+    let writer = rw.try_acquire_write().await.unwrap().expect("free");
+    assert!(writer.fencing_token() > token);
+    writer.release().await.unwrap();
+}
+
+async fn an_upgrade_waits_for_plain_readers_and_ignores_a_waiting_writer(locks: Locks) {
+    let rw = locks.create_reader_writer_lock("rw");
+    let mut upgradeable = rw.acquire_upgradeable_read().await.unwrap();
+    let plain = rw.acquire_read().await.unwrap();
+    assert!(
+        !upgradeable
+            .try_upgrade_timeout(Duration::from_millis(200))
+            .await
+            .unwrap()
+    );
+    // A writer waits for the upgradeable reader; the upgrade does not wait for the writer.
+    let writer = {
+        let rw = locks.create_reader_writer_lock("rw");
+        tokio::spawn(async move { rw.acquire_write().await })
+    };
+    let probe = locks.create_reader_writer_lock("rw");
+    let held_back = common::eventually(Duration::from_secs(10), || async {
+        match probe.try_acquire_read().await.unwrap() {
+            Some(read) => {
+                read.release().await.unwrap();
+                false
+            }
+            None => true,
+        }
+    })
+    .await;
+    assert!(held_back, "new readers wait while the writer waits");
+    let upgrade = tokio::spawn(async move { upgradeable.upgrade().await.map(|()| upgradeable) });
+    plain.release().await.unwrap();
+    let mut upgradeable = tokio::time::timeout(Duration::from_secs(10), upgrade)
+        .await
+        .expect("upgraded once the plain reader left")
+        .unwrap()
+        .unwrap();
+    assert!(upgradeable.is_upgraded());
+    assert!(!writer.is_finished(), "no other writer got in");
+    upgradeable.downgrade().await.unwrap();
+    assert!(!writer.is_finished(), "nor while it reads again");
+    upgradeable.release().await.unwrap();
+    let writing = tokio::time::timeout(Duration::from_secs(30), writer)
+        .await
+        .expect("the writer goes next")
+        .unwrap()
+        .unwrap();
+    writing.release().await.unwrap();
+}
 
 async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
     let lock = locks.create_lock("a");
@@ -1041,4 +1129,26 @@ async fn the_document_double_widens_increments_as_mongodb_does() {
         .await
         .unwrap_err();
     assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_upgrade_ends_with_lock_lost_when_the_double_shuts_down() {
+    let locks = MemoryLockProvider::new();
+    let rw = locks.create_reader_writer_lock("rw");
+    let mut upgradeable = rw.acquire_upgradeable_read().await.unwrap();
+    let plain = rw.acquire_read().await.unwrap();
+    let waiting = tokio::spawn(async move { (upgradeable.upgrade().await, upgradeable) });
+    tokio::task::yield_now().await;
+    locks.shutdown().await;
+    let (upgraded, upgradeable) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the wait ends")
+        .unwrap();
+    assert!(
+        matches!(upgraded, Err(Error::LockLost { .. } | Error::ShutDown)),
+        "{upgraded:?}"
+    );
+    assert!(!upgradeable.is_upgraded());
+    assert!(upgradeable.is_lost());
+    assert!(plain.is_lost());
 }
