@@ -7,11 +7,11 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result, shown_name};
-use crate::guard::LockGuard;
 use crate::lease::lost::LostSignal;
 use crate::lock::MongoDistributedLock;
 use crate::sync::Mutex;
 use crate::token::FencingToken;
+use crate::traits::{BoxedGuard, DistributedLock};
 use crate::watch::LockWatch;
 
 /// After a failed campaign (an error other than a busy lock), the next one waits this long.
@@ -26,7 +26,7 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 /// or [`LeaderElection::start`].
 ///
 /// [`is_leader`](Self::is_leader) is exact: it turns false at the lease's lost deadline, before
-/// another instance can be elected, under the same assumptions as [`LockGuard::lost`]. The
+/// another instance can be elected, under the same assumptions as [`LockGuard::lost`](crate::LockGuard::lost). The
 /// [`watch`](Self::watch) channel reports the same changes as events, as soon as the background
 /// task runs; it can lag behind `is_leader` by a scheduling delay, so check `is_leader` (or use
 /// the term's [`fencing_token`](Self::fencing_token) with [`Fence`](crate::Fence)) right before
@@ -80,6 +80,17 @@ impl LeaderElection {
                 shown_name(lock.name())
             )));
         }
+        LeaderElection::over(Box::new(lock))
+    }
+
+    /// Starts campaigning for leadership of `lock`'s name, with any lock behind the trait: the
+    /// in-memory double's in unit tests ([`DistributedLockProvider::create_leader_election`](crate::DistributedLockProvider::create_leader_election)),
+    /// on the current Tokio runtime. Leadership is `lock`'s lease, as with
+    /// [`start`](Self::start).
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    pub fn over(lock: Box<dyn DistributedLock>) -> Result<LeaderElection> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let name = lock.name().to_owned();
         let term = Arc::new(Mutex::new(None));
@@ -144,7 +155,7 @@ impl LeaderElection {
     /// instance can be elected at once.
     ///
     /// # Errors
-    /// While leading, the release's error (see [`LockGuard::release`]). Between terms,
+    /// While leading, the release's error (see [`LockGuard::release`](crate::LockGuard::release)). Between terms,
     /// [`Error::LockLost`] if the last term ended by a loss (its lease lapsed or was taken,
     /// rather than resigned) and no new term has started since; `Ok(())` if this instance was
     /// never elected.
@@ -184,7 +195,7 @@ impl Drop for LeaderElection {
 /// release on resigning: while leading, the release's; between terms, `LockLost` if the last
 /// term ended by a loss (its holder learns that its leadership lapsed), `Ok` otherwise.
 async fn campaign(
-    lock: MongoDistributedLock,
+    lock: Box<dyn DistributedLock>,
     term: Arc<Mutex<Option<Term>>>,
     leading: watch::Sender<bool>,
     mut resigned: oneshot::Receiver<()>,
@@ -212,7 +223,7 @@ async fn campaign(
                 }
             }
         };
-        match lead(&lock, guard, &term, &leading, &mut resigned).await {
+        match lead(lock.as_ref(), guard, &term, &leading, &mut resigned).await {
             Some(outcome) => return outcome,
             None => last_term_lost = true,
         }
@@ -222,8 +233,8 @@ async fn campaign(
 /// Leads until the term ends: `None` if it was lost (campaign again), the release's outcome if
 /// resigned.
 async fn lead(
-    lock: &MongoDistributedLock,
-    guard: LockGuard,
+    lock: &dyn DistributedLock,
+    guard: BoxedGuard,
     term: &Mutex<Option<Term>>,
     leading: &watch::Sender<bool>,
     resigned: &mut oneshot::Receiver<()>,

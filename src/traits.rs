@@ -3,7 +3,9 @@
 //! [`MongoDistributedSemaphore`](crate::MongoDistributedSemaphore),
 //! [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock),
 //! [`DocumentLock`](crate::DocumentLock)) or, in unit tests, on the in-memory locks, semaphores,
-//! reader-writer locks and document locks of [`memory`](crate::memory).
+//! reader-writer locks and document locks of [`memory`](crate::memory). A provider also starts
+//! [`LeaderElection`](crate::LeaderElection)s, and the trait objects run work bound to a lease
+//! (`acquire_and_run`, `run_while_held`).
 //!
 //! # Why boxed futures
 //! `async fn` in a trait cannot be called through `dyn` in today's Rust, and its futures carry
@@ -485,6 +487,118 @@ pub trait DistributedLockProvider: Send + Sync + Debug {
     /// database), held under the field `lock`, with the documents as BSON; see
     /// [`Provider::create_document_lock`](crate::Provider::create_document_lock).
     fn create_document_lock(&self, collection: &str) -> Box<dyn DistributedDocumentLock>;
+
+    /// Starts campaigning for leadership of `name`, on the current Tokio runtime: see
+    /// [`LeaderElection`](crate::LeaderElection). Its leadership is the lease of
+    /// [`create_lock`](Self::create_lock)`(name)`.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`](crate::Error::NoRuntime) outside a Tokio runtime; as
+    /// [`Provider::create_leader_election`](crate::Provider::create_leader_election) for the
+    /// MongoDB provider.
+    fn create_leader_election(&self, name: &str) -> Result<crate::LeaderElection> {
+        crate::LeaderElection::over(self.create_lock(name))
+    }
+}
+
+impl dyn DistributedLockGuard {
+    /// Runs `work` until it completes or the lock is lost, whichever comes first, as
+    /// [`LockGuard::run_while_held`](crate::LockGuard::run_while_held) does: its output, the
+    /// guard still held, or [`Error::LockLost`](crate::Error::LockLost) (`work` is dropped).
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if the lock was lost before `work` completed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work`; the guard stays held.
+    pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.lost()
+            .unless_lost(work)
+            .await
+            .ok_or_else(|| crate::Error::LockLost {
+                name: self.name().to_owned(),
+            })
+    }
+}
+
+impl dyn DistributedReadGuard {
+    /// Runs `work` until it completes or the read lock is lost: see
+    /// [`DistributedLockGuard::run_while_held`](trait.DistributedLockGuard.html#method.run_while_held).
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if the lock was lost before `work` completed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work`; the guard stays held.
+    pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.lost()
+            .unless_lost(work)
+            .await
+            .ok_or_else(|| crate::Error::LockLost {
+                name: self.name().to_owned(),
+            })
+    }
+}
+
+impl dyn DistributedLock {
+    /// Acquires the lock (waiting as [`acquire`](DistributedLock::acquire) does), runs `work`
+    /// while it is held and releases it, as
+    /// [`MongoDistributedLock::acquire_and_run`](crate::MongoDistributedLock::acquire_and_run)
+    /// does.
+    ///
+    /// # Errors
+    /// As [`acquire`](DistributedLock::acquire); [`Error::LockLost`](crate::Error::LockLost) if
+    /// the lock was lost before `work` completed. A release that fails after `work` completed is
+    /// logged, not returned.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping this future drops `work` and the guard, which releases the lock.
+    pub async fn acquire_and_run<T>(
+        &self,
+        work: impl AsyncFnOnce(&dyn DistributedLockGuard) -> T,
+    ) -> Result<T> {
+        let guard = self.acquire().await?;
+        let output = guard.run_while_held(work(guard.as_ref())).await;
+        crate::lease::held::after_release(self.name(), output, guard.release().await)
+    }
+}
+
+impl dyn DistributedReaderWriterLock {
+    /// Acquires a read lock, runs `work` while it is held and releases it, as
+    /// [`MongoDistributedReaderWriterLock::acquire_read_and_run`](crate::MongoDistributedReaderWriterLock::acquire_read_and_run)
+    /// does.
+    ///
+    /// # Errors
+    /// As [`acquire_and_run`](trait.DistributedLock.html#method.acquire_and_run).
+    ///
+    /// # Cancel safety
+    /// As [`acquire_and_run`](trait.DistributedLock.html#method.acquire_and_run).
+    pub async fn acquire_read_and_run<T>(
+        &self,
+        work: impl AsyncFnOnce(&dyn DistributedReadGuard) -> T,
+    ) -> Result<T> {
+        let guard = self.acquire_read().await?;
+        let output = guard.run_while_held(work(guard.as_ref())).await;
+        crate::lease::held::after_release(self.name(), output, guard.release().await)
+    }
+
+    /// Acquires the write lock, runs `work` while it is held and releases it, as
+    /// [`MongoDistributedReaderWriterLock::acquire_write_and_run`](crate::MongoDistributedReaderWriterLock::acquire_write_and_run)
+    /// does.
+    ///
+    /// # Errors
+    /// As [`acquire_and_run`](trait.DistributedLock.html#method.acquire_and_run).
+    ///
+    /// # Cancel safety
+    /// As [`acquire_and_run`](trait.DistributedLock.html#method.acquire_and_run).
+    pub async fn acquire_write_and_run<T>(
+        &self,
+        work: impl AsyncFnOnce(&dyn DistributedLockGuard) -> T,
+    ) -> Result<T> {
+        let guard = self.acquire_write().await?;
+        let output = guard.run_while_held(work(guard.as_ref())).await;
+        crate::lease::held::after_release(self.name(), output, guard.release().await)
+    }
 }
 
 /// Boxes a concrete guard.

@@ -235,8 +235,8 @@ pub struct Caller {
     /// others. (Such a caller has no peer in its process: no release hands it places.)
     pub places: u8,
     /// In a reader-writer lock, a reader whose lease is upgradeable (`acquire_upgradeable_read`):
-    /// it joins only while no other upgradeable lease is live, and holds until its upgrade
-    /// ([`Caller::upgrades`]) is done.
+    /// it joins only while no other upgradeable lease is live, waits in no line of local waiters
+    /// (as the crate's does not), and holds until its upgrade ([`Caller::upgrades`]) is done.
     pub upgradeable: bool,
     /// In a reader-writer lock, a writer that is the upgrade of that caller's upgradeable read
     /// lease (`UpgradeableReadGuard::upgrade`, then `downgrade` after its `hold_ticks`): it
@@ -3556,8 +3556,9 @@ impl LeaseProtocol {
                 self.hold(state, client, lock_id, token, request);
             }
             code::Tell::Busy => {
-                // (An upgrade waits in no line.)
-                let queues = self.config.callers[client].upgrades.is_none();
+                // (An upgrade, and an upgradeable reader, wait in no line.)
+                let caller = &self.config.callers[client];
+                let queues = caller.upgrades.is_none() && !caller.upgradeable;
                 let caller = &mut state.clients[client];
                 caller.queued = queues;
                 caller.phase = Phase::Idle {

@@ -123,6 +123,19 @@ impl MemoryLockProvider {
         }
     }
 
+    /// Starts campaigning for leadership of `name` with this provider's lock of that name: see
+    /// [`LeaderElection`](crate::LeaderElection) (and [`expire`](Self::expire), which ends a term
+    /// as a lost lease would).
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`](crate::Error::NoRuntime) outside a Tokio runtime.
+    pub fn create_leader_election(
+        &self,
+        name: impl Into<String>,
+    ) -> crate::Result<crate::LeaderElection> {
+        crate::LeaderElection::over(Box::new(self.create_lock(name)))
+    }
+
     /// The in-memory document locks of the collection called `collection`, as
     /// [`DistributedLockProvider::create_document_lock`]: its documents are kept here as BSON,
     /// inserted by [`lock_or_insert`](MemoryDocumentLock::lock_or_insert), and each is locked

@@ -176,14 +176,18 @@ impl MemoryUpgradeableReadGuard {
         self.read.name()
     }
 
-    /// Whether it holds the write lock now.
+    /// Whether it holds the write lock now (one not lost).
     pub fn is_upgraded(&self) -> bool {
-        self.writer.is_some()
+        self.live_writer().is_some()
     }
 
-    /// The write lock's fencing token while upgraded, `None` while reading.
+    /// The write lock's fencing token while upgraded, `None` while reading or once it is lost.
     pub fn fencing_token(&self) -> Option<FencingToken> {
-        self.writer.as_ref().map(MemoryGuard::fencing_token)
+        self.live_writer().map(MemoryGuard::fencing_token)
+    }
+
+    fn live_writer(&self) -> Option<&MemoryGuard> {
+        self.writer.as_ref().filter(|writer| !writer.is_lost())
     }
 
     /// A signal that turns true when the read lock, or the write lock held now, is lost.
@@ -225,8 +229,14 @@ impl MemoryUpgradeableReadGuard {
     }
 
     async fn upgrade_within(&mut self, timeout: Option<Duration>) -> Result<bool> {
-        if self.writer.is_some() {
+        if self.is_upgraded() {
             return Ok(true);
+        }
+        self.writer = None; // a lost write lock ends
+        if self.read.is_lost() {
+            return Err(Error::LockLost {
+                name: self.name().to_owned(),
+            });
         }
         let lost = self.read.lost();
         let upgrade = self.read.lock_for(Claim::Upgrade(self.read.acquisition()));
@@ -261,10 +271,12 @@ impl MemoryUpgradeableReadGuard {
     /// # Errors
     /// As [`MemoryGuard::extend`].
     pub async fn extend(&self, by: Duration) -> Result<()> {
-        if let Some(writer) = &self.writer {
-            writer.extend(by).await?;
-        }
-        self.read.extend(by).await
+        let written = match &self.writer {
+            Some(writer) => writer.extend(by).await,
+            None => Ok(()),
+        };
+        let read = self.read.extend(by).await;
+        written.and(read)
     }
 
     /// Releases the write lock (if held), then the read lock: the first error.

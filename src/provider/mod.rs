@@ -312,6 +312,10 @@ impl DistributedLockProvider for Provider {
         let collection = self.database.collection::<Document>(collection);
         Box::new(Provider::create_document_lock(self, &collection).of_database(&self.database))
     }
+
+    fn create_leader_election(&self, name: &str) -> Result<LeaderElection> {
+        Provider::create_leader_election(self, name)
+    }
 }
 
 /// A collection name of the provider, checked once, when it is set.

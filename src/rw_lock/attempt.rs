@@ -293,8 +293,8 @@ pub(crate) fn read_update(
 /// The upgrade of the upgradeable reader `upgrading` takes the lock when that reader's lease is
 /// the only live one (it stays, beside the writer's) and no writer's is live, whatever writer
 /// waits: no other writer can get in while that reader holds the lock, and another writer's
-/// marker stays (it only holds new readers back, and that writer goes next). Its marker is
-/// placed only while that reader's lease is live.
+/// marker stays (it only holds new readers back). Its marker is placed only while that reader's
+/// lease is live and no writer's is (a late attempt after the upgrade's win marks nothing).
 pub(crate) fn write_update(
     options: &LockOptions,
     details: Option<&Document>,
@@ -310,12 +310,12 @@ pub(crate) fn write_update(
     let readers = format!("${READERS}");
     let free = match upgrading {
         None => doc! { "$and": [
-            writer_ended,
+            writer_ended.clone(),
             { "$eq": [{ "$size": &readers }, 0] },
             marker_is_ours_or_absent.clone(),
         ] },
         Some(reader) => doc! { "$and": [
-            writer_ended,
+            writer_ended.clone(),
             { "$eq": [{ "$size": &readers }, 1] },
             { "$in": [reader, member_ids(READERS)] },
         ] },
@@ -339,8 +339,11 @@ pub(crate) fn write_update(
             Bson::from(marker_is_ours_or_absent.clone()),
             doc! { "$ne": [format!("${WRITER}.{EMBEDDED_ID}"), lock_id] }.into(),
         ];
+        // An upgrade's: only while its reader is live, and while no writer is (the only one that
+        // can be is its own, won by another attempt: a late attempt must not mark again).
         if let Some(reader) = upgrading {
             placed.push(doc! { "$in": [reader, member_ids(READERS)] }.into());
+            placed.push(writer_ended.clone().into());
         }
         let placed = doc! { "$and": placed };
         doc! { "$cond": [placed, ours, keep_marker.clone()] }.into()

@@ -70,12 +70,14 @@ pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
 /// and since it is a reader no writer gets in while it holds. Its
 /// [`upgrade`](UpgradeableReadGuard::upgrade) is a writer's acquisition that wins when its own read
 /// lease is the only live reader's and no writer's is live, whatever writer waits (that writer
-/// waits for this very reader; its marker stays and it goes next): so nothing is written between
+/// waits for this very reader; its marker stays, holding new readers back): so nothing is written between
 /// its read and its write. The write lease comes beside the read lease, with the next fencing
 /// token; [`downgrade`](UpgradeableReadGuard::downgrade) releases it and keeps the read lease.
 /// While the upgrade waits, its waiting-writer marker holds new readers back; a wait that ends
-/// (timeout, drop, or the read lease lost) removes it. The upgrade polls at the busy-wait pace,
-/// outside the line of this process's waiters (they wait for what its reader holds).
+/// (timeout, drop, or the read lease lost) removes it. The upgradeable read and the upgrade poll
+/// at the busy-wait pace, outside the line of this process's waiters: the waiters wait for what
+/// the upgrading reader holds, and plain readers must not queue behind an upgradeable one, which
+/// waits for what they need not.
 ///
 /// # Guards
 /// Readers get a [`ReadGuard`], the writer a [`LockGuard`] whose fencing token is larger than
@@ -433,12 +435,21 @@ impl MongoDistributedReaderWriterLock {
 
     /// Read attempts (of the `upgradeable` reader, or a plain one) until one joins the readers
     /// or the wait runs out.
+    ///
+    /// An upgradeable reader waits outside the line of this process's waiters, polling at the
+    /// busy-wait pace: it waits for what plain readers need not (no other upgradeable reader),
+    /// and a plain reader queued behind it would wait for that too.
     async fn read_within(&self, wait: Wait, upgradeable: bool) -> Result<Option<ReadGuard>> {
         let reading = Arc::new(Reading {
             target: Arc::clone(&self.target),
             upgradeable,
         });
-        acquire::acquire(self.acquisition(Mode::Read), wait, reading).await
+        let mut acquisition = self.acquisition(Mode::Read);
+        if upgradeable {
+            acquisition.waiters = None;
+            acquisition.push = None;
+        }
+        acquire::acquire(acquisition, wait, reading).await
     }
 
     /// Write attempts until one takes the lock or the wait runs out. While it waits, the
@@ -471,11 +482,9 @@ impl MongoDistributedReaderWriterLock {
             wait,
             upgrading: Some(reader.to_owned()),
         });
-        let acquisition = Acquisition {
-            waiters: None,
-            push: None,
-            ..self.acquisition(Mode::Write)
-        };
+        let mut acquisition = self.acquisition(Mode::Write);
+        acquisition.waiters = None;
+        acquisition.push = None;
         let result = acquire::acquire(acquisition, wait, upgrading).await;
         marker.end(&result).await;
         result

@@ -70,19 +70,24 @@ impl UpgradeableReadGuard {
         self.read.lock_id()
     }
 
-    /// Whether it holds the write lease now.
+    /// Whether it holds the write lease now (one not known or presumed lost).
     pub fn is_upgraded(&self) -> bool {
-        self.writer.is_some()
+        self.live_writer().is_some()
     }
 
     /// The write lease's fencing token while upgraded (larger than that of every earlier writer
-    /// of the lock), `None` while reading.
+    /// of the lock), `None` while reading or once the write lease is lost.
     pub fn fencing_token(&self) -> Option<FencingToken> {
-        self.writer.as_ref().map(LockGuard::fencing_token)
+        self.live_writer().map(LockGuard::fencing_token)
     }
 
-    /// The write lease while upgraded, as a [`LockGuard`]: its fencing token, its own
-    /// [`lost`](LockGuard::lost), fenced writes and lease-checked transactions.
+    fn live_writer(&self) -> Option<&LockGuard> {
+        self.writer.as_ref().filter(|writer| !writer.is_lost())
+    }
+
+    /// The write lease while upgraded (also once lost, until the next `upgrade` or `downgrade`),
+    /// as a [`LockGuard`]: its fencing token, its own [`lost`](LockGuard::lost), fenced writes
+    /// and lease-checked transactions.
     pub fn writer(&self) -> Option<&LockGuard> {
         self.writer.as_ref()
     }
@@ -103,14 +108,17 @@ impl UpgradeableReadGuard {
     }
 
     /// Waits until it holds the write lease too: when no plain reader holds the lock any more
-    /// (new readers are held back meanwhile) and no writer does. At once if upgraded already.
+    /// (new readers are held back meanwhile) and no writer does. At once if upgraded already;
+    /// a write lease that was lost is let go, and a new one taken.
     ///
     /// Each attempt is one `findAndModify`. The wait polls at the busy-wait pace (it is not in
     /// the line of this process's waiters: it holds what they wait for).
     ///
     /// # Errors
-    /// - [`Error::LockLost`] if the read lease is lost (before or while it waits): nothing more
-    ///   is written, and the waiting-writer marker is removed.
+    /// - [`Error::LockLost`] if the read lease is lost (before or while it waits): no new
+    ///   attempt is sent (one already on its way is cleaned up after, and a write lease it wins
+    ///   is released), and the waiting-writer marker is removed in the background once no
+    ///   attempt is in flight.
     /// - Otherwise as [`MongoDistributedReaderWriterLock::acquire_write`].
     ///
     /// # Cancel safety
@@ -153,9 +161,11 @@ impl UpgradeableReadGuard {
     }
 
     async fn upgrade_within(&mut self, wait: Wait) -> Result<bool> {
-        if self.writer.is_some() {
+        if self.is_upgraded() {
             return Ok(true);
         }
+        // A lost write lease ends (its drop releases whatever is left of it).
+        self.writer = None;
         let lost = self.read.lost();
         if lost.is_lost() {
             return Err(self.lost_error());
@@ -192,15 +202,20 @@ impl UpgradeableReadGuard {
     }
 
     /// Extends the read lease (and the write lease while held) to at least `by` from now; see
-    /// [`LockGuard::extend`].
+    /// [`LockGuard::extend`]: both are sent, and the first error returned.
     ///
     /// # Errors
     /// As [`LockGuard::extend`].
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::extend`].
     pub async fn extend(&self, by: Duration) -> Result<()> {
-        if let Some(writer) = &self.writer {
-            writer.extend(by).await?;
-        }
-        self.read.extend(by).await
+        let written = match &self.writer {
+            Some(writer) => writer.extend(by).await,
+            None => Ok(()),
+        };
+        let read = self.read.extend(by).await;
+        written.and(read)
     }
 
     /// Releases the write lease (if held), then the read lease: the first error, once both

@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use distributed_lock_mongodb::memory::MemoryLockProvider;
 use distributed_lock_mongodb::{
     BoxedGuard, DistributedDocumentLock, DistributedLock, DistributedLockProvider,
-    DistributedReaderWriterLock, DistributedSemaphore, Error, Provider, Result,
+    DistributedReaderWriterLock, DistributedSemaphore, Error, LeaderElection, Provider, Result,
 };
 use mongodb::bson::{Bson, doc};
 
@@ -156,6 +156,8 @@ behaviours!(
     a_set_count_evicts_nobody_and_rules_every_caller,
     one_upgradeable_reader_reads_beside_others_and_keeps_writers_out,
     an_upgrade_waits_for_plain_readers_and_ignores_a_waiting_writer,
+    one_leader_at_a_time_and_a_resignation_hands_over,
+    work_runs_under_each_kind_of_lock_and_the_lock_is_released_after,
 );
 
 async fn one_upgradeable_reader_reads_beside_others_and_keeps_writers_out(locks: Locks) {
@@ -242,6 +244,83 @@ async fn an_upgrade_waits_for_plain_readers_and_ignores_a_waiting_writer(locks: 
         .unwrap()
         .unwrap();
     writing.release().await.unwrap();
+}
+
+async fn work_runs_under_each_kind_of_lock_and_the_lock_is_released_after(locks: Locks) {
+    let lock = locks.create_lock("run");
+    let output = lock
+        .acquire_and_run(async |guard| {
+            assert!(!guard.is_lost());
+            guard.fencing_token()
+        })
+        .await
+        .unwrap();
+    let next = lock
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("released after the work");
+    assert!(next.fencing_token() > output);
+    // The guard's own: the output, and the guard still held.
+    let ran = next.run_while_held(async { 7 }).await.unwrap();
+    assert_eq!(ran, 7);
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    next.release().await.unwrap();
+
+    let rw = locks.create_reader_writer_lock("run");
+    let read = rw
+        .acquire_read_and_run(async |guard| {
+            let other = locks.create_reader_writer_lock("run");
+            // Readers share; a writer waits.
+            let second = other.try_acquire_read().await.unwrap().expect("shared");
+            second.release().await.unwrap();
+            assert!(other.try_acquire_write().await.unwrap().is_none());
+            guard.name().to_owned()
+        })
+        .await
+        .unwrap();
+    assert_eq!(read, "run");
+    let written = rw
+        .acquire_write_and_run(async |guard| {
+            let other = locks.create_reader_writer_lock("run");
+            assert!(other.try_acquire_read().await.unwrap().is_none());
+            guard.fencing_token()
+        })
+        .await
+        .unwrap();
+    let writer = rw.try_acquire_write().await.unwrap().expect("released");
+    assert!(writer.fencing_token() > written);
+    writer.release().await.unwrap();
+}
+
+/// Waits (up to `limit`) until `election` leads: whether it does.
+async fn leads(election: &LeaderElection, limit: Duration) -> bool {
+    let mut leading = election.watch();
+    tokio::time::timeout(limit, leading.wait_for(|leader| *leader))
+        .await
+        .is_ok_and(|led| led.is_ok())
+}
+
+async fn one_leader_at_a_time_and_a_resignation_hands_over(locks: Locks) {
+    let first = locks.create_leader_election("leader").unwrap();
+    assert!(leads(&first, Duration::from_secs(10)).await);
+    let term = first.fencing_token().expect("a term's token");
+    assert!(first.lost().is_some_and(|lost| !lost.is_lost()));
+    let second = locks.create_leader_election("leader").unwrap();
+    assert!(!leads(&second, Duration::from_millis(300)).await);
+    assert!(!second.is_leader() && second.fencing_token().is_none());
+    first.resign().await.unwrap();
+    assert!(leads(&second, Duration::from_secs(30)).await);
+    assert!(second.fencing_token().unwrap() > term);
+    second.resign().await.unwrap();
+    assert!(
+        locks
+            .create_lock("leader")
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
@@ -1151,4 +1230,47 @@ async fn a_waiting_upgrade_ends_with_lock_lost_when_the_double_shuts_down() {
     assert!(!upgradeable.is_upgraded());
     assert!(upgradeable.is_lost());
     assert!(plain.is_lost());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_ends_a_term_with_expire_and_its_leader_campaigns_again() {
+    let locks = MemoryLockProvider::new();
+    let election = locks.create_leader_election("leader").unwrap();
+    assert!(leads(&election, Duration::from_secs(10)).await);
+    let term = election.fencing_token().unwrap();
+    let lost = election.lost().unwrap();
+    assert!(locks.expire("leader"));
+    assert!(lost.is_lost() && !election.is_leader());
+    // Elected again, for a new term.
+    let again = common::eventually(Duration::from_secs(10), || async {
+        election.fencing_token().is_some_and(|next| next > term)
+    })
+    .await;
+    assert!(again, "a new term after the loss");
+    election.resign().await.unwrap();
+    assert!(!locks.is_held("leader"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_behind_the_traits_is_dropped_when_the_lock_is_lost() {
+    let locks = MemoryLockProvider::new();
+    let lock: Box<dyn DistributedLock> = Box::new(locks.create_lock("run"));
+    let ran = lock
+        .acquire_and_run(async |_guard| {
+            assert!(locks.expire("run"));
+            std::future::pending::<()>().await
+        })
+        .await;
+    assert!(matches!(ran, Err(Error::LockLost { .. })), "{ran:?}");
+    assert!(!locks.is_held("run"));
+
+    let guard = lock.acquire().await.unwrap();
+    let ran = guard
+        .run_while_held(async {
+            assert!(locks.expire("run"));
+            std::future::pending::<()>().await
+        })
+        .await;
+    assert!(matches!(ran, Err(Error::LockLost { .. })), "{ran:?}");
+    assert!(guard.is_lost());
 }

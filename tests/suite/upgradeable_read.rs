@@ -50,7 +50,8 @@ async fn stored(collection: &Collection<Document>, name: &str) -> Document {
         .expect("the lock has a document")
 }
 
-/// The waiting-writer marker's id, if one is stored.
+/// The waiting-writer marker's id, if one is stored (live or not: only an attempt, which drops
+/// an ended one, or a removal takes it out).
 async fn marker(collection: &Collection<Document>, name: &str) -> Option<String> {
     let document = stored(collection, name).await;
     let marker = document.get_document("waitingWriter").ok()?;
@@ -135,17 +136,20 @@ async fn an_upgrade_waits_for_plain_readers_holds_new_ones_back_and_gets_the_nex
         "a single attempt leaves no marker"
     );
     let upgrade = tokio::spawn(async move { guard.upgrade().await.map(|()| guard) });
-    assert!(
-        common::eventually(Duration::from_secs(10), || async {
-            marker(&documents, lock.name()).await.is_some()
-        })
-        .await,
-        "the waiting upgrade marks the lock"
-    );
-    assert!(
-        other.try_acquire_read().await.unwrap().is_none(),
-        "new readers wait behind the upgrade"
-    );
+    // The state to wait for: new readers are refused (a probe that got in is released at once;
+    // the marker's lease is short, and a starved upgrade may let it lapse for a moment).
+    let held_back = common::eventually(Duration::from_secs(10), || async {
+        match other.try_acquire_read().await.unwrap() {
+            Some(read) => {
+                read.release().await.unwrap();
+                false
+            }
+            None => true,
+        }
+    })
+    .await;
+    assert!(held_back, "new readers wait behind the upgrade");
+    assert!(marker(&documents, lock.name()).await.is_some());
     plain.release().await.unwrap();
     let guard: UpgradeableReadGuard = tokio::time::timeout(Duration::from_secs(30), upgrade)
         .await
@@ -426,4 +430,72 @@ async fn a_shutdown_ends_both_leases_and_a_min_hold_is_refused_before_anything_i
         "{:?}",
         log.started()
     );
+}
+
+/// An upgradeable reader waits outside the line of its process's waiters: a plain reader of the
+/// same process that comes after a waiting upgradeable reader is not queued behind it (it would
+/// wait for what only the upgradeable one waits for: the other upgradeable reader's end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_upgradeable_reader_holds_back_no_plain_reader_of_its_process() {
+    let (database, log) = common::counting_database().await;
+    let (lock, other, documents) = two_processes(&database);
+    let held = other.acquire_upgradeable_read().await.unwrap();
+    log.clear();
+    let second = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire_upgradeable_read().await })
+    };
+    // Its second attempt is on its way: the first failed (a waiter in line by then, if it
+    // queued).
+    let waits = common::eventually(Duration::from_secs(10), || async {
+        log.count("findAndModify") >= 2
+    })
+    .await;
+    assert!(waits, "{:?}", log.started());
+    // (A hang bound: queued behind the second, this waited until the first one's end.)
+    let plain = tokio::time::timeout(Duration::from_secs(20), lock.acquire_read())
+        .await
+        .expect("the plain reader is not held back")
+        .unwrap();
+    assert!(!second.is_finished());
+    plain.release().await.unwrap();
+    held.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("the second gets in once the first has gone")
+        .unwrap()
+        .unwrap();
+    second.release().await.unwrap();
+    assert_eq!(marker(&documents, lock.name()).await, None);
+}
+
+/// A write lease lost under an upgraded reader (an operator ended it): the guard no longer
+/// counts as upgraded, and its next upgrade takes a new write lease with a newer token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_write_lease_is_let_go_and_the_next_upgrade_takes_a_new_one() {
+    let database = common::database().await;
+    let (lock, _, documents) = two_processes(&database);
+    let mut guard = lock.acquire_upgradeable_read().await.unwrap();
+    guard.upgrade().await.unwrap();
+    let first = guard.fencing_token().unwrap();
+    let provider = distributed_lock_mongodb::Provider::new(&database)
+        .with_reader_writer_collection(documents.name());
+    let holders = lock.holders().await.unwrap();
+    let writer = holders
+        .iter()
+        .find(|holder| holder.fencing_token.is_some())
+        .expect("the write lease");
+    assert!(provider.force_release_holder(writer).await.unwrap());
+    let lost = guard.writer().unwrap().lost();
+    tokio::time::timeout(Duration::from_secs(10), lost.wait())
+        .await
+        .expect("lost at the next renewal");
+    assert!(!guard.is_upgraded());
+    assert_eq!(guard.fencing_token(), None);
+    assert!(guard.is_lost(), "a lease it holds is lost");
+    guard.upgrade().await.unwrap();
+    assert!(guard.fencing_token().unwrap() > first);
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+    assert!(lock.holders().await.unwrap().is_empty());
 }
