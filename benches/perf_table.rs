@@ -97,8 +97,8 @@ async fn main() -> Result<()> {
             local_commands(&uri, label, sharing, 9, 5, 50).await?;
             local_commands(&uri, "16 local contenders (hold 2 ms)", sharing, 16, 10, 2).await?;
         }
-        for adaptive in [false, true] {
-            commands_per_acquisition(&uri, adaptive, "").await?;
+        for mode in ["false", "true"] {
+            commands_per_acquisition(&uri, mode, "").await?;
         }
         clock.lap("commands");
     }
@@ -115,7 +115,7 @@ async fn main() -> Result<()> {
             cross_process(&standalone.uri, adaptive, 1, 25, rtt, label).await?;
         }
         cross_process(&standalone.uri, false, 8, 5, rtt, label).await?;
-        commands_per_acquisition(&standalone.uri, false, label).await?;
+        commands_per_acquisition(&standalone.uri, "false", label).await?;
         clock.lap("standalone");
     }
     if run("semaphore") {
@@ -125,6 +125,13 @@ async fn main() -> Result<()> {
     if run("weighted") {
         weighted_semaphore(&database, &commands).await?;
         clock.lap("weighted");
+    }
+    if run("fair") {
+        fair_uncontended(&database, &commands).await?;
+        for mode in ["false", "fair"] {
+            commands_per_acquisition(&uri, mode, "").await?;
+        }
+        clock.lap("fair");
     }
     if run("reader") {
         reader_wake_up(&database, &commands, rtt).await?;
@@ -694,6 +701,20 @@ fn lock_options(adaptive: bool) -> LockOptions {
         .expect("valid options")
 }
 
+/// A worker's options by its mode argument: `true` adaptive backoff, `fair` a fair lock, else the
+/// defaults.
+fn worker_options(mode: &str) -> LockOptions {
+    let options = lock_options(mode == "true");
+    if mode == "fair" {
+        return options
+            .to_builder()
+            .fair(true)
+            .build()
+            .expect("valid options");
+    }
+    options
+}
+
 /// Workers in separate processes, `tasks` tasks each: handoff latency across processes. `label`
 /// ends the row's description.
 async fn cross_process(
@@ -722,6 +743,7 @@ async fn cross_process(
     let events = outputs.iter().flat_map(|output| {
         output.lines().filter_map(|line| {
             let (kind, at) = line.split_once(' ')?;
+            let kind = ["acquired", "released"].contains(&kind).then_some(kind)?;
             Some((Micros(at.parse().ok()?), kind == "released"))
         })
     });
@@ -741,10 +763,32 @@ async fn cross_process(
 
 /// 32 contenders (4 processes × 8 tasks): attempts sent per successful acquisition. `label` ends
 /// the row's description.
-async fn commands_per_acquisition(uri: &str, adaptive: bool, label: &str) -> Result<()> {
-    let name = format!("perf-contended-{adaptive}-{}", wall_micros());
-    let outputs = run_workers(uri, 4, &["handoff", &name, &adaptive.to_string(), "8", "5"]).await?;
+async fn commands_per_acquisition(uri: &str, mode: &str, label: &str) -> Result<()> {
+    let name = format!("perf-contended-{mode}-{}", wall_micros());
+    let outputs = run_workers(uri, 4, &["handoff", &name, mode, "8", "5"]).await?;
     let (mut sent, mut acquisitions) = (0_usize, 0_usize);
+    // Each acquisition's request and grant times, across the processes.
+    let mut waits: Vec<(u64, u64)> = Vec::new();
+    for output in &outputs {
+        for line in output.lines().filter(|line| line.starts_with("waited ")) {
+            let mut times = line
+                .split(' ')
+                .skip(1)
+                .filter_map(|n| n.parse::<u64>().ok());
+            if let (Some(requested), Some(acquired)) = (times.next(), times.next()) {
+                waits.push((requested, acquired));
+            }
+        }
+    }
+    // Served before a waiter that had asked earlier and was still waiting.
+    let overtakes = waits
+        .iter()
+        .filter(|&&(requested, acquired)| {
+            waits
+                .iter()
+                .any(|&(earlier, served)| earlier < requested && served > acquired)
+        })
+        .count();
     for output in &outputs {
         if let Some(line) = output.lines().find(|line| line.starts_with("commands ")) {
             let mut numbers = line
@@ -756,13 +800,59 @@ async fn commands_per_acquisition(uri: &str, adaptive: bool, label: &str) -> Res
         }
     }
     println!(
-        "| commands per acquisition, 32 contenders (4 processes × 8 tasks, hold 2 ms), {}{label} | **{:.2}** ({sent} commands / {acquisitions} acquisitions) |",
-        if adaptive {
-            "adaptive backoff"
-        } else {
-            "default options"
+        "| commands per acquisition, 32 contenders (4 processes × 8 tasks, hold 2 ms), {}{label} | **{:.2}** ({sent} commands / {acquisitions} acquisitions); {overtakes} of {} served before a waiter that asked earlier |",
+        match mode {
+            "true" => "adaptive backoff",
+            "fair" => "a fair lock",
+            _ => "default options",
         },
-        sent as f64 / acquisitions.max(1) as f64
+        sent as f64 / acquisitions.max(1) as f64,
+        waits.len(),
+    );
+    Ok(())
+}
+
+/// A fair lock costs nothing while it is free: `try_acquire` + release of a fair lock against an
+/// unfair one and raw driver calls, in the same run.
+async fn fair_uncontended(database: &Database, commands: &CommandCounter) -> Result<()> {
+    const CYCLES: usize = 200;
+    let unfair = Provider::new(database).create_lock(format!("perf-unfair-{}", wall_micros()));
+    let fair = Provider::new(database)
+        .with_options(LockOptions::builder().fair(true).build()?)
+        .create_lock(format!("perf-fair-{}", wall_micros()));
+    let raw: Collection<Document> = database.collection("raw");
+    with_ttl_index(&raw).await?;
+    let (mut fair_times, mut unfair_times, mut driver) = (Vec::new(), Vec::new(), Vec::new());
+    commands.reset();
+    for _ in 0..CYCLES {
+        let started = Instant::now();
+        fair.try_acquire().await?.ok_or("free")?.release().await?;
+        fair_times.push(started.elapsed());
+    }
+    let fair_commands = commands.lock_commands() as f64 / CYCLES as f64;
+    for _ in 0..CYCLES {
+        let started = Instant::now();
+        unfair.try_acquire().await?.ok_or("free")?.release().await?;
+        unfair_times.push(started.elapsed());
+        let started = Instant::now();
+        raw_cycle(&raw).await?;
+        driver.push(started.elapsed());
+    }
+    for samples in [&mut fair_times, &mut unfair_times, &mut driver] {
+        samples.sort();
+    }
+    let (fair_time, unfair_time, driver) = (
+        percentile(&fair_times, 0.5),
+        percentile(&unfair_times, 0.5),
+        percentile(&driver, 0.5),
+    );
+    println!(
+        "| fair lock, uncontended: `try_acquire` + release, median ({CYCLES} cycles) | {} ({fair_commands:.1} commands) vs unfair {} vs raw `find_one_and_update` + `update_one` {}: **{:.2}×** raw, {:.2}× unfair |",
+        ms(fair_time),
+        ms(unfair_time),
+        ms(driver),
+        fair_time.as_secs_f64() / driver.as_secs_f64(),
+        fair_time.as_secs_f64() / unfair_time.as_secs_f64(),
     );
     Ok(())
 }
@@ -791,8 +881,9 @@ async fn run_workers(uri: &str, processes: usize, args: &[&str]) -> Result<Vec<S
     Ok(outputs)
 }
 
-/// `worker handoff <name> <adaptive> <tasks> <rounds>`: acquire, hold 2 ms, release; prints
-/// `acquired <µs>` / `released <µs>` events and `commands <lock commands> <acquisitions>`.
+/// `worker handoff <name> <mode> <tasks> <rounds>` (mode `true`: adaptive backoff, `fair`: a fair
+/// lock): acquire, hold 2 ms, release; prints `acquired <µs>` / `released <µs>` events, `waited
+/// <requested µs> <acquired µs>` per acquisition, and `commands <lock commands> <acquisitions>`.
 async fn worker(args: &[String]) -> Result<()> {
     let [kind, name, adaptive, tasks, rounds] = args else {
         return Err(format!("bad worker arguments {args:?}").into());
@@ -802,19 +893,22 @@ async fn worker(args: &[String]) -> Result<()> {
     }
     let (tasks, rounds): (usize, usize) = (tasks.parse()?, rounds.parse()?);
     let (database, commands) = counting_database(&server::uri()).await?;
-    let lock = MongoDistributedLock::new(name.as_str(), &database)
-        .with_options(lock_options(adaptive == "true"));
+    let lock =
+        MongoDistributedLock::new(name.as_str(), &database).with_options(worker_options(adaptive));
     let events = Arc::new(Mutex::new(Vec::new()));
     let workers: Vec<_> = (0..tasks)
         .map(|_| {
             let (lock, events) = (lock.clone(), Arc::clone(&events));
             tokio::spawn(async move {
                 for _ in 0..rounds {
+                    let requested = wall_micros();
                     let guard = lock.acquire().await?;
-                    events
-                        .lock()
-                        .unwrap()
-                        .push(format!("acquired {}", wall_micros()));
+                    let acquired = wall_micros();
+                    {
+                        let mut events = events.lock().unwrap();
+                        events.push(format!("acquired {acquired}"));
+                        events.push(format!("waited {requested} {acquired}"));
+                    }
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     events
                         .lock()

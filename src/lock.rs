@@ -13,7 +13,8 @@ use crate::guard::LockGuard;
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::claim::{Claim, Request};
 use crate::lease::family::Family;
-use crate::lease::schema::{self, AttemptReply, Layout};
+use crate::lease::schema::{self, AttemptReply, LINE, Layout};
+use crate::lease::waiting_marker::WaitingMarker;
 use crate::lease::{Problem, Target, admin, held};
 use crate::lock_status::{LockKind, LockStatus};
 use crate::options::LockOptions;
@@ -31,7 +32,9 @@ pub const DEFAULT_LOCK_COLLECTION: &str = "distributed_locks";
 /// longest-waiting one, in the release command itself): clones of one lock and locks of one
 /// [`Provider`](crate::Provider) at once, and locks built apart with `new` once one of their
 /// attempts found the other's lease stored (proof that they reach the same cluster; locks of one
-/// name on different clusters never hand over to each other). See the [crate docs](crate) for what it guarantees and [`design`](crate::design) for how it works.
+/// name on different clusters never hand over to each other). With
+/// [`fair(true)`](crate::LockOptionsBuilder::fair), waiters of every process are served in the
+/// order they came. See the [crate docs](crate) for what it guarantees and [`design`](crate::design) for how it works.
 ///
 /// ```no_run
 /// # async fn demo(database: mongodb::Database) -> distributed_lock_mongodb::Result<()> {
@@ -275,6 +278,12 @@ impl MongoDistributedLock {
 
     async fn acquire_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let target = &self.target;
+        // A fair lock's wait has a place in the lock's line, taken out when it ends without the
+        // lock (the winning attempt takes it out itself).
+        let line = match target.options.fair() {
+            true => Some(WaitingMarker::new(target, LINE)?),
+            false => None,
+        };
         let what = Acquisition {
             kind: LockKind::Exclusive,
             name: &target.name,
@@ -283,26 +292,39 @@ impl MongoDistributedLock {
             checked: target.check(),
             waiters: Some(&target.waiters),
             shared: false,
-            renews_while_waiting: false,
+            // Every waiter of a fair lock attempts, to keep its place in line.
+            renews_while_waiting: line.is_some(),
             family: &target.family,
             push: Some(&target.collection),
             places: None,
             holders: self,
         };
-        acquire::acquire(what, wait, Arc::new(Exclusive(Arc::clone(target)))).await
+        let exclusive = Exclusive {
+            target: Arc::clone(target),
+            line: line.clone().map(|place| (place, wait)),
+        };
+        let result = acquire::acquire(what, wait, Arc::new(exclusive)).await;
+        if let Some(place) = line {
+            place.end(&result).await;
+        }
+        result
     }
 }
 
 /// An exclusive lock, as the engine claims it: the lease in the lock's document, taken over in a
-/// local holder's release with the same pipeline as an attempt.
-struct Exclusive(Arc<Target>);
+/// local holder's release with the same pipeline as an attempt. A fair lock's wait has its
+/// place in the lock's `line`, which its attempts renew while it has time left to wait.
+struct Exclusive {
+    target: Arc<Target>,
+    line: Option<(Arc<WaitingMarker>, Wait)>,
+}
 
 impl Claim for Exclusive {
     type Won = LockGuard;
     const TAKES_OVER: bool = true;
 
     fn target(&self) -> &Target {
-        &self.0
+        &self.target
     }
 
     fn layout(&self) -> Layout {
@@ -310,11 +332,20 @@ impl Claim for Exclusive {
     }
 
     fn update(&self, lock_id: &str, replacing: Option<&str>) -> Vec<Document> {
-        let (options, details) = (&self.0.options, self.0.details.as_ref());
-        match replacing {
-            None => schema::acquire_update(lock_id, options, details, None),
-            Some(replacing) => takeover_update(lock_id, options, details, replacing),
+        let (options, details) = (&self.target.options, self.target.details.as_ref());
+        let Some((place, wait)) = &self.line else {
+            return match replacing {
+                None => schema::acquire_update(lock_id, options, details, None),
+                Some(replacing) => takeover_update(lock_id, options, details, replacing),
+            };
+        };
+        let waits = !wait.is_over();
+        if waits {
+            place.may_be_placed();
         }
+        crate::lease::line::fair_acquire_update(
+            lock_id, options, details, &place.id, waits, replacing,
+        )
     }
 
     fn won(
@@ -327,7 +358,7 @@ impl Claim for Exclusive {
         let AttemptReply::Acquired(token) = schema::read_attempt_reply(&document, &lock_id) else {
             return Ok(None);
         };
-        let Some(lease) = self.0.hold(
+        let Some(lease) = self.target.hold(
             runtime,
             LockKind::Exclusive,
             &Layout::LockDocument,

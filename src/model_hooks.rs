@@ -88,6 +88,23 @@ pub fn attempt_won(document: &Document, lock_id: &str) -> Option<Option<i64>> {
     }
 }
 
+/// The update pipeline of a fair lock's attempt with `lock_id` of the wait `wait`, which waits
+/// on if it fails (its place in line renewed, or added).
+pub fn fair_attempt_update(
+    lock_id: &str,
+    options: &LockOptions,
+    details: Option<&Document>,
+    wait: &str,
+) -> Vec<Document> {
+    crate::lease::line::fair_acquire_update(lock_id, options, details, wait, true, None)
+}
+
+/// The filter and update pipeline that take the place of the wait `wait` out of lock `name`'s
+/// line, once it ended without the lock (`WaitingMarker::remove`).
+pub fn line_removal(name: &str, wait: &str) -> (Document, Vec<Document>) {
+    crate::lease::line::removal(name, wait)
+}
+
 /// The filter of a renewal of the lease `lock_id` (a `findAndModify`: no match means lost).
 pub fn renew_filter(name: &str, lock_id: &str) -> Document {
     schema::Layout::LockDocument.renew_many_filter(&[Bson::from(name)], &[lock_id.to_owned()])
@@ -162,6 +179,19 @@ pub fn transfer_update(
     details: Option<&Document>,
 ) -> Vec<Document> {
     crate::lock::takeover_update(waiter, options, details, releasing)
+}
+
+/// The update pipeline of a fair lock's release `releasing` that hands the lock to the waiter
+/// `waiter` of the wait `wait`: the release ends its lease, and the waiter takes the lock only
+/// if it is first in line.
+pub fn fair_transfer_update(
+    waiter: &str,
+    options: &LockOptions,
+    releasing: &str,
+    details: Option<&Document>,
+    wait: &str,
+) -> Vec<Document> {
+    crate::lease::line::fair_acquire_update(waiter, options, details, wait, true, Some(releasing))
 }
 
 /// The filter of a fenced write with `token` to the documents of `filter` ([`Fence::new`]).

@@ -46,6 +46,7 @@ pub struct LockOptions {
     renewal_warning: Option<f64>,
     automatic_ttl_index: bool,
     auto_renew: bool,
+    fair: bool,
 }
 
 impl Default for LockOptions {
@@ -63,6 +64,7 @@ impl Default for LockOptions {
             renewal_warning: None,
             automatic_ttl_index: true,
             auto_renew: true,
+            fair: false,
         }
     }
 }
@@ -103,6 +105,7 @@ impl LockOptions {
             renewal_warning: self.renewal_warning,
             manual_ttl_index: !self.automatic_ttl_index,
             manual_renewal: !self.auto_renew,
+            fair: self.fair,
         }
     }
 
@@ -168,6 +171,12 @@ impl LockOptions {
         self.auto_renew
     }
 
+    /// Whether waiters of every process are served in arrival order (see
+    /// [`LockOptionsBuilder::fair`]). `false` by default.
+    pub fn fair(&self) -> bool {
+        self.fair
+    }
+
     /// Whether the first acquisition in a collection creates its TTL index (see
     /// [`LockOptionsBuilder::automatic_ttl_index`]).
     pub fn automatic_ttl_index(&self) -> bool {
@@ -213,16 +222,21 @@ impl LockOptions {
             .max(self.min_hold_millis().unwrap_or(0))
     }
 
-    /// [`Error::InvalidOptions`] if `min_hold` is set for a kind of lock that does not support it
-    /// (`kind` names it in the message).
-    pub(crate) fn check_min_hold_unsupported(&self, kind: &str) -> Result<()> {
-        match self.min_hold {
-            None => Ok(()),
-            Some(min_hold) => Err(invalid(format!(
+    /// [`Error::InvalidOptions`] if `min_hold` or `fair` is set for a kind of lock that does not
+    /// support it (`kind` names it in the message).
+    pub(crate) fn check_exclusive_only(&self, kind: &str) -> Result<()> {
+        if let Some(min_hold) = self.min_hold {
+            return Err(invalid(format!(
                 "min_hold ({min_hold:?}) applies to exclusive locks and leader elections only, \
                  not to a {kind}"
-            ))),
+            )));
         }
+        if self.fair {
+            return Err(invalid(format!(
+                "fair(true) applies to exclusive locks only (for now), not to a {kind}"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -241,6 +255,7 @@ pub struct LockOptionsBuilder {
     renewal_warning: Option<f64>,
     manual_ttl_index: bool,
     manual_renewal: bool,
+    fair: bool,
 }
 
 impl LockOptionsBuilder {
@@ -405,6 +420,34 @@ impl LockOptionsBuilder {
         self
     }
 
+    /// Whether waiters of every process are served in the order they came (a fair lock, like
+    /// Redisson's `RFairLock` or Curator's sequential nodes). Defaults to `false`: waiters
+    /// compete, and order holds only among the waiters of one process.
+    ///
+    /// With `true`, an exclusive lock's document keeps a line of the waits under way
+    /// (`line: [{id, expiresAt}]`): each wait's first attempt that finds the lock busy puts it at
+    /// the end, each later one renews its place (a short lease of its own, as a waiting writer's
+    /// marker has: a waiter that vanishes loses its place within seconds), and only the first
+    /// live wait in line may take the lock (or be handed it by a release in this process). The
+    /// attempt that wins, and a wait that ends without the lock, take the place out. It costs
+    /// nothing in commands while the lock is free; a waiter attempts at least at the slowest
+    /// busy-wait pace even behind other waiters of its process, to keep its place. Exclusive
+    /// locks only for now (a semaphore, a reader-writer lock or a document lock with it is
+    /// refused with [`Error::InvalidOptions`] at its first acquisition). Like stored details,
+    /// the extra field breaks interoperability with DistributedLock.MongoDB (.NET).
+    ///
+    /// ```
+    /// use distributed_lock_mongodb::LockOptions;
+    ///
+    /// let options = LockOptions::builder().fair(true).build()?;
+    /// assert!(options.fair());
+    /// # Ok::<(), distributed_lock_mongodb::Error>(())
+    /// ```
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
     /// Validates the options.
     ///
     /// # Errors
@@ -466,6 +509,7 @@ impl LockOptionsBuilder {
         options.adaptive_backoff = self.adaptive_backoff;
         options.automatic_ttl_index = !self.manual_ttl_index;
         options.auto_renew = !self.manual_renewal;
+        options.fair = self.fair;
 
         if let Some(max_hold) = self.max_hold {
             if max_hold < expiry || max_hold > MAX_DURATION {
@@ -648,7 +692,7 @@ mod tests {
         );
         // A kind without min_hold refuses it in one plain sentence.
         let refused = options
-            .check_min_hold_unsupported("semaphore")
+            .check_exclusive_only("semaphore")
             .unwrap_err()
             .to_string();
         assert_eq!(

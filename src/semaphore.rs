@@ -382,7 +382,7 @@ impl MongoDistributedSemaphore {
         let checked = target.check().and_then(|()| {
             match lease::max_count_problem(&target.name, self.max_count) {
                 Some(problem) => Err(Error::InvalidArgument(problem)),
-                None => target.options.check_min_hold_unsupported("semaphore"),
+                None => target.options.check_exclusive_only("semaphore"),
             }
         });
         let checked = checked.and_then(|()| {

@@ -474,6 +474,23 @@ fn operator_expression(
             )),
             other => panic!("$size of {other:?}: MongoDB fails the command"),
         },
+        // The element at an index (from the end if negative); missing past either end, null
+        // for a null or missing array.
+        "$arrayElemAt" => {
+            let (array, index) = pair();
+            let index = integer(index.as_ref().expect("an index"));
+            match array {
+                Some(Bson::Array(items)) => {
+                    let len = i64::try_from(items.len()).expect("a small array");
+                    let at = if index < 0 { len + index } else { index };
+                    usize::try_from(at)
+                        .ok()
+                        .and_then(|at| items.get(at).cloned())
+                }
+                None | Some(Bson::Null) => Some(Bson::Null),
+                Some(other) => panic!("$arrayElemAt of {other}: MongoDB fails the command"),
+            }
+        }
         // Null or missing if any argument is; otherwise the arrays one after the other.
         "$concatArrays" => {
             let mut joined = Vec::new();
@@ -756,6 +773,24 @@ mod tests {
         assert_eq!(
             evaluate(&Bson::from(mixed), &stored, at(0)),
             Some(Bson::Int64(3))
+        );
+    }
+
+    #[test]
+    fn array_elem_at_picks_from_either_end_and_is_missing_past_them() {
+        let stored = doc! { "m": ["a", "b"] };
+        let at_index = |index: i64| {
+            let expression = doc! { "$arrayElemAt": ["$m", index] };
+            evaluate(&Bson::from(expression), &stored, at(0))
+        };
+        assert_eq!(at_index(0), Some(Bson::from("a")));
+        assert_eq!(at_index(-1), Some(Bson::from("b")));
+        assert_eq!(at_index(2), None);
+        assert_eq!(at_index(-3), None);
+        let of_missing = doc! { "$arrayElemAt": ["$nothing", 0_i64] };
+        assert_eq!(
+            evaluate(&Bson::from(of_missing), &stored, at(0)),
+            Some(Bson::Null)
         );
     }
 

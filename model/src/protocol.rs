@@ -244,6 +244,11 @@ pub struct Caller {
     /// a writer waits), and leaves its wait when that lease is lost. It is in no line of local
     /// waiters, as the crate's upgrade is not.
     pub upgrades: Option<u8>,
+    /// In an exclusive lock, whether its lock is fair (`fair(true)`): each wait takes a place in
+    /// the document's line with its first attempt that fails, and renews it with the next ones;
+    /// only the first live place may take the lock (or be handed it by a release). Every caller
+    /// of a fair lock is fair.
+    pub fair: bool,
 }
 
 /// What the checker explores.
@@ -376,6 +381,7 @@ impl Default for Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
                 Caller {
                     process: 0,
@@ -391,6 +397,7 @@ impl Default for Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
                 Caller {
                     process: 1,
@@ -406,6 +413,7 @@ impl Default for Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
             ],
             faults: 1,
@@ -451,6 +459,7 @@ impl Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
                 Caller {
                     process: 1,
@@ -466,6 +475,7 @@ impl Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
             ],
             slow_replies: true,
@@ -539,6 +549,7 @@ impl Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
                 Caller {
                     process: 0,
@@ -554,6 +565,7 @@ impl Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
                 Caller {
                     process: 1,
@@ -569,6 +581,7 @@ impl Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
             ],
             faults: 0,
@@ -701,6 +714,7 @@ impl Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
                 Caller {
                     process: 1,
@@ -716,6 +730,7 @@ impl Config {
                     places: 1,
                     upgradeable: false,
                     upgrades: None,
+                    fair: false,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -812,6 +827,34 @@ impl Config {
             write_max_delay: WRITE_MAX_DELAY,
             horizon: 40,
             ..Config::default()
+        }
+    }
+
+    /// A fair lock (`fair(true)`) among the three callers, with handoffs in process 0 and one
+    /// fault: each wait takes a place in line with its first failed attempt; only the first live
+    /// place may take the lock, by an attempt or a release's transfer (which otherwise ends the
+    /// releasing lease alone); a wait that ends removes its place. "A fair lock serves its
+    /// waiters in line order".
+    pub fn a_fair_lock() -> Config {
+        let mut callers = Config::default().callers;
+        for caller in &mut callers {
+            caller.fair = true;
+        }
+        Config {
+            callers,
+            horizon: 40,
+            ..Config::default()
+        }
+    }
+
+    /// The fair lock of [`Self::a_fair_lock`], one of whose callers stops waiting during an
+    /// attempt, without network faults: its place leaves the line (`line::removal`, once the
+    /// attempt it left in flight has its outcome), so the waiters behind it are not held back.
+    pub fn a_fair_waiter_leaves() -> Config {
+        Config {
+            faults: 0,
+            cancel: true,
+            ..Config::a_fair_lock()
         }
     }
 
@@ -1043,6 +1086,7 @@ enum CommandKey {
         releasing: u8,
         waiter: u8,
         client: u8,
+        marker: u8,
     },
     /// A document lock's `commit` of lease `lock_id`, writing its `token` as `committedBy`;
     /// with `replace`, a `replace` of the whole document by one that says so.
@@ -1102,9 +1146,10 @@ impl LeaseProtocol {
                 .iter()
                 .map(|caller| {
                     let options = options(caller.min_hold);
+                    let builder = options.to_builder().fair(caller.fair);
                     match caller.extends {
-                        Some(_) => options.to_builder().auto_renew(false).build(),
-                        None => Ok(options),
+                        Some(_) => builder.auto_renew(false).build(),
+                        None => builder.build(),
                     }
                     .expect("valid options")
                 })
@@ -1141,15 +1186,28 @@ impl LeaseProtocol {
         }
         match key {
             CommandKey::Attempt {
-                lock_id, client, ..
-            } => Command {
-                filter: code::attempt_filter(NAME),
-                update: self.planted_token(code::attempt_update(
-                    &lock_id_name(lock_id),
-                    self.options_of(client),
-                    self.details_of(client).map(details_of).as_ref(),
-                )),
-            },
+                lock_id,
+                client,
+                marker,
+                ..
+            } => {
+                let (lock_id, options) = (lock_id_name(lock_id), self.options_of(client));
+                let details = self.details_of(client).map(details_of);
+                let update = if options.fair() {
+                    code::fair_attempt_update(
+                        &lock_id,
+                        options,
+                        details.as_ref(),
+                        &marker_of(marker),
+                    )
+                } else {
+                    code::attempt_update(&lock_id, options, details.as_ref())
+                };
+                Command {
+                    filter: code::attempt_filter(NAME),
+                    update: self.planted_token(update),
+                }
+            }
             CommandKey::Renew {
                 lock_id,
                 client,
@@ -1192,15 +1250,24 @@ impl LeaseProtocol {
                 releasing,
                 waiter,
                 client,
+                marker,
             } => {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
                 let filter = code::transfer_filter(NAME, &releasing, &waiter);
-                let update = code::transfer_update(
-                    &waiter,
-                    self.options_of(client),
-                    &releasing,
-                    self.details_of(client).map(details_of).as_ref(),
-                );
+                let (options, details) = (self.options_of(client), self.details_of(client));
+                let details = details.map(details_of);
+                let update = if options.fair() {
+                    let wait = marker_of(marker);
+                    code::fair_transfer_update(
+                        &waiter,
+                        options,
+                        &releasing,
+                        details.as_ref(),
+                        &wait,
+                    )
+                } else {
+                    code::transfer_update(&waiter, options, &releasing, details.as_ref())
+                };
                 if self.mistake(Mistake::TransferOfALostLease) {
                     Command {
                         filter: code::attempt_filter(NAME),
@@ -1277,6 +1344,7 @@ impl LeaseProtocol {
                 releasing,
                 waiter,
                 client,
+                ..
             } => {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
                 assert_eq!(
@@ -1369,6 +1437,7 @@ impl LeaseProtocol {
                 releasing,
                 waiter,
                 client,
+                ..
             } => {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
                 command(
@@ -1525,6 +1594,28 @@ impl LeaseProtocol {
         });
         let taken = lock.live_places(now);
         marked && taken + i64::from(self.places_of(client)) <= i64::from(max_count)
+    }
+
+    /// Whether, as router `router` reads the stored line now, the place of another caller that
+    /// still waits is live and ahead of the wait `marker` of `client` (anywhere in line, if that
+    /// wait has no place): then a fair lock must not let `client` in.
+    fn waiter_ahead(&self, state: &State, router: u8, client: u8, marker: u8) -> bool {
+        if !self.config.callers[usize::from(client)].fair {
+            return false;
+        }
+        let Some(lock) = &state.lock else {
+            return false;
+        };
+        let now = self.server_now(state, router).timestamp_millis();
+        let live = lock.line.iter().filter(|&&(_, end)| end > now);
+        let ahead = live.take_while(|&&(wait, _)| wait != marker);
+        ahead.into_iter().any(|&(wait, _)| {
+            state.clients.iter().enumerate().any(|(other, waiter)| {
+                other != usize::from(client)
+                    && waiter.wait == Some(wait)
+                    && matches!(waiter.phase, Phase::Idle { .. } | Phase::Attempting { .. })
+            })
+        })
     }
 
     /// Whether `client`'s attempt through `router` asks places that the semaphore's configured
@@ -1721,13 +1812,14 @@ pub enum Message {
         cleanup: bool,
     },
     /// A release handing the lock over: `from` releases its lease `releasing`, `waiter` is
-    /// handed a lease `lock_id`.
+    /// handed a lease `lock_id` (a fair lock's with the place of its wait `marker`, else 0).
     Transfer {
         from: u8,
         releasing: u8,
         waiter: u8,
         lock_id: u8,
         sent: code::Sent<At>,
+        marker: u8,
     },
     TransferReply {
         from: u8,
@@ -1892,6 +1984,10 @@ pub struct LockDocument {
     pub waiting: Option<(u8, i64, i64)>,
     /// When an operator set a semaphore's count (`resizedAt`).
     pub resized_at_ms: Option<i64>,
+    /// A fair lock's line: each place's wait and expiry, in order.
+    pub line: Vec<(u8, i64)>,
+    /// A fair lock's wait the current (or last) lease came from (`servedWait`).
+    pub served_wait: Option<u8>,
 }
 
 /// A reader-writer lock's leases, as stored.
@@ -2186,6 +2282,14 @@ pub struct State {
     /// An attempt the semaphore's configured count would admit was refused under a count an
     /// operator set lower.
     pub set_count_kept_an_attempt_out: bool,
+    /// No caller of a fair lock took it (by an attempt or a transfer) while the live place of
+    /// another caller that still waited was ahead of its own in line.
+    pub served_in_line_order: bool,
+    /// An attempt found a fair lock free and stayed out, a live place of another waiter being
+    /// ahead of its own (a coverage flag).
+    pub line_kept_a_free_lock: bool,
+    /// A wait that ended without the lock took its place out of the line (a coverage flag).
+    pub place_given_up: bool,
     /// Every lock document stored held at most one upgradeable reader's lease.
     pub one_upgradeable_reader: bool,
     /// An upgrade's attempt found another reader's lease live, and waited (a coverage flag).
@@ -2428,6 +2532,17 @@ impl LeaseProtocol {
             if let Some(until) = lock.min_hold_until_ms {
                 document.insert("minHoldUntil", DateTime::from_millis(until));
             }
+            if let Some(wait) = lock.served_wait {
+                document.insert("servedWait", marker_of(wait));
+            }
+            if !lock.line.is_empty() {
+                let line: Vec<Document> = (lock.line.iter())
+                    .map(|&(wait, expires_at)| {
+                        doc! { "id": marker_of(wait), "expiresAt": DateTime::from_millis(expires_at) }
+                    })
+                    .collect();
+                document.insert("line", line);
+            }
             if let Some(client) = lock.details {
                 document.insert("details", details_of(client));
             }
@@ -2510,7 +2625,28 @@ impl LeaseProtocol {
                 .count()
         });
         state.one_upgradeable_reader &= upgradeable <= 1;
+        let line = document.get_array("line").map_or_else(
+            |_| Vec::new(),
+            |line| {
+                (line.iter())
+                    .map(|place| {
+                        let place = place.as_document().expect("a place is a document");
+                        let id = place.get_str("id").expect("a place's id");
+                        let expires_at = place.get_datetime("expiresAt").expect("an expiry");
+                        (
+                            id[1..].parse().expect("a model wait"),
+                            expires_at.timestamp_millis(),
+                        )
+                    })
+                    .collect()
+            },
+        );
         state.lock = Some(LockDocument {
+            line,
+            served_wait: document
+                .get_str("servedWait")
+                .ok()
+                .map(|wait| wait[1..].parse().expect("a model wait")),
             lock_id: document.get_str("lockId").ok().map(model_lock_id),
             expires_at_ms: document
                 .get_datetime("expiresAt")
@@ -2904,6 +3040,11 @@ impl LeaseProtocol {
                 let fits_but_for_a_mark = self.held_back_by_a_mark(state, router, client, marker);
                 let fits_the_old_count = self.fits_the_old_count(state, router, client);
                 let stored_before = state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
+                let ahead = self.waiter_ahead(state, router, client, marker);
+                let free = state.lock.as_ref().is_none_or(|lock| {
+                    let now = self.server_now(state, router).timestamp_millis();
+                    lock.lock_id.is_none() || lock.expires_at_ms.is_some_and(|end| end <= now)
+                });
                 // (A document lock's attempt is no upsert: it matches an unlocked document or
                 // nothing, and then the lock is busy.)
                 let upsert = self.config.kind != Kind::Document;
@@ -2919,6 +3060,8 @@ impl LeaseProtocol {
                 }
                 state.several_places_held |=
                     won.is_some() && self.config.callers[usize::from(client)].places > 1;
+                state.served_in_line_order &= won.is_none() || !ahead || stored_before;
+                state.line_kept_a_free_lock |= ahead && free && won.is_none();
                 if reading.is_some() {
                     self.cover_upgrade(state, router, marker, won.is_some());
                 }
@@ -3172,14 +3315,17 @@ impl LeaseProtocol {
                 waiter,
                 lock_id,
                 sent,
+                marker,
             } => {
                 let details = self.details_of(waiter);
                 let transfer = self.command(CommandKey::Transfer {
                     releasing,
                     waiter: lock_id,
                     client: waiter,
+                    marker,
                 });
                 let router = Self::router_of(state, waiter);
+                let ahead = self.waiter_ahead(state, router, waiter, marker);
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
                 let stored_before = state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
                 let token = self
@@ -3187,6 +3333,7 @@ impl LeaseProtocol {
                     .and_then(|document| self.won(&document, waiter, lock_id));
                 if token.is_some() {
                     self.check_details(state, details, replaced_details);
+                    state.served_in_line_order &= !ahead || stored_before;
                     if !stored_before {
                         self.check_within_count(state, router);
                     }
@@ -3277,11 +3424,17 @@ impl LeaseProtocol {
                 self.deliver_holder_write(state, client, lock_id, token, key);
             }
             Message::RemoveMarker { client, marker } => {
+                let router = Self::router_of(state, client);
+                if self.config.kind == Kind::Exclusive {
+                    let (filter, pipeline) = code::line_removal(NAME, &marker_of(marker));
+                    let removed = self.update(state, router, &filter, &pipeline, false);
+                    state.place_given_up |= removed.is_some();
+                    return;
+                }
                 let (filter, update) = match self.config.kind {
                     Kind::Semaphore(_) => code::semaphore::marker_removal(NAME, &marker_of(marker)),
                     _ => code::reader_writer::remove_marker(NAME, &marker_of(marker)),
                 };
-                let router = Self::router_of(state, client);
                 self.apply_operators(state, router, &filter, &update);
             }
             Message::TransactionRenew { client, lock_id } => {
@@ -3854,7 +4007,8 @@ impl LeaseProtocol {
                     let marks = match self.config.kind {
                         Kind::ReaderWriter => !self.reads(client),
                         Kind::Semaphore(_) => self.config.callers[client].places > 1,
-                        Kind::Exclusive | Kind::Document => false,
+                        Kind::Exclusive => self.config.callers[client].fair,
+                        Kind::Document => false,
                     };
                     let marker = if marks {
                         *state.clients[client].wait.get_or_insert(lock_id)
@@ -4164,12 +4318,15 @@ impl LeaseProtocol {
                 receiving
                     .work
                     .track(receiving_piece(lock_id), vec![cleanup], settle_by);
+                // (A fair lock's waiter is handed the lock with the place of its wait.)
+                let marker = state.clients[waiter].wait.unwrap_or(0);
                 state.send(Message::Transfer {
                     from,
                     releasing: hold.lock_id,
                     waiter: to,
                     lock_id,
                     sent,
+                    marker,
                 });
             }
             // A document lock's holder commits its work, which ends its lease.
@@ -4316,6 +4473,8 @@ impl LeaseProtocol {
                     details: None,
                     max_count: None,
                     holders: Vec::new(),
+                    line: Vec::new(),
+                    served_wait: None,
                     reader_writer: None,
                     embedded: None,
                     committed_by: None,
@@ -4367,6 +4526,9 @@ impl LeaseProtocol {
             mark_held_places_back: false,
             several_places_held: false,
             set_count_kept_an_attempt_out: false,
+            served_in_line_order: true,
+            line_kept_a_free_lock: false,
+            place_given_up: false,
             one_upgradeable_reader: true,
             upgrade_waited_for_a_reader: false,
             upgrade_left_a_writers_marker: false,
@@ -4717,7 +4879,11 @@ impl Model for LeaseProtocol {
 type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 
 /// What every state must keep, in the order [`broken`] looks for a counterexample.
-pub const SAFETY: [Condition; 15] = [
+pub const SAFETY: [Condition; 16] = [
+    (
+        "a fair lock serves its waiters in line order",
+        |_, state| state.served_in_line_order,
+    ),
     (
         "a reader-writer lock stores at most one upgradeable reader",
         |_, state| state.one_upgradeable_reader,
@@ -4803,7 +4969,14 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 34] = [
+pub const COVERAGE: [Condition; 36] = [
+    ("a wait that ends gives its place in line up", |_, state| {
+        state.place_given_up
+    }),
+    (
+        "a place ahead in line keeps a waiter out of a free fair lock",
+        |_, state| state.line_kept_a_free_lock,
+    ),
     (
         "an upgradeable reader waits while another's lease is live",
         |_, state| state.upgradeable_kept_out_by_another,

@@ -422,6 +422,30 @@ fn two_upgradeable_readers_of_two_processes() {
 }
 
 #[test]
+fn a_fair_lock_among_three_callers_of_two_processes() {
+    verify(
+        "a fair lock",
+        Config::a_fair_lock(),
+        &[
+            "a place ahead in line keeps a waiter out of a free fair lock",
+            "a release hands the lock to a local waiter",
+        ],
+    );
+}
+
+#[test]
+fn a_fair_lock_whose_waiter_stops_waiting() {
+    verify(
+        "a fair waiter leaves",
+        Config::a_fair_waiter_leaves(),
+        &[
+            "a place ahead in line keeps a waiter out of a free fair lock",
+            "a wait that ends gives its place in line up",
+        ],
+    );
+}
+
+#[test]
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (

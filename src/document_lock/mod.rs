@@ -360,12 +360,9 @@ where
             name: target.lock.collection.name(),
             collection: target.lock.collection.name(),
             options: &target.lock.options,
-            checked: target.check().and_then(|()| {
-                target
-                    .lock
-                    .options
-                    .check_min_hold_unsupported("document lock")
-            }),
+            checked: target
+                .check()
+                .and_then(|()| target.lock.options.check_exclusive_only("document lock")),
             waiters: None,
             shared: false,
             renews_while_waiting: false,

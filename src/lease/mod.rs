@@ -40,6 +40,7 @@ pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod family;
 pub(crate) mod held;
+pub(crate) mod line;
 pub(crate) mod lost;
 pub(crate) mod schema;
 pub(crate) mod state;

@@ -48,10 +48,21 @@ pub(crate) const UPGRADEABLE: &str = "upgradeable";
 pub(crate) const WRITER: &str = "writer";
 /// A reader-writer lock's marker of the writer that waits first.
 pub(crate) const WAITING_WRITER: &str = "waitingWriter";
+/// A fair lock's line of waits under way, in arrival order: `[{id, expiresAt}]`.
+pub(crate) const LINE: &str = "line";
+/// A fair lock's wait whose place in line the current (or last) lease came from.
+pub(crate) const SERVED_WAIT: &str = "servedWait";
 /// A semaphore's array of holders' leases.
 pub(crate) const HOLDERS: &str = "holders";
 /// A semaphore's number of places.
 pub(crate) const MAX_COUNT: &str = "maxCount";
+/// A waiting marker's lease (a waiting writer's, a semaphore's mark, a fair lock's place in
+/// line): longer than the longest sleep between two attempts, each of which renews it.
+pub(crate) fn marker_lease_millis(options: &LockOptions) -> i64 {
+    let lease = options.busy_wait_sleep_time().1 * 2 + Duration::from_secs(1);
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// How many places a semaphore holder's lease takes, when more than one.
 pub(crate) const PLACES: &str = "places";
 /// A semaphore's marker of the waiter for several places that waits first: `{id, places,
@@ -117,6 +128,17 @@ pub(crate) fn acquire_update(
         None => expired,
         Some(replacing) => doc! { "$or": [expired, { "$eq": [format!("${LOCK_ID}"), replacing] }] },
     };
+    let holder = new_holder(lock_id, options, details);
+    vec![doc! { "$replaceWith": { "$cond": [free, holder, "$$ROOT"] } }]
+}
+
+/// The lock document of a new holder `lock_id` (an expression): its lease, the next fencing
+/// token, its details and `min_hold` window if any.
+pub(crate) fn new_holder(
+    lock_id: &str,
+    options: &LockOptions,
+    details: Option<&Document>,
+) -> Document {
     let mut holder = doc! {
         ID: format!("${ID}"),
         LOCK_ID: lock_id,
@@ -134,7 +156,7 @@ pub(crate) fn acquire_update(
     if let Some(min_hold) = min_hold {
         holder.insert(MIN_HOLD_UNTIL, lease_end(min_hold));
     }
-    vec![doc! { "$replaceWith": { "$cond": [free, holder, "$$ROOT"] } }]
+    holder
 }
 
 /// The filter of an acquisition attempt on the lock document `id` (an upsert run with
@@ -489,14 +511,9 @@ pub(crate) enum Ending {
 /// token stays, and `expiresAt` becomes now, or for a holder's lease with a `min_hold` window
 /// `minHoldUntil` if that is later (a cleanup removes the window with the lease nobody got).
 pub(crate) fn end_lease(ending: Ending) -> Vec<Document> {
-    let until = format!("${MIN_HOLD_UNTIL}");
     match ending {
         Ending::Release => vec![
-            doc! { "$set": { EXPIRES_AT: { "$cond": [
-                { "$eq": [{ "$type": &until }, "date"] },
-                { "$max": ["$$NOW", &until] },
-                "$$NOW",
-            ] } } },
+            doc! { "$set": { EXPIRES_AT: released_end() } },
             doc! { "$unset": LOCK_ID },
         ],
         Ending::Cleanup => vec![
@@ -504,6 +521,17 @@ pub(crate) fn end_lease(ending: Ending) -> Vec<Document> {
             doc! { "$unset": [LOCK_ID, MIN_HOLD_UNTIL] },
         ],
     }
+}
+
+/// The end of an exclusive lease its holder released (an expression): now, or the end of its
+/// `min_hold` window if that is later.
+pub(crate) fn released_end() -> Document {
+    let until = format!("${MIN_HOLD_UNTIL}");
+    doc! { "$cond": [
+        { "$eq": [{ "$type": &until }, "date"] },
+        { "$max": ["$$NOW", &until] },
+        "$$NOW",
+    ] }
 }
 
 /// The kinds of lock document a lock collection holds (document locks live in application
@@ -545,6 +573,8 @@ impl Stored {
                     DETAILS,
                     RENEWED_AT,
                     MIN_HOLD_UNTIL,
+                    LINE,
+                    SERVED_WAIT,
                 ],
                 is(FENCING_TOKEN, &NUMBERS),
             ),

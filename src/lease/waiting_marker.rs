@@ -1,21 +1,23 @@
 //! A waiting marker: a waiter that must not be starved holds back the others while it waits (a
 //! reader-writer lock's writer holds back new readers; a semaphore's waiter for several places
-//! holds back the places it needs), by a marker with a lease of its own in the lock's document.
+//! holds back the places it needs; a fair lock's waiter holds back those behind it in line), by
+//! a marker with a lease of its own in the lock's document (a fair lock's: a place in the array
+//! [`LINE`]).
 //! Each attempt of the waiter places or renews it; the attempt that wins removes it; a wait that
 //! ends without the lock removes it here.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use mongodb::bson::{Document, doc};
+use mongodb::options::UpdateModifications;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use super::Target;
-use super::schema::{EMBEDDED_ID, ID, new_lock_id};
+use super::line;
+use super::schema::{EMBEDDED_ID, ID, LINE, new_lock_id};
 use crate::error::{Error, Result, shown_name};
-use crate::options::LockOptions;
 
 /// A waiter's marker in the field `field` of its lock's document, removed when the wait ends
 /// without the lock (also on drop).
@@ -64,7 +66,13 @@ impl WaitingMarker {
             return None;
         }
         let collection = self.target.collection.clone();
-        let (filter, update) = removal(&self.target.name, self.field, &self.id);
+        let (filter, update): (Document, UpdateModifications) = if self.field == LINE {
+            let (filter, pipeline) = line::removal(&self.target.name, &self.id);
+            (filter, pipeline.into())
+        } else {
+            let (filter, operators) = removal(&self.target.name, self.field, &self.id);
+            (filter, operators.into())
+        };
         let write_concern = self.target.options.write_concern().clone();
         let name = self.target.name.clone();
         Some(self.runtime.spawn(async move {
@@ -105,11 +113,7 @@ pub(crate) fn removal(name: &str, field: &str, id: &str) -> (Document, Document)
     (filter, doc! { "$unset": { field: "" } })
 }
 
-/// A waiting marker's lease: longer than the longest sleep between two attempts.
-pub(crate) fn marker_lease_millis(options: &LockOptions) -> i64 {
-    let lease = options.busy_wait_sleep_time().1 * 2 + Duration::from_secs(1);
-    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
-}
+pub(crate) use super::schema::marker_lease_millis;
 
 impl Drop for WaitingMarker {
     fn drop(&mut self) {

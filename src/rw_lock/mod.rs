@@ -497,11 +497,9 @@ impl MongoDistributedReaderWriterLock {
             name: &target.name,
             collection: target.collection.name(),
             options: &target.options,
-            checked: target.check().and_then(|()| {
-                target
-                    .options
-                    .check_min_hold_unsupported("reader-writer lock")
-            }),
+            checked: target
+                .check()
+                .and_then(|()| target.options.check_exclusive_only("reader-writer lock")),
             // Readers and writers queue together: a writer's release wakes every reader in a
             // row, and while a writer holds the lock here the queue polls slowly.
             waiters: Some(&target.waiters),

@@ -19,6 +19,7 @@ mod composite;
 mod document_lock;
 mod exclusive_lock;
 mod extend;
+mod fair;
 mod fault_clock_skew;
 mod fault_crash;
 mod fault_partition;

@@ -113,8 +113,9 @@ impl<'a, K: Claim> Waiting<'a, K> {
     /// While an exclusive lease of the lock is held in this process, a caller that may wait
     /// queues at once: an attempt could only fail, and the lease's end is a local event. So it
     /// does behind callers of this process already in line: an attempt would jump the line (and
-    /// cost a command racing the waiter a release woke). A waiting writer attempts first all the
-    /// same: its attempt places the marker that keeps new readers out.
+    /// cost a command racing the waiter a release woke). A caller whose attempts keep something
+    /// it holds while it waits attempts first all the same: a waiting writer's attempt places
+    /// the marker that keeps new readers out, a fair lock's waiter's takes its place in line.
     fn new(
         options: &'a LockOptions,
         deadline: Option<Instant>,
@@ -122,8 +123,8 @@ impl<'a, K: Claim> Waiting<'a, K> {
     ) -> Waiting<'a, K> {
         let skipped_first_attempt = deadline.is_none_or(|deadline| Instant::now() < deadline)
             && queue.as_ref().is_some_and(|queue| {
-                handoff::held_here(queue.key)
-                    || !queue.renews_while_waiting && handoff::waiting_here(queue.key)
+                !queue.renews_while_waiting
+                    && (handoff::held_here(queue.key) || handoff::waiting_here(queue.key))
             });
         Waiting {
             options,

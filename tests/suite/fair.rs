@@ -1,0 +1,313 @@
+//! Fair locks (`LockOptionsBuilder::fair`): waiters of every process are served in the order
+//! they came, through a line of waits kept in the lock's document, each place with a lease of its
+//! own; a wait that ends without the lock gives its place up, and a vanished waiter's place ends
+//! with its lease.
+
+use test_support as common;
+
+use std::time::Duration;
+
+use distributed_lock_mongodb::{
+    Error, LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
+    MongoDistributedSemaphore,
+};
+use mongodb::bson::{Document, doc};
+use mongodb::{Collection, Database};
+
+fn fair_options() -> LockOptions {
+    common::options(10_000, 3_000)
+        .to_builder()
+        .fair(true)
+        .build()
+        .unwrap()
+}
+
+/// A fair lock `name` in `collection`, as one process's lock object (built apart: no handoff
+/// with the others).
+fn process(database: &Database, collection: &str, name: &str) -> MongoDistributedLock {
+    MongoDistributedLock::new(name, database)
+        .with_collection(collection)
+        .with_options(fair_options())
+}
+
+/// A fresh collection (its name and handle) and a fresh lock name.
+fn fresh(database: &Database) -> (String, Collection<Document>, String) {
+    let collection = common::unique("fair");
+    let documents = database.collection::<Document>(&collection);
+    (collection, documents, common::unique("fair"))
+}
+
+/// The ids of the places in lock `name`'s line, in order (empty without a line).
+async fn line(collection: &Collection<Document>, name: &str) -> Vec<String> {
+    let document = common::lock_document(collection, name).await;
+    let Some(line) = document.as_ref().and_then(|d| d.get_array("line").ok()) else {
+        return Vec::new();
+    };
+    line.iter()
+        .filter_map(|place| place.as_document()?.get_str("id").ok().map(str::to_owned))
+        .collect()
+}
+
+/// Waits until lock `name`'s line holds `count` places.
+async fn line_of(collection: &Collection<Document>, name: &str, count: usize) {
+    let reached = common::eventually(Duration::from_secs(10), || async {
+        line(collection, name).await.len() == count
+    })
+    .await;
+    assert!(reached, "{:?}", line(collection, name).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_three_processes_are_served_in_the_order_they_came() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let holder = process(&database, &collection, &name)
+        .acquire()
+        .await
+        .unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for waiter in 1..=3 {
+        let lock = process(&database, &collection, &name);
+        let served = served.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.acquire_timeout(Duration::from_secs(60)).await.unwrap();
+            served.send(waiter).unwrap();
+            // Held a moment: the next in line must not slip in meanwhile.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            guard.release().await.unwrap();
+        }));
+        line_of(&documents, &name, waiter).await;
+    }
+    holder.release().await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 1..=3 {
+        let next = tokio::time::timeout(Duration::from_secs(30), order.recv())
+            .await
+            .expect("served")
+            .unwrap();
+        seen.push(next);
+    }
+    assert_eq!(seen, [1, 2, 3]);
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert!(line(&documents, &name).await.is_empty());
+    let document = common::lock_document(&documents, &name).await.unwrap();
+    assert!(
+        !document.contains_key("line"),
+        "no empty line is left: {document}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_fair_lock_costs_one_command_and_each_waiting_attempt_one_more() {
+    let (database, log) = common::counting_database().await;
+    let (collection, documents, name) = fresh(&database);
+    let lock = process(&database, &collection, &name);
+    log.clear();
+    let guard = lock.try_acquire().await.unwrap().expect("free");
+    // (The first use of a collection also creates its TTL index.)
+    assert_eq!(log.count("findAndModify"), 1, "{:?}", log.started());
+    assert!(line(&documents, &name).await.is_empty());
+
+    // A single attempt takes no place.
+    let other = process(&database, &collection, &name);
+    log.clear();
+    assert!(other.try_acquire().await.unwrap().is_none());
+    // (Its first use may create the TTL index in the background too.)
+    assert_eq!(log.count("findAndModify"), 1, "{:?}", log.started());
+    assert_eq!(log.count("update"), 0, "{:?}", log.started());
+    assert!(line(&documents, &name).await.is_empty());
+
+    // A wait takes a place with its first attempt, and gives it up with one update when it
+    // runs out.
+    log.clear();
+    let waited = other
+        .try_acquire_timeout(Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(waited.is_none());
+    let attempts = log.count("findAndModify");
+    assert!(attempts >= 2, "{:?}", log.started());
+    assert_eq!(log.count("update"), 1, "{:?}", log.started());
+    let others = (log.started_without_streams().into_iter())
+        .filter(|command| !["findAndModify", "update", "createIndexes"].contains(&command.as_str()))
+        .count();
+    assert_eq!(others, 0, "{:?}", log.started());
+    assert!(
+        line(&documents, &name).await.is_empty(),
+        "its place is given up"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_leaves_gives_up_its_place_to_the_one_behind() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let holder = process(&database, &collection, &name)
+        .acquire()
+        .await
+        .unwrap();
+    let first = {
+        let lock = process(&database, &collection, &name);
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    line_of(&documents, &name, 1).await;
+    let second = {
+        let lock = process(&database, &collection, &name);
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    line_of(&documents, &name, 2).await;
+    // The first stops waiting: its place goes (a dropped wait removes it in the background).
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    line_of(&documents, &name, 1).await;
+    holder.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the second is first now")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_waiters_place_holds_the_lock_back_only_until_its_lease_ends() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    documents
+        .update_one(
+            doc! { "_id": &name },
+            vec![doc! { "$set": { "line": [{
+                "id": "vanished", "expiresAt": { "$add": ["$$NOW", 1_000_i64] }
+            }] } }],
+        )
+        .upsert(true)
+        .await
+        .unwrap();
+    let lock = process(&database, &collection, &name);
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "a live place ahead keeps a free lock from being taken"
+    );
+    let guard = lock
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("the place's lease ends");
+    assert!(line(&documents, &name).await.is_empty());
+    guard.release().await.unwrap();
+}
+
+/// A release offers the lock to the first waiter of its process in the release command; the
+/// command lets that waiter have it only if it is first in line. Here a place of another
+/// process's wait (written by hand, a long lease) is ahead: the release goes through alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_a_local_waiter_only_when_it_is_first_in_line() {
+    let (database, log) = common::counting_database().await;
+    let (collection, documents, name) = fresh(&database);
+    let lock = process(&database, &collection, &name);
+    let holder = lock.acquire().await.unwrap();
+    documents
+        .update_one(
+            doc! { "_id": &name },
+            vec![doc! { "$set": { "line": [{
+                "id": "elsewhere", "expiresAt": { "$add": ["$$NOW", 60_000_i64] }
+            }] } }],
+        )
+        .await
+        .unwrap();
+    let waiting = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    line_of(&documents, &name, 2).await;
+    assert!(common::offers_become(&collection, &name, 1).await);
+    log.clear();
+    holder.release().await.unwrap();
+    assert_eq!(log.transfers(), 1, "{:?}", log.started());
+    assert!(
+        lock.holders().await.unwrap().is_empty(),
+        "released, to nobody"
+    );
+    assert!(!waiting.is_finished());
+    assert_eq!(line(&documents, &name).await[0], "elsewhere");
+    // The place ahead goes: the local waiter is first, and gets the lock.
+    documents
+        .update_one(
+            doc! { "_id": &name },
+            doc! { "$pull": { "line": { "id": "elsewhere" } } },
+        )
+        .await
+        .unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("first in line now")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_is_refused_where_it_is_not_supported_before_anything_is_sent() {
+    let (database, log) = common::counting_database().await;
+    let collection = common::unique("fair");
+    log.clear();
+    let semaphore = MongoDistributedSemaphore::new(common::unique("s"), 2, &database)
+        .with_collection(collection.as_str())
+        .with_options(fair_options());
+    let refused = semaphore.try_acquire().await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOptions(message)) if message.contains("fair")),
+        "{refused:?}"
+    );
+    let rw = MongoDistributedReaderWriterLock::new(common::unique("rw"), &database)
+        .with_collection(collection.as_str())
+        .with_options(fair_options());
+    let refused = rw.try_acquire_write().await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOptions(message)) if message.contains("fair")),
+        "{refused:?}"
+    );
+    assert!(
+        log.started_without_streams().is_empty(),
+        "{:?}",
+        log.started()
+    );
+}
+
+/// An attempt of a wait that was served already (another attempt of it, or a release's
+/// transfer, won first; this one reaches the server late) does not put the wait back in line:
+/// a place nobody renews would hold every waiter behind it back until its lease ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_of_a_served_wait_takes_no_place_in_line() {
+    use distributed_lock_mongodb::__model as model;
+    let database = common::database().await;
+    let (_, documents, name) = fresh(&database);
+    let options = fair_options();
+    let attempt = |lock_id: &str, wait: &str| {
+        let update = model::fair_attempt_update(lock_id, &options, None, wait);
+        let documents = documents.clone();
+        let name = name.clone();
+        async move {
+            documents
+                .find_one_and_update(model::attempt_filter(&name), update)
+                .upsert(true)
+                .return_document(mongodb::options::ReturnDocument::After)
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    // Wait W1 wins with its attempt A2; W2 waits behind.
+    let won = attempt("A2", "W1").await;
+    assert_eq!(won.get_str("lockId"), Ok("A2"));
+    assert_eq!(won.get_str("servedWait"), Ok("W1"));
+    attempt("B1", "W2").await;
+    assert_eq!(line(&documents, &name).await, ["W2"]);
+    // W1's earlier attempt A1 lands now: the lock is busy (A2 holds it), and W1 stays out of line.
+    let late = attempt("A1", "W1").await;
+    assert_eq!(late.get_str("lockId"), Ok("A2"));
+    assert_eq!(line(&documents, &name).await, ["W2"]);
+}
