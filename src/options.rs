@@ -222,18 +222,26 @@ impl LockOptions {
             .max(self.min_hold_millis().unwrap_or(0))
     }
 
-    /// [`Error::InvalidOptions`] if `min_hold` or `fair` is set for a kind of lock that does not
-    /// support it (`kind` names it in the message).
-    pub(crate) fn check_exclusive_only(&self, kind: &str) -> Result<()> {
-        if let Some(min_hold) = self.min_hold {
-            return Err(invalid(format!(
+    /// [`Error::InvalidOptions`] if `min_hold` is set for a kind of lock that does not support
+    /// it (`kind` names it in the message).
+    pub(crate) fn check_min_hold_unsupported(&self, kind: &str) -> Result<()> {
+        match self.min_hold {
+            None => Ok(()),
+            Some(min_hold) => Err(invalid(format!(
                 "min_hold ({min_hold:?}) applies to exclusive locks and leader elections only, \
                  not to a {kind}"
-            )));
+            ))),
         }
+    }
+
+    /// As [`check_min_hold_unsupported`](Self::check_min_hold_unsupported), and the same for
+    /// `fair`, which exclusive locks and semaphores support.
+    pub(crate) fn check_exclusive_only(&self, kind: &str) -> Result<()> {
+        self.check_min_hold_unsupported(kind)?;
         if self.fair {
             return Err(invalid(format!(
-                "fair(true) applies to exclusive locks only (for now), not to a {kind}"
+                "fair(true) applies to exclusive locks and semaphores only (for now), not to a \
+                 {kind}"
             )));
         }
         Ok(())
@@ -424,17 +432,19 @@ impl LockOptionsBuilder {
     /// Redisson's `RFairLock` or Curator's sequential nodes). Defaults to `false`: waiters
     /// compete, and order holds only among the waiters of one process.
     ///
-    /// With `true`, an exclusive lock's document keeps a line of the waits under way
-    /// (`line: [{id, expiresAt}]`): each wait's first attempt that finds the lock busy puts it at
-    /// the end, each later one renews its place (a short lease of its own, as a waiting writer's
-    /// marker has: a waiter that vanishes loses its place within seconds), and only the first
-    /// live wait in line may take the lock (or be handed it by a release in this process). The
-    /// attempt that wins, and a wait that ends without the lock, take the place out. It costs
-    /// nothing in commands while the lock is free; a waiter attempts at least at the slowest
-    /// busy-wait pace even behind other waiters of its process, to keep its place. Exclusive
-    /// locks only for now (a semaphore, a reader-writer lock or a document lock with it is
-    /// refused with [`Error::InvalidOptions`] at its first acquisition). Like stored details,
-    /// the extra field breaks interoperability with DistributedLock.MongoDB (.NET).
+    /// With `true`, the lock's document keeps a line of the waits under way (`line: [{id,
+    /// expiresAt}]`): each wait's first attempt that finds the lock busy puts it at the end,
+    /// each later one renews its place (a short lease of its own, as a waiting writer's marker
+    /// has: a waiter that vanishes loses its place within seconds), and only the first live wait
+    /// in line may take the lock (or be handed it by a release in this process). The attempt
+    /// that wins, and a wait that ends without the lock, take the place out. It costs nothing in
+    /// commands while the lock is free; a waiter attempts at least at the slowest busy-wait pace
+    /// even behind other waiters of its process, to keep its place. Every caller of the lock must
+    /// set it. Exclusive locks and semaphores (strictly in line: a waiter for one place does not
+    /// pass a waiter for several ahead of it, which makes a semaphore's waiting mark needless);
+    /// a reader-writer lock or a document lock with it is refused with
+    /// [`Error::InvalidOptions`] at its first acquisition. Like stored details, the extra fields
+    /// break interoperability with DistributedLock.MongoDB (.NET).
     ///
     /// ```
     /// use distributed_lock_mongodb::LockOptions;
@@ -692,7 +702,7 @@ mod tests {
         );
         // A kind without min_hold refuses it in one plain sentence.
         let refused = options
-            .check_exclusive_only("semaphore")
+            .check_min_hold_unsupported("semaphore")
             .unwrap_err()
             .to_string();
         assert_eq!(

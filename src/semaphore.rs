@@ -13,9 +13,10 @@ use crate::guard::LockGuard;
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::claim::{Claim, Granted, Request};
 use crate::lease::family::Family;
+use crate::lease::line;
 use crate::lease::schema::{
-    self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, Layout,
-    MAX_COUNT, PLACES, RESIZED_AT, WAITING,
+    self, ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, HOLDERS, ID, LINE, Layout,
+    MAX_COUNT, PLACES, RESIZED_AT, SERVED_WAIT, WAITING,
 };
 use crate::lease::waiting_marker::{WaitingMarker, marker_lease_millis};
 use crate::lease::{self, Problem, Target, admin, held};
@@ -382,7 +383,7 @@ impl MongoDistributedSemaphore {
         let checked = target.check().and_then(|()| {
             match lease::max_count_problem(&target.name, self.max_count) {
                 Some(problem) => Err(Error::InvalidArgument(problem)),
-                None => target.options.check_exclusive_only("semaphore"),
+                None => target.options.check_min_hold_unsupported("semaphore"),
             }
         });
         let checked = checked.and_then(|()| {
@@ -391,8 +392,10 @@ impl MongoDistributedSemaphore {
                 None => Ok(()),
             }
         });
-        // A waiter for several places marks what it needs while it waits.
+        // A waiter for several places marks what it needs while it waits; a fair semaphore's
+        // waiter has a place in line instead, whatever it asks.
         let marker = match places {
+            _ if target.options.fair() => Some(WaitingMarker::new(target, LINE)?),
             0 | 1 => None,
             _ => Some(WaitingMarker::new(target, WAITING)?),
         };
@@ -404,7 +407,8 @@ impl MongoDistributedSemaphore {
             checked,
             waiters: Some(&target.waiters),
             shared: false,
-            renews_while_waiting: false,
+            // Every waiter of a fair semaphore attempts, to keep its place in line.
+            renews_while_waiting: target.options.fair(),
             family: &target.family,
             push: Some(&target.collection),
             places: Some(self.max_count),
@@ -677,6 +681,13 @@ pub(crate) fn join_update(
     if let Some(details) = details {
         lease.insert(DETAILS, schema::literal(details));
     }
+    // A fair semaphore's wait has a place in line instead of a mark: `marker` names it.
+    let fair = options.fair();
+    let line_wait = marker.filter(|_| fair);
+    let marker = marker.filter(|_| !fair);
+    if let Some(wait) = line_wait {
+        lease.insert(SERVED_WAIT, wait);
+    }
     let ours = marker.unwrap_or_default();
     let marker_id = format!("${WAITING}.{EMBEDDED_ID}");
     let ours_or_none = doc! { "$eq": [{ "$ifNull": [&marker_id, ours] }, ours] };
@@ -715,7 +726,32 @@ pub(crate) fn join_update(
         None => keep.clone(),
     };
     let when_admitted: Bson = doc! { "$cond": [&ours_or_none, "$$REMOVE", keep] }.into();
-    vec![
+    let mut admitted_when = vec![Bson::from(agreed.clone()), fits.into(), not_there.into()];
+    let mut stages = Vec::new();
+    let mut line_stage = None;
+    if let Some(wait) = line_wait {
+        stages.push(line::drop_ended());
+        admitted_when.push(line::first_in_line(wait).into());
+        let line_when_waiting: Bson = if waits {
+            // Not once the wait was served (a holder came from it: this attempt is late, or
+            // applied again).
+            let served = doc! { "$in": [wait, { "$map": {
+                "input": format!("${HOLDERS}"),
+                "as": "m",
+                "in": format!("$$m.{SERVED_WAIT}"),
+            } }] };
+            let joined = line::joined(wait, marker_lease_millis(options));
+            doc! { "$cond": [served, format!("${LINE}"), joined] }.into()
+        } else {
+            format!("${LINE}").into()
+        };
+        line_stage = Some(doc! { "$set": { LINE: { "$cond": [
+            &admitted,
+            line::left(wait),
+            line_when_waiting,
+        ] } } });
+    }
+    stages.extend([
         doc! { "$set": {
             HOLDERS: schema::live_members(HOLDERS, None),
             MAX_COUNT: { "$ifNull": [format!("${MAX_COUNT}"), max_count] },
@@ -725,7 +761,7 @@ pub(crate) fn join_update(
                 "$$REMOVE",
             ] },
         } },
-        doc! { "$set": { ADMITTED: { "$and": [&agreed, fits, not_there] } } },
+        doc! { "$set": { ADMITTED: { "$and": admitted_when } } },
         doc! { "$set": {
             FENCING_TOKEN: { "$cond": [
                 &admitted,
@@ -739,9 +775,16 @@ pub(crate) fn join_update(
             { "$concatArrays": [format!("${HOLDERS}"), [lease]] },
             format!("${HOLDERS}"),
         ] } } },
+    ]);
+    stages.extend(line_stage);
+    stages.extend([
         doc! { "$unset": ADMITTED },
         schema::retain(options.expiry_millis().max(marker_lease_millis(options))),
-    ]
+    ]);
+    if line_wait.is_some() {
+        stages.push(line::tidy());
+    }
+    stages
 }
 
 impl ReadHolders for MongoDistributedSemaphore {

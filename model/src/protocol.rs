@@ -858,6 +858,20 @@ impl Config {
         }
     }
 
+    /// A fair semaphore of two places among the three callers (`fair(true)`), the caller of
+    /// process 1 asking for both at once: waits take places in line, only the first live place
+    /// may be admitted (a waiter for one place behind a waiter for two is not let in beside the
+    /// holder, though its place would fit), and a release hands a place to a local waiter only
+    /// when it is first in line.
+    pub fn a_fair_semaphore() -> Config {
+        let mut config = Config::a_semaphore_with_weighted_places();
+        for caller in &mut config.callers {
+            caller.fair = true;
+        }
+        config.horizon = 40;
+        config
+    }
+
     /// Two upgradeable readers, one in each process (the one of process 0 with its upgrade):
     /// the other joins only once the first one's lease has ended, so no document ever stores
     /// two.
@@ -1314,7 +1328,10 @@ impl LeaseProtocol {
                     self.places_of(client),
                     places,
                     self.options_of(client),
-                    (marker > 0).then(|| marker_of(marker)).as_deref(),
+                    // (A fair caller's wait always has a place in line, its first included.)
+                    (marker > 0 || self.options_of(client).fair())
+                        .then(|| marker_of(marker))
+                        .as_deref(),
                 ),
             ),
             CommandKey::Renew {
@@ -1344,7 +1361,7 @@ impl LeaseProtocol {
                 releasing,
                 waiter,
                 client,
-                ..
+                marker,
             } => {
                 let (waiter, releasing) = (lock_id_name(waiter), lock_id_name(releasing));
                 assert_eq!(
@@ -1352,15 +1369,17 @@ impl LeaseProtocol {
                     1,
                     "no release hands several places over"
                 );
+                let options = self.options_of(client);
+                let wait = options.fair().then(|| marker_of(marker));
                 semaphore(
                     code::semaphore::transfer_filter(NAME, &releasing, &waiter),
                     code::semaphore::transfer_update(
                         &waiter,
                         1,
                         places,
-                        self.options_of(client),
+                        options,
                         &releasing,
-                        None,
+                        wait.as_deref(),
                     ),
                 )
             }
@@ -2020,6 +2039,8 @@ pub struct Member {
     pub token: i64,
     /// How many places it takes (`places`, 1 where absent).
     pub places: i64,
+    /// A fair semaphore's: the wait whose place in line it came from (`servedWait`).
+    pub served_wait: Option<u8>,
 }
 
 impl LockDocument {
@@ -2123,6 +2144,10 @@ fn members(document: &Document) -> Vec<Member> {
                     .timestamp_millis(),
                 token: token_of(member.get("fencingToken")).expect("a member's token"),
                 places: token_of(member.get("places")).unwrap_or(1),
+                served_wait: member
+                    .get_str("servedWait")
+                    .ok()
+                    .map(|wait| wait[1..].parse().expect("a model wait")),
             }
         })
         .collect()
@@ -2285,8 +2310,8 @@ pub struct State {
     /// No caller of a fair lock took it (by an attempt or a transfer) while the live place of
     /// another caller that still waited was ahead of its own in line.
     pub served_in_line_order: bool,
-    /// An attempt found a fair lock free and stayed out, a live place of another waiter being
-    /// ahead of its own (a coverage flag).
+    /// An attempt found a fair lock free (a fair semaphore with room for what it asks) and
+    /// stayed out, a live place of another waiter being ahead of its own (a coverage flag).
     pub line_kept_a_free_lock: bool,
     /// A wait that ended without the lock took its place out of the line (a coverage flag).
     pub place_given_up: bool,
@@ -2557,6 +2582,9 @@ impl LeaseProtocol {
                             "expiresAt": DateTime::from_millis(member.expires_at_ms),
                             "fencingToken": member.token,
                         };
+                        if let Some(wait) = member.served_wait {
+                            stored.insert("servedWait", marker_of(wait));
+                        }
                         if member.places > 1 {
                             stored.insert("places", member.places);
                         }
@@ -3043,7 +3071,17 @@ impl LeaseProtocol {
                 let ahead = self.waiter_ahead(state, router, client, marker);
                 let free = state.lock.as_ref().is_none_or(|lock| {
                     let now = self.server_now(state, router).timestamp_millis();
-                    lock.lock_id.is_none() || lock.expires_at_ms.is_some_and(|end| end <= now)
+                    match self.config.kind {
+                        // (A semaphore: the places asked fit beside the live leases.)
+                        Kind::Semaphore(max_count) => {
+                            lock.live_places(now) + i64::from(self.places_of(client))
+                                <= i64::from(max_count)
+                        }
+                        _ => {
+                            lock.lock_id.is_none()
+                                || lock.expires_at_ms.is_some_and(|end| end <= now)
+                        }
+                    }
                 });
                 // (A document lock's attempt is no upsert: it matches an unlocked document or
                 // nothing, and then the lock is busy.)
@@ -3425,7 +3463,7 @@ impl LeaseProtocol {
             }
             Message::RemoveMarker { client, marker } => {
                 let router = Self::router_of(state, client);
-                if self.config.kind == Kind::Exclusive {
+                if self.config.callers[usize::from(client)].fair {
                     let (filter, pipeline) = code::line_removal(NAME, &marker_of(marker));
                     let removed = self.update(state, router, &filter, &pipeline, false);
                     state.place_given_up |= removed.is_some();
@@ -4006,7 +4044,10 @@ impl LeaseProtocol {
                     );
                     let marks = match self.config.kind {
                         Kind::ReaderWriter => !self.reads(client),
-                        Kind::Semaphore(_) => self.config.callers[client].places > 1,
+                        Kind::Semaphore(_) => {
+                            self.config.callers[client].places > 1
+                                || self.config.callers[client].fair
+                        }
                         Kind::Exclusive => self.config.callers[client].fair,
                         Kind::Document => false,
                     };
@@ -5338,6 +5379,17 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
             }
             _ => "stored: free".to_owned(),
         };
+        // A fair lock's line, where there is one.
+        let line = after.lock.as_ref().map_or_else(String::new, |lock| {
+            if lock.line.is_empty() {
+                return String::new();
+            }
+            let places: Vec<String> = (lock.line.iter())
+                .map(|(wait, until)| format!("M{wait} until {} ms", until - EPOCH_MS))
+                .collect();
+            format!(", line [{}]", places.join("; "))
+        });
+        let stored = format!("{stored}{line}");
         let believing: Vec<String> = (0..after.clients.len())
             .filter(|&client| after.believes_it_holds(client))
             .map(|client| match &after.clients[client].phase {

@@ -446,6 +446,18 @@ fn a_fair_lock_whose_waiter_stops_waiting() {
 }
 
 #[test]
+fn a_fair_semaphore_whose_caller_asks_for_both_places() {
+    verify(
+        "a fair semaphore",
+        Config::a_fair_semaphore(),
+        &[
+            "a place ahead in line keeps a waiter out of a free fair lock",
+            "a semaphore's caller holds several places at once",
+        ],
+    );
+}
+
+#[test]
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (

@@ -516,9 +516,11 @@ pub(crate) fn end_lease(ending: Ending) -> Vec<Document> {
             doc! { "$set": { EXPIRES_AT: released_end() } },
             doc! { "$unset": LOCK_ID },
         ],
+        // (A fair lock's `servedWait` goes too: the wait was not served, and may take a place
+        // in line again.)
         Ending::Cleanup => vec![
             doc! { "$set": { EXPIRES_AT: "$$NOW" } },
-            doc! { "$unset": [LOCK_ID, MIN_HOLD_UNTIL] },
+            doc! { "$unset": [LOCK_ID, MIN_HOLD_UNTIL, SERVED_WAIT] },
         ],
     }
 }
@@ -591,6 +593,7 @@ impl Stored {
                     FENCING_TOKEN,
                     WAITING,
                     RESIZED_AT,
+                    LINE,
                 ],
                 is(HOLDERS, &["array"]),
             ),

@@ -160,9 +160,11 @@ impl MemoryLockProvider {
         let Some((acquisition, state)) = self.locks.holder_state(name) else {
             return false;
         };
-        // Lost strictly before anyone else can take the lock.
+        // Lost strictly before anyone else can take the lock. (A holder that sees the loss may
+        // drop its guard, which frees the lease before this does: it was held all the same.)
         state.mark_lost();
-        self.locks.free(&Key::lock(name), acquisition)
+        self.locks.free(&Key::lock(name), acquisition);
+        true
     }
 
     /// Test control: makes the holder of `name` presume its lease lost (its `lost` fires, its

@@ -8,22 +8,26 @@ use test_support as common;
 use std::time::Duration;
 
 use distributed_lock_mongodb::{
-    Error, LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
+    DocumentLock, Error, LockOptions, MongoDistributedLock, MongoDistributedReaderWriterLock,
     MongoDistributedSemaphore,
 };
 use mongodb::bson::{Document, doc};
 use mongodb::{Collection, Database};
 
+/// A fair lock's options: a place in line lasts 3 s (twice the longest sleep plus a second),
+/// which a waiter starved on a loaded machine still renews in time.
 fn fair_options() -> LockOptions {
     common::options(10_000, 3_000)
         .to_builder()
+        .busy_wait_sleep_time(Duration::from_millis(5), Duration::from_secs(1))
         .fair(true)
         .build()
         .unwrap()
 }
 
-/// A fair lock `name` in `collection`, as one process's lock object (built apart: no handoff
-/// with the others).
+/// A fair lock `name` in `collection`, as one process's lock object (built apart: its own
+/// renewals; a release still hands over to another's waiter once their attempts have seen each
+/// other's leases, as lock objects of one process do).
 fn process(database: &Database, collection: &str, name: &str) -> MongoDistributedLock {
     MongoDistributedLock::new(name, database)
         .with_collection(collection)
@@ -150,8 +154,15 @@ async fn a_waiter_that_leaves_gives_up_its_place_to_the_one_behind() {
         .acquire()
         .await
         .unwrap();
+    // The first waiter's place lasts 21 s: only its removal takes it out within the 10 s that
+    // `line_of` waits.
+    let slow = fair_options()
+        .to_builder()
+        .busy_wait_sleep_time(Duration::from_millis(5), Duration::from_secs(10))
+        .build()
+        .unwrap();
     let first = {
-        let lock = process(&database, &collection, &name);
+        let lock = process(&database, &collection, &name).with_options(slow);
         tokio::spawn(async move { lock.acquire().await })
     };
     line_of(&documents, &name, 1).await;
@@ -181,7 +192,7 @@ async fn a_vanished_waiters_place_holds_the_lock_back_only_until_its_lease_ends(
         .update_one(
             doc! { "_id": &name },
             vec![doc! { "$set": { "line": [{
-                "id": "vanished", "expiresAt": { "$add": ["$$NOW", 1_000_i64] }
+                "id": "vanished", "expiresAt": { "$add": ["$$NOW", 5_000_i64] }
             }] } }],
         )
         .upsert(true)
@@ -193,7 +204,7 @@ async fn a_vanished_waiters_place_holds_the_lock_back_only_until_its_lease_ends(
         "a live place ahead keeps a free lock from being taken"
     );
     let guard = lock
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(20))
         .await
         .expect("the place's lease ends");
     assert!(line(&documents, &name).await.is_empty());
@@ -250,22 +261,21 @@ async fn a_release_hands_the_lock_to_a_local_waiter_only_when_it_is_first_in_lin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fair_is_refused_where_it_is_not_supported_before_anything_is_sent() {
+async fn fair_is_refused_by_reader_writer_and_document_locks_before_anything_is_sent() {
     let (database, log) = common::counting_database().await;
     let collection = common::unique("fair");
     log.clear();
-    let semaphore = MongoDistributedSemaphore::new(common::unique("s"), 2, &database)
-        .with_collection(collection.as_str())
-        .with_options(fair_options());
-    let refused = semaphore.try_acquire().await;
-    assert!(
-        matches!(&refused, Err(Error::InvalidOptions(message)) if message.contains("fair")),
-        "{refused:?}"
-    );
     let rw = MongoDistributedReaderWriterLock::new(common::unique("rw"), &database)
         .with_collection(collection.as_str())
         .with_options(fair_options());
     let refused = rw.try_acquire_write().await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOptions(message)) if message.contains("fair")),
+        "{refused:?}"
+    );
+    let documents = DocumentLock::new(&database.collection::<Document>(&collection))
+        .with_options(fair_options());
+    let refused = documents.try_lock(doc! { "_id": "order" }).await;
     assert!(
         matches!(&refused, Err(Error::InvalidOptions(message)) if message.contains("fair")),
         "{refused:?}"
@@ -310,4 +320,129 @@ async fn a_late_attempt_of_a_served_wait_takes_no_place_in_line() {
     let late = attempt("A1", "W1").await;
     assert_eq!(late.get_str("lockId"), Ok("A2"));
     assert_eq!(line(&documents, &name).await, ["W2"]);
+    // A2 applied again (a retry of a write that had applied): it holds the lock, nothing moves.
+    let again = attempt("A2", "W1").await;
+    assert_eq!(again.get_str("lockId"), Ok("A2"));
+    assert_eq!(line(&documents, &name).await, ["W2"]);
+}
+
+/// A release hands the lock to the first waiter of its process in the release command when
+/// that waiter is first in line: one command, and the waiter holds the lock as it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_a_local_waiter_first_in_line_in_its_command() {
+    let (database, log) = common::counting_database().await;
+    let (collection, documents, name) = fresh(&database);
+    let lock = process(&database, &collection, &name);
+    let holder = lock.acquire().await.unwrap();
+    let waiting = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    line_of(&documents, &name, 1).await;
+    assert!(common::offers_become(&collection, &name, 1).await);
+    let released = holder.lock_id().to_owned();
+    log.clear();
+    holder.release().await.unwrap();
+    assert_eq!(log.transfers(), 1, "{:?}", log.started());
+    let holders = lock.holders().await.unwrap();
+    assert_eq!(holders.len(), 1, "handed over: {holders:?}");
+    assert_ne!(holders[0].lock_id.as_deref(), Some(released.as_str()));
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("handed the lock")
+        .unwrap()
+        .unwrap();
+    assert_eq!(holders[0].lock_id.as_deref(), Some(guard.lock_id()));
+    assert!(line(&documents, &name).await.is_empty());
+    guard.release().await.unwrap();
+}
+
+/// A fair semaphore admits in line order: a waiter for one place whose place in line is behind
+/// a waiter for two stays out, though one place is free, until the waiter for two was served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_semaphore_lets_no_waiter_for_fewer_places_pass_one_ahead_in_line() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let semaphore = |_: usize| {
+        MongoDistributedSemaphore::new(name.as_str(), 2, &database)
+            .with_collection(collection.as_str())
+            .with_options(fair_options())
+    };
+    let holder = semaphore(0).acquire().await.unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let two = {
+        let (pool, served) = (semaphore(1), served.clone());
+        tokio::spawn(async move {
+            let places = pool
+                .acquire_many_timeout(2, Duration::from_secs(60))
+                .await
+                .unwrap();
+            served.send("two").unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            places.release().await.unwrap();
+        })
+    };
+    line_of(&documents, &name, 1).await;
+    let late = semaphore(2);
+    assert!(
+        late.try_acquire().await.unwrap().is_none(),
+        "one place is free, but a wait is ahead in line"
+    );
+    let one = {
+        let served = served.clone();
+        tokio::spawn(async move {
+            let place = late.acquire_timeout(Duration::from_secs(60)).await.unwrap();
+            served.send("one").unwrap();
+            place.release().await.unwrap();
+        })
+    };
+    line_of(&documents, &name, 2).await;
+    holder.release().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), order.recv())
+        .await
+        .expect("served")
+        .unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(30), order.recv())
+        .await
+        .expect("served")
+        .unwrap();
+    assert_eq!([first, second], ["two", "one"]);
+    two.await.unwrap();
+    one.await.unwrap();
+    assert!(line(&documents, &name).await.is_empty());
+}
+
+/// The cleanup after a win whose reply was lost (the lease nobody was given ends) also forgets
+/// that the wait was served: its next attempt takes a place in line again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleaned_up_win_lets_its_wait_take_a_place_again() {
+    use distributed_lock_mongodb::__model as model;
+    let database = common::database().await;
+    let (_, documents, name) = fresh(&database);
+    let options = fair_options();
+    let attempt = |lock_id: &'static str, wait: &'static str| {
+        let update = model::fair_attempt_update(lock_id, &options, None, wait);
+        let (documents, name) = (documents.clone(), name.clone());
+        async move {
+            documents
+                .find_one_and_update(model::attempt_filter(&name), update)
+                .upsert(true)
+                .await
+                .unwrap()
+        }
+    };
+    attempt("A1", "W1").await;
+    attempt("B1", "W2").await;
+    documents
+        .update_one(
+            model::release_filter(&name, "A1"),
+            model::cleanup_update("A1"),
+        )
+        .await
+        .unwrap();
+    let document = common::lock_document(&documents, &name).await.unwrap();
+    assert!(!document.contains_key("servedWait"), "{document}");
+    // W1 tries again: W2 is first now, and W1 takes a place behind it.
+    attempt("A2", "W1").await;
+    assert_eq!(line(&documents, &name).await, ["W2", "W1"]);
 }

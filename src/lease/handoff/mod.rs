@@ -3,7 +3,9 @@
 //!
 //! - **Queue.** A waiter joins in FIFO order after its first failed attempt (at once, without an
 //!   attempt, while an exclusive lease of the lock is held here or callers of its group already
-//!   wait: an attempt could only fail, or jump the line) and leaves when its `acquire*` call ends
+//!   wait: an attempt could only fail, or jump the line; but a waiter whose attempts keep
+//!   something while it waits, a waiting writer's marker or a fair lock's place in line,
+//!   attempts first all the same) and leaves when its `acquire*` call ends
 //!   (with the lock, an error, a timeout or cancellation). A lease stops counting as held here
 //!   when its release's outcome is known, before `release()` returns.
 //! - **One poller.** Only the first waiter polls the server, at the busy-wait pace, to notice

@@ -17,7 +17,9 @@ use crate::lease::schema;
 ///   elements); where a server reports a whole array rewritten instead, that may be a release
 ///   too;
 /// - before MongoDB 5.0 a pipeline update is logged, and shown, as a replacement: an exclusive
-///   lock's document without `lockId` is free; any other replacement may have freed something;
+///   lock's document without `lockId` is free (unless it keeps a fair lock's line: every waiting
+///   attempt of a fair lock rewrites it, and its waiters poll); any other replacement may have
+///   freed something;
 /// - from MongoDB 5.0 on, a changed subdocument whose difference would be larger than its new
 ///   value is logged, and shown, as a whole-field update (server: `document_diff_calculator`):
 ///   ending a writer by setting `writer: {fencingToken}` (a forced release, a writer handing
@@ -31,7 +33,8 @@ use crate::lease::schema;
 ///   as the whole array rewritten: its echo, with every place taken, wakes nobody.
 ///
 /// Renewals (new `expiresAt`s) and acquisitions (a new `lockId`, writer or element) free
-/// nothing, also a writer's acquisition that removes its own waiting-writer marker.
+/// nothing, also a writer's acquisition that removes its own waiting-writer marker, and a fair
+/// lock's acquisition that shortens its line.
 pub(super) fn freed(
     event: &ChangeStreamEvent<Document>,
     places: impl Fn(&str) -> Option<u32>,
@@ -56,35 +59,43 @@ pub(super) fn freed(
         schema::READERS => true,
         _ => false,
     };
+    // (A fair lock's acquisition also shortens its line, which shows as a truncated array: the
+    // new `lockId` says it was taken.)
     let takes = |(field, value): (&String, &Bson)| {
-        *field == writer_id || field == schema::WRITER && writer_has_holder(value)
+        *field == writer_id
+            || field == schema::LOCK_ID
+            || field == schema::WRITER && writer_has_holder(value)
     };
-    let ends =
-        match event.operation_type {
-            OperationType::Delete => true,
-            OperationType::Replace => event.full_document.as_ref().is_none_or(|document| {
-                match document.get(schema::HOLDERS) {
-                    Some(holders) => has_room(
-                        holders,
-                        document
-                            .get(schema::MAX_COUNT)
-                            .and_then(crate::token::read_i64),
-                    ),
-                    None => !document.contains_key(schema::LOCK_ID),
+    let ends = match event.operation_type {
+        OperationType::Delete => true,
+        OperationType::Replace => event.full_document.as_ref().is_none_or(|document| {
+            match document.get(schema::HOLDERS) {
+                Some(holders) => has_room(
+                    holders,
+                    document
+                        .get(schema::MAX_COUNT)
+                        .and_then(crate::token::read_i64),
+                ),
+                // A fair lock's waiting attempt rewrites its line: before MongoDB 5.0 that is a
+                // replacement too, and one that woke the pollers would set them spinning
+                // while the line holds a free lock back. Its waiters poll instead.
+                None => {
+                    !document.contains_key(schema::LOCK_ID) && !document.contains_key(schema::LINE)
                 }
-            }),
-            OperationType::Update => event.update_description.as_ref().is_some_and(|update| {
-                let updated = || update.updated_fields.iter();
-                let freed = update.removed_fields.iter().any(ends_lease)
-                    || update
-                        .truncated_arrays
-                        .as_ref()
-                        .is_some_and(|truncated| !truncated.is_empty())
-                    || updated().any(frees);
-                freed && !updated().any(takes)
-            }),
-            _ => false,
-        };
+            }
+        }),
+        OperationType::Update => event.update_description.as_ref().is_some_and(|update| {
+            let updated = || update.updated_fields.iter();
+            let freed = update.removed_fields.iter().any(ends_lease)
+                || update
+                    .truncated_arrays
+                    .as_ref()
+                    .is_some_and(|truncated| !truncated.is_empty())
+                || updated().any(frees);
+            freed && !updated().any(takes)
+        }),
+        _ => false,
+    };
     Some((name.to_owned(), ends))
 }
 
@@ -124,6 +135,38 @@ mod tests {
         assert_eq!(freed_by("replace", held), Some(("job".to_owned(), false)));
         let ended = doc! { "fullDocument": { "_id": "job", "fencingToken": 1_i64 } };
         assert_eq!(freed_by("replace", ended), Some(("job".to_owned(), true)));
+    }
+
+    #[test]
+    fn a_fair_locks_line_neither_wakes_pollers_nor_hides_an_acquisition() {
+        let freed_by = |operation: &str, more: Document| freed(&event(operation, more), |_| None);
+        // From MongoDB 5.0: an acquisition that takes its place out of the line shortens it.
+        let acquired = doc! { "updateDescription": {
+            "updatedFields": { "lockId": "b", "servedWait": "w" },
+            "removedFields": [],
+            "truncatedArrays": [{ "field": "line", "newSize": 1 }],
+        } };
+        assert_eq!(
+            freed_by("update", acquired),
+            Some(("job".to_owned(), false))
+        );
+        // A wait that gives its place up on a free lock: the next in line may go.
+        let left = doc! { "updateDescription": {
+            "updatedFields": {},
+            "removedFields": [],
+            "truncatedArrays": [{ "field": "line", "newSize": 1 }],
+        } };
+        assert_eq!(freed_by("update", left), Some(("job".to_owned(), true)));
+        // Before 5.0 every waiting attempt's rewrite of the line is a replacement.
+        let waiting = doc! { "fullDocument": {
+            "_id": "job",
+            "fencingToken": 1_i64,
+            "line": [{ "id": "w", "expiresAt": mongodb::bson::DateTime::now() }],
+        } };
+        assert_eq!(
+            freed_by("replace", waiting),
+            Some(("job".to_owned(), false))
+        );
     }
 
     #[test]
