@@ -104,7 +104,7 @@ async fn send_release(context: &ReleaseContext, lease: &Lease, tracked: Tracked)
     let lost_before = lease.is_lost();
     let handoff = match &lease.waiters {
         Some(waiters) if protocol::hands_over(options, lost_before, true) => {
-            handoff::handoff(waiters, options.write_concern(), layout)
+            handoff::handoff(waiters, options.write_concern(), options.fair(), layout)
         }
         _ => Handoff::Wake,
     };

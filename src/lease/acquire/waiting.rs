@@ -342,6 +342,7 @@ fn offer<K: Claim>(
         cleanup: undo.clone(),
         receiver: Arc::clone(in_flight),
         write_concern: options.write_concern().clone(),
+        fair: options.fair(),
         taker: Box::new(Waiter {
             claim: Arc::clone(claim),
             lock_id: lock_id.clone(),

@@ -376,15 +376,21 @@ pub(crate) fn saw_stored(key: &Key, lock_id: &str) {
 }
 
 /// What the release of a local holder of `key`'s lease, stored as `releasing` says, with
-/// `write_concern` does, as the protocol core decides ([`protocol::handover`]): hand over to the
+/// `write_concern` (of a lock that is `fair` or not) does, as the protocol core decides
+/// ([`protocol::handover`]): hand over to the
 /// first waiter that is not busy, if it has an offer it [`takes_over`] with the same write concern
 /// and the bound allows (and to the readers right behind it, for a writer's release); else a
 /// plain release that wakes waiters.
-pub(crate) fn handoff(key: &Key, write_concern: &WriteConcern, releasing: &Layout) -> Handoff {
+pub(crate) fn handoff(
+    key: &Key,
+    write_concern: &WriteConcern,
+    fair: bool,
+    releasing: &Layout,
+) -> Handoff {
     with_queue(key, |queue| {
         let takes = |waiter: &Waiter| {
             waiter.offer.as_ref().and_then(|offer| {
-                (offer.write_concern == *write_concern)
+                (offer.write_concern == *write_concern && offer.fair == fair)
                     .then(|| takes_over(releasing, &offer.layout))
                     .flatten()
             })

@@ -118,6 +118,7 @@ fn offer_of(layout: Layout, lock_id: &str, outcome: Arc<Mutex<Option<Transfer>>>
         },
         receiver: Arc::default(),
         write_concern: WriteConcern::default(),
+        fair: false,
         taker: Box::new(Recorded(outcome)),
     }
 }
@@ -163,15 +164,15 @@ async fn a_writer_hands_over_to_the_readers_in_a_row_and_a_place_to_one_waiter()
     }
     let default = WriteConcern::default();
     // A reader's release hands nothing over; nor does an exclusive lock's, to readers.
-    assert!(lock_ids(handoff(&key, &default, &readers)).is_empty());
-    assert!(lock_ids(handoff(&key, &default, &Layout::LockDocument)).is_empty());
+    assert!(lock_ids(handoff(&key, &default, false, &readers)).is_empty());
+    assert!(lock_ids(handoff(&key, &default, false, &Layout::LockDocument)).is_empty());
     // A writer's: every reader up to the next writer, in one command.
     assert_eq!(
-        lock_ids(handoff(&key, &default, &Layout::Writer)),
+        lock_ids(handoff(&key, &default, false, &Layout::Writer)),
         ["r1", "r2"]
     );
     // Busy receiving it, they are passed over; a writer makes no transfer.
-    assert!(lock_ids(handoff(&key, &default, &Layout::Writer)).is_empty());
+    assert!(lock_ids(handoff(&key, &default, false, &Layout::Writer)).is_empty());
     // Nor does anything wake them to attempt meanwhile (the others leaving with the lock
     // wake the next waiter): the transfer's outcome decides.
     assert_eq!(wake_first(&key), vec![waiters[2].id]);
@@ -189,8 +190,8 @@ async fn a_writer_hands_over_to_the_readers_in_a_row_and_a_place_to_one_waiter()
     for (waiter, id) in waiters.iter().zip(["s1", "s2"]) {
         waiter.offer(offer_of(places.clone(), id, unheard()));
     }
-    assert_eq!(lock_ids(handoff(&key, &default, &places)), ["s1"]);
-    assert_eq!(lock_ids(handoff(&key, &default, &places)), ["s2"]);
+    assert_eq!(lock_ids(handoff(&key, &default, false, &places)), ["s1"]);
+    assert_eq!(lock_ids(handoff(&key, &default, false, &places)), ["s2"]);
 }
 
 #[tokio::test]
@@ -200,7 +201,7 @@ async fn transfers_go_to_the_first_waiting_offer_and_stop_after_the_bound() {
     let waiter = Ticket::join(&key, false);
     assert!(
         matches!(
-            handoff(&key, &WriteConcern::default(), &Layout::LockDocument),
+            handoff(&key, &WriteConcern::default(), false, &Layout::LockDocument),
             Handoff::Wake
         ),
         "no offer yet"
@@ -211,7 +212,7 @@ async fn transfers_go_to_the_first_waiting_offer_and_stop_after_the_bound() {
     loop {
         waiter.offer(offer(&format!("w{transfers}"), Arc::clone(&outcome)));
         let _ = woken_within(&waiter, 1).await; // waiting again
-        match handoff(&key, &WriteConcern::default(), &Layout::LockDocument) {
+        match handoff(&key, &WriteConcern::default(), false, &Layout::LockDocument) {
             Handoff::Transfer(offers) => {
                 assert_eq!(offers[0].lock_id, format!("w{transfers}"));
                 transfers += 1;
@@ -227,13 +228,13 @@ async fn transfers_go_to_the_first_waiting_offer_and_stop_after_the_bound() {
     waiter.offer(offer("next", Arc::clone(&outcome)));
     let _ = woken_within(&waiter, 1).await;
     assert!(matches!(
-        handoff(&key, &WriteConcern::default(), &Layout::LockDocument),
+        handoff(&key, &WriteConcern::default(), false, &Layout::LockDocument),
         Handoff::Transfer(_)
     ));
     // A waiter busy receiving a transfer gets nothing else until it waits again.
     waiter.offer(offer("busy", Arc::clone(&outcome)));
     assert!(matches!(
-        handoff(&key, &WriteConcern::default(), &Layout::LockDocument),
+        handoff(&key, &WriteConcern::default(), false, &Layout::LockDocument),
         Handoff::Wake
     ));
     // The offer left behind is told "no transfer" when its waiter leaves.
@@ -242,7 +243,7 @@ async fn transfers_go_to_the_first_waiting_offer_and_stop_after_the_bound() {
 }
 
 #[tokio::test]
-async fn no_transfer_between_different_write_concerns_and_a_replaced_offer_hears_no() {
+async fn no_transfer_between_different_write_concerns_or_fairness_and_a_replaced_offer_hears_no() {
     let key = key(0, "db", "coll", "concerns");
     let first = Arc::new(Mutex::new(None));
     let second = Arc::new(Mutex::new(None));
@@ -252,11 +253,17 @@ async fn no_transfer_between_different_write_concerns_and_a_replaced_offer_hears
     assert!(matches!(*first.lock(), Some(Transfer::NotDone)));
     let majority = WriteConcern::majority();
     assert!(matches!(
-        handoff(&key, &majority, &Layout::LockDocument),
+        handoff(&key, &majority, false, &Layout::LockDocument),
         Handoff::Wake
     ));
     assert!(second.lock().is_none(), "the offer stands");
-    match handoff(&key, &WriteConcern::default(), &Layout::LockDocument) {
+    // Nor between a fair lock and an unfair one: the takeover would jump the line.
+    assert!(matches!(
+        handoff(&key, &WriteConcern::default(), true, &Layout::LockDocument),
+        Handoff::Wake
+    ));
+    assert!(second.lock().is_none(), "the offer stands");
+    match handoff(&key, &WriteConcern::default(), false, &Layout::LockDocument) {
         Handoff::Transfer(offers) => assert_eq!(offers[0].lock_id, "second"),
         other => panic!("{other:?}"),
     }
@@ -410,7 +417,7 @@ async fn families_share_a_queue_only_once_one_saw_the_others_lease_stored() {
     assert!(first.is_first());
     assert!(!first.held_here());
     assert!(matches!(
-        handoff(&one, &WriteConcern::default(), &Layout::LockDocument),
+        handoff(&one, &WriteConcern::default(), false, &Layout::LockDocument),
         Handoff::Wake
     ));
     assert_eq!(wake_first(&one), Vec::<u64>::new());
@@ -425,7 +432,7 @@ async fn families_share_a_queue_only_once_one_saw_the_others_lease_stored() {
     assert_eq!(wake_first(&one), vec![first.id]);
     assert_eq!(woken_within(&first, 100).await, Some(Wake::Attempt));
     // The first is busy attempting: the release of family 1 hands over to the second.
-    match handoff(&one, &WriteConcern::default(), &Layout::LockDocument) {
+    match handoff(&one, &WriteConcern::default(), false, &Layout::LockDocument) {
         Handoff::Transfer(offers) => assert_eq!(offers[0].lock_id, "second"),
         other => panic!("{other:?}"),
     }

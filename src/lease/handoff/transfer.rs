@@ -27,6 +27,9 @@ pub(crate) struct Offer {
     pub(crate) receiver: Arc<InFlight>,
     /// The waiter's write concern: only a releaser with the same one transfers to it.
     pub(crate) write_concern: WriteConcern,
+    /// Whether the waiter's lock is fair: only a releaser that agrees transfers to it (an
+    /// unfair takeover would jump the line, and drop it).
+    pub(crate) fair: bool,
     /// The waiting caller: builds the takeover's update, and receives the outcome.
     pub(crate) taker: Box<dyn Taker>,
 }
