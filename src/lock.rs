@@ -331,6 +331,10 @@ impl Claim for Exclusive {
         Layout::LockDocument
     }
 
+    fn place_in_line(&self) -> Option<&WaitingMarker> {
+        self.line.as_ref().map(|(place, _)| &**place)
+    }
+
     fn update(&self, lock_id: &str, replacing: Option<&str>) -> Vec<Document> {
         let (options, details) = (&self.target.options, self.target.details.as_ref());
         let Some((place, wait)) = &self.line else {

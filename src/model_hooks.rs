@@ -417,10 +417,15 @@ pub mod reader_writer {
         layout(reads).release_filter(&Bson::from(name), lock_id)
     }
 
-    /// The update pipeline of a release of the lease `lock_id` (a cleanup's is the same: a
-    /// reader-writer lock has no `min_hold`).
-    pub fn release_update(lock_id: &str, reads: bool) -> Vec<Document> {
-        layout(reads).release_update(lock_id, schema::Ending::Release)
+    /// The update pipeline of a release of the lease `lock_id`, or of its `cleanup` (a
+    /// reader-writer lock has no `min_hold`; a writer's cleanup forgets a fair lock's
+    /// `servedWait`).
+    pub fn release_update(lock_id: &str, reads: bool, cleanup: bool) -> Vec<Document> {
+        let ending = match cleanup {
+            true => schema::Ending::Cleanup,
+            false => schema::Ending::Release,
+        };
+        layout(reads).release_update(lock_id, ending)
     }
 
     /// The filter and update of an operator's forced release of one lease, the writer's or a

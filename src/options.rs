@@ -235,13 +235,13 @@ impl LockOptions {
     }
 
     /// As [`check_min_hold_unsupported`](Self::check_min_hold_unsupported), and the same for
-    /// `fair`, which exclusive locks and semaphores support.
-    pub(crate) fn check_exclusive_only(&self, kind: &str) -> Result<()> {
+    /// `fair`, which exclusive locks, semaphores and reader-writer locks support.
+    pub(crate) fn check_neither_min_hold_nor_fair(&self, kind: &str) -> Result<()> {
         self.check_min_hold_unsupported(kind)?;
         if self.fair {
             return Err(invalid(format!(
-                "fair(true) applies to exclusive locks and semaphores only (for now), not to a \
-                 {kind}"
+                "fair(true) applies to exclusive locks, semaphores and reader-writer locks, not \
+                 to a {kind}"
             )));
         }
         Ok(())
@@ -440,9 +440,11 @@ impl LockOptionsBuilder {
     /// that wins, and a wait that ends without the lock, take the place out. It costs nothing in
     /// commands while the lock is free; a waiter attempts at least at the slowest busy-wait pace
     /// even behind other waiters of its process, to keep its place. Every caller of the lock must
-    /// set it. Exclusive locks and semaphores (strictly in line: a waiter for one place does not
-    /// pass a waiter for several ahead of it, which makes a semaphore's waiting mark needless);
-    /// a reader-writer lock or a document lock with it is refused with
+    /// set it. Exclusive locks, semaphores (strictly in line: a waiter for one place does not
+    /// pass a waiter for several ahead of it, which makes a semaphore's waiting mark needless)
+    /// and reader-writer locks (writers wait in line, and a live place holds new readers back
+    /// as a waiting writer's marker does; readers are not in line, and an upgrade passes the
+    /// line, whose writers wait for its reader); a document lock with it is refused with
     /// [`Error::InvalidOptions`] at its first acquisition. Like stored details, the extra fields
     /// break interoperability with DistributedLock.MongoDB (.NET).
     ///

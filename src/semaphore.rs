@@ -500,6 +500,10 @@ impl Claim for Places {
         places()
     }
 
+    fn place_in_line(&self) -> Option<&WaitingMarker> {
+        self.marker.as_deref().filter(|marker| marker.in_line())
+    }
+
     fn update(&self, lock_id: &str, replacing: Option<&str>) -> Vec<Document> {
         let (options, details) = (&self.target.options, self.target.details.as_ref());
         let ask = self.ask(lock_id);

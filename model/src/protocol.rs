@@ -872,6 +872,30 @@ impl Config {
         config
     }
 
+    /// The reader-writer lock of [`Self::a_reader_writer_lock`], fair (`fair(true)`): each
+    /// writer's wait takes a place in line, only the first live place may take the lock, and a
+    /// live place holds new readers back (the reader's transfer from the writer of its process
+    /// included). "A fair lock serves its waiters in line order": no writer passes a place ahead
+    /// of its own, and no reader joins while a waiting writer's place is live.
+    pub fn a_fair_reader_writer_lock() -> Config {
+        let mut config = Config::a_reader_writer_lock();
+        for caller in &mut config.callers {
+            caller.fair = true;
+        }
+        config
+    }
+
+    /// The fair reader-writer lock of [`Self::a_fair_reader_writer_lock`], one of whose callers
+    /// stops waiting during an attempt, without network faults: a writer that leaves takes its
+    /// place out of the line, so the reader is not held back by it.
+    pub fn a_fair_writer_leaves() -> Config {
+        Config {
+            faults: 0,
+            cancel: true,
+            ..Config::a_fair_reader_writer_lock()
+        }
+    }
+
     /// Two upgradeable readers, one in each process (the one of process 0 with its upgrade):
     /// the other joins only once the first one's lease has ended, so no document ever stores
     /// two.
@@ -1444,12 +1468,15 @@ impl LeaseProtocol {
                     ),
                 },
             ),
-            // A cleanup is a release: a reader-writer lock keeps no window.
+            // (A reader-writer lock keeps no window; a writer's cleanup forgets a fair lock's
+            // `servedWait`.)
             CommandKey::Release {
-                lock_id, client, ..
+                lock_id,
+                client,
+                cleanup,
             } => command(
                 rw::release_filter(NAME, &lock_id_name(lock_id), reads(client)),
-                rw::release_update(&lock_id_name(lock_id), reads(client)),
+                rw::release_update(&lock_id_name(lock_id), reads(client), cleanup),
             ),
             // Only a writer's release hands over, and only to readers.
             CommandKey::Transfer {
@@ -1619,7 +1646,9 @@ impl LeaseProtocol {
     /// still waits is live and ahead of the wait `marker` of `client` (anywhere in line, if that
     /// wait has no place): then a fair lock must not let `client` in.
     fn waiter_ahead(&self, state: &State, router: u8, client: u8, marker: u8) -> bool {
-        if !self.config.callers[usize::from(client)].fair {
+        let caller = &self.config.callers[usize::from(client)];
+        // (An upgrade passes the line: its writers wait for its reader.)
+        if !caller.fair || caller.upgrades.is_some() {
             return false;
         }
         let Some(lock) = &state.lock else {
@@ -1683,6 +1712,13 @@ impl LeaseProtocol {
     }
 
     /// The options of `client`'s lock.
+    /// Whether `client`'s wait takes a place in a fair lock's line: a fair lock's caller's,
+    /// except a reader's and an upgrade's (which waits with a waiting writer's marker).
+    fn in_line(&self, client: u8) -> bool {
+        let caller = &self.config.callers[usize::from(client)];
+        caller.fair && !caller.reads && caller.upgrades.is_none()
+    }
+
     fn options_of(&self, client: impl Into<usize>) -> &LockOptions {
         &self.options[client.into()]
     }
@@ -3077,6 +3113,15 @@ impl LeaseProtocol {
                             lock.live_places(now) + i64::from(self.places_of(client))
                                 <= i64::from(max_count)
                         }
+                        // (A reader-writer lock: no live writer nor marker, and for a writer
+                        // no live reader.)
+                        Kind::ReaderWriter => lock.reader_writer.as_ref().is_none_or(|rw| {
+                            let ended = |end: Option<i64>| end.is_none_or(|end| end <= now);
+                            (self.reads(usize::from(client))
+                                || rw.readers.iter().all(|&(_, end)| end <= now))
+                                && ended(rw.writer.and_then(|writer| writer.expires_at_ms))
+                                && ended(rw.waiting.map(|(_, end)| end))
+                        }),
                         _ => {
                             lock.lock_id.is_none()
                                 || lock.expires_at_ms.is_some_and(|end| end <= now)
@@ -3463,7 +3508,7 @@ impl LeaseProtocol {
             }
             Message::RemoveMarker { client, marker } => {
                 let router = Self::router_of(state, client);
-                if self.config.callers[usize::from(client)].fair {
+                if self.in_line(client) {
                     let (filter, pipeline) = code::line_removal(NAME, &marker_of(marker));
                     let removed = self.update(state, router, &filter, &pipeline, false);
                     state.place_given_up |= removed.is_some();

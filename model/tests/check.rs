@@ -458,6 +458,30 @@ fn a_fair_semaphore_whose_caller_asks_for_both_places() {
 }
 
 #[test]
+fn a_fair_reader_writer_lock_with_a_writer_and_a_reader_in_one_process_and_a_writer_in_another() {
+    verify(
+        "a fair reader-writer lock",
+        Config::a_fair_reader_writer_lock(),
+        &[
+            "a place ahead in line keeps a waiter out of a free fair lock",
+            "a release hands the lock to a local waiter",
+        ],
+    );
+}
+
+#[test]
+fn a_fair_reader_writer_lock_whose_writer_stops_waiting() {
+    verify(
+        "a fair writer leaves",
+        Config::a_fair_writer_leaves(),
+        &[
+            "a place ahead in line keeps a waiter out of a free fair lock",
+            "a wait that ends gives its place in line up",
+        ],
+    );
+}
+
+#[test]
 fn each_planted_mistake_yields_a_counterexample() {
     let expected = [
         (

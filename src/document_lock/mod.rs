@@ -360,9 +360,12 @@ where
             name: target.lock.collection.name(),
             collection: target.lock.collection.name(),
             options: &target.lock.options,
-            checked: target
-                .check()
-                .and_then(|()| target.lock.options.check_exclusive_only("document lock")),
+            checked: target.check().and_then(|()| {
+                target
+                    .lock
+                    .options
+                    .check_neither_min_hold_nor_fair("document lock")
+            }),
             waiters: None,
             shared: false,
             renews_while_waiting: false,

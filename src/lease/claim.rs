@@ -16,6 +16,7 @@ use super::Target;
 use super::protocol::Sent;
 use super::schema::Layout;
 use super::undo::Undo;
+use super::waiting_marker::WaitingMarker;
 use crate::clock;
 use crate::error::Result;
 use crate::token::FencingToken;
@@ -58,6 +59,11 @@ pub(crate) trait Claim: Send + Sync + Sized + 'static {
         request: Request,
     ) -> Result<Option<Self::Won>>;
 
+    /// A fair lock's wait: its place in the lock's line (see `line`), which each reply shows.
+    fn place_in_line(&self) -> Option<&WaitingMarker> {
+        None
+    }
+
     /// What ends the lease an attempt of `lock_id` may have taken, should its outcome be unknown.
     fn undo(&self, lock_id: &str) -> Undo {
         self.target().cleanup(&self.layout(), lock_id)
@@ -73,6 +79,9 @@ pub(crate) trait Claim: Send + Sync + Sized + 'static {
         async move {
             let request = Sent::now(clock::now());
             let document = self.target().upsert(self.update(&lock_id, None)).await?;
+            if let Some(place) = self.place_in_line() {
+                place.saw(&document);
+            }
             self.won(&runtime, document, lock_id, request)
         }
     }

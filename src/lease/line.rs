@@ -56,6 +56,23 @@ pub(crate) fn left(wait: &str) -> Document {
     } }
 }
 
+/// The id of the first place in `document`'s line (`None`: nobody waits), as a reply returned
+/// it: after its pipeline dropped the places whose lease ended.
+pub(crate) fn head(document: &Document) -> Option<String> {
+    document.get(LINE).and_then(head_of)
+}
+
+/// The id of the first place of `line` (an array of places).
+pub(crate) fn head_of(line: &Bson) -> Option<String> {
+    place_id(line.as_array()?.first()?)
+}
+
+/// The id of `place` (a place of a line).
+pub(crate) fn place_id(place: &Bson) -> Option<String> {
+    let place = place.as_document()?;
+    place.get_str(EMBEDDED_ID).ok().map(str::to_owned)
+}
+
 /// The last stage: no `line` field where nobody waits.
 pub(crate) fn tidy() -> Document {
     let line = doc! { "$ifNull": [format!("${LINE}"), []] };

@@ -477,9 +477,18 @@ impl Layout {
     pub(crate) fn release_update(&self, lock_id: &str, ending: Ending) -> Vec<Document> {
         match self {
             Layout::LockDocument => end_lease(ending),
-            Layout::Writer => {
-                vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
-            }
+            Layout::Writer => match ending {
+                Ending::Release => {
+                    vec![doc! { "$unset": [self.lock_id_path(), self.expires_at_path()] }]
+                }
+                // (A fair lock's `servedWait` goes too, as an exclusive lock's: the wait was not
+                // served, and may take a place in line again.)
+                Ending::Cleanup => vec![doc! { "$unset": [
+                    self.lock_id_path(),
+                    self.expires_at_path(),
+                    SERVED_WAIT,
+                ] }],
+            },
             // (A document lock's `renewedAt`, which only an extension writes, goes too.)
             Layout::Embedded(_) => vec![doc! { "$unset": [
                 self.lock_id_path(),
@@ -581,7 +590,15 @@ impl Stored {
                 is(FENCING_TOKEN, &NUMBERS),
             ),
             Stored::ReaderWriter => (
-                &[ID, EXPIRES_AT, READERS, WRITER, WAITING_WRITER],
+                &[
+                    ID,
+                    EXPIRES_AT,
+                    READERS,
+                    WRITER,
+                    WAITING_WRITER,
+                    LINE,
+                    SERVED_WAIT,
+                ],
                 is(READERS, &["array"]),
             ),
             Stored::Semaphore => (

@@ -15,9 +15,10 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use super::Target;
-use super::line;
 use super::schema::{EMBEDDED_ID, ID, LINE, new_lock_id};
+use super::{handoff, line};
 use crate::error::{Error, Result, shown_name};
+use crate::sync::Mutex;
 
 /// A waiter's marker in the field `field` of its lock's document, removed when the wait ends
 /// without the lock (also on drop).
@@ -29,6 +30,8 @@ pub(crate) struct WaitingMarker {
     pub(crate) id: String,
     /// Whether an attempt may have placed the marker.
     placed: AtomicBool,
+    /// A place in line: the first place of the line as the wait's last reply showed it.
+    head_seen: Mutex<Option<String>>,
 }
 
 impl WaitingMarker {
@@ -42,7 +45,31 @@ impl WaitingMarker {
             field,
             id: new_lock_id(),
             placed: AtomicBool::new(false),
+            head_seen: Mutex::new(None),
         }))
+    }
+
+    /// Whether the marker is a place in a fair lock's line.
+    pub(crate) fn in_line(&self) -> bool {
+        self.field == LINE
+    }
+
+    /// A reply (of an attempt or a transfer) of this wait returned `document`: as a place in
+    /// line, notes which place is first, for this wait and for the lock's local waiters (see
+    /// `handoff`: a release wakes only the waiter of the first place).
+    pub(crate) fn saw(&self, document: &Document) {
+        if !self.in_line() {
+            return;
+        }
+        let head = line::head(document);
+        handoff::saw_line(&self.target.waiters, head.clone());
+        *self.head_seen.lock() = head;
+    }
+
+    /// As a place in line: its id, and the first place as its last reply showed it.
+    pub(crate) fn place(&self) -> Option<(&str, Option<String>)> {
+        self.in_line()
+            .then(|| (self.id.as_str(), self.head_seen.lock().clone()))
     }
 
     /// The target whose document holds the marker.

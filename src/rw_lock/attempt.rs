@@ -13,10 +13,11 @@ use crate::lease::Target;
 use crate::lease::acquire::Wait;
 use crate::lease::claim::{Claim, Request};
 use crate::lease::held::HeldLease;
+use crate::lease::line;
 use crate::lease::schema::{
-    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, Layout, READERS, RENEWED_AT,
-    UPGRADEABLE, WAITING_WRITER, WRITER, lease_end, literal, live_members, member_ids,
-    next_fencing_token, retain,
+    ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, FENCING_TOKEN, LINE, Layout, READERS,
+    RENEWED_AT, SERVED_WAIT, UPGRADEABLE, WAITING_WRITER, WRITER, lease_end, literal, live_members,
+    member_ids, next_fencing_token, retain,
 };
 use crate::options::LockOptions;
 use crate::token::FencingToken;
@@ -104,6 +105,10 @@ impl Claim for Writing {
 
     fn layout(&self) -> Layout {
         layout(Mode::Write)
+    }
+
+    fn place_in_line(&self) -> Option<&WaitingMarker> {
+        Some(&*self.marker).filter(|marker| marker.in_line())
     }
 
     /// Marks the marker as possibly placed when it places it (never `replacing`: a writer takes
@@ -252,9 +257,10 @@ pub(super) fn drop_expired() -> Document {
 }
 
 /// A read attempt: join the readers unless a writer holds the lock or waits for it (a missing or
-/// ended lease compares below `$$NOW`), or this reader is among them already (a transfer sent
-/// again after it applied). An `upgradeable` reader's lease is marked so, and joins only if no
-/// live reader's is (the first stage dropped the others).
+/// ended lease compares below `$$NOW`; a fair lock's writers wait in its line, and a live place
+/// there holds readers back), or this reader is among them already (a transfer sent again after
+/// it applied). An `upgradeable` reader's lease is marked so, and joins only if no live
+/// reader's is (the first stage dropped the others).
 pub(crate) fn read_update(
     options: &LockOptions,
     details: Option<&Document>,
@@ -276,13 +282,23 @@ pub(crate) fn read_update(
         may_read.push(doc! { "$eq": [{ "$in": [true, marks] }, false] }.into());
         lease.insert(UPGRADEABLE, true);
     }
+    if options.fair() {
+        may_read.push(doc! { "$eq": [{ "$size": format!("${LINE}") }, 0] }.into());
+    }
     let may_read = doc! { "$and": may_read };
     let join = doc! { "$concatArrays": [format!("${READERS}"), [lease]] };
-    vec![
-        drop_expired(),
-        doc! { "$set": { READERS: { "$cond": [may_read, join, format!("${READERS}")] } } },
-        retain(options.expiry_millis()),
-    ]
+    let read = doc! { "$set": { READERS: { "$cond": [may_read, join, format!("${READERS}")] } } };
+    let retain = retain(options.expiry_millis());
+    match options.fair() {
+        true => vec![
+            drop_expired(),
+            line::drop_ended(),
+            read,
+            line::tidy(),
+            retain,
+        ],
+        false => vec![drop_expired(), read, retain],
+    }
 }
 
 /// A write attempt `lock_id` of the waiting writer `marker_id`: take the lock if no live reader,
@@ -303,6 +319,9 @@ pub(crate) fn write_update(
     waits: bool,
     upgrading: Option<&str>,
 ) -> Vec<Document> {
+    if options.fair() && upgrading.is_none() {
+        return fair_write_update(options, details, lock_id, marker_id, waits);
+    }
     let marker_is_ours_or_absent = doc! {
         "$eq": [{ "$ifNull": [format!("${WAITING_WRITER}.{EMBEDDED_ID}"), marker_id] }, marker_id]
     };
@@ -321,11 +340,7 @@ pub(crate) fn write_update(
         ] },
     };
 
-    let mut writer = new_lease(options, details, lock_id);
-    writer.insert(
-        FENCING_TOKEN,
-        next_fencing_token(&format!("{WRITER}.{FENCING_TOKEN}")),
-    );
+    let writer = new_writer(options, details, lock_id);
     let keep_marker: Bson = format!("${WAITING_WRITER}").into();
     let marker_when_busy: Bson = if waits {
         let ours = doc! {
@@ -361,6 +376,63 @@ pub(crate) fn write_update(
             WAITING_WRITER: { "$cond": [&is_free, marker_when_won, marker_when_busy] },
         } },
         doc! { "$unset": WRITE_IS_FREE },
+        retain(options.expiry_millis().max(marker_lease_millis(options))),
+    ]
+}
+
+/// The lease of a new writer, with the next fencing token (an expression).
+fn new_writer(options: &LockOptions, details: Option<&Document>, lock_id: &str) -> Document {
+    let mut writer = new_lease(options, details, lock_id);
+    writer.insert(
+        FENCING_TOKEN,
+        next_fencing_token(&format!("{WRITER}.{FENCING_TOKEN}")),
+    );
+    writer
+}
+
+/// A fair lock's write attempt `lock_id` of the wait `wait` (see `lease::line`): take the lock
+/// if no live reader, no live writer and no upgrade's marker is there, and no live place is
+/// ahead of the wait's in line, which then leaves the line (and is recorded as `servedWait`);
+/// otherwise, if it `waits`, renew the wait's place or add it at the end (not once the wait was
+/// served, as for an exclusive lock). Its place holds new readers back as a waiting writer's
+/// marker does. An upgrade is not in line (see [`write_update`]).
+fn fair_write_update(
+    options: &LockOptions,
+    details: Option<&Document>,
+    lock_id: &str,
+    wait: &str,
+    waits: bool,
+) -> Vec<Document> {
+    let free = doc! { "$and": [
+        { "$lte": [format!("${WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+        { "$eq": [{ "$size": format!("${READERS}") }, 0] },
+        { "$lte": [format!("${WAITING_WRITER}.{EXPIRES_AT}"), "$$NOW"] },
+        line::first_in_line(wait),
+    ] };
+    let line_when_busy: Bson = if waits {
+        // Not once the wait was served, nor when this very attempt is the writer (applied
+        // again).
+        let served = doc! { "$or": [
+            { "$eq": [format!("${WRITER}.{EMBEDDED_ID}"), lock_id] },
+            { "$eq": [format!("${SERVED_WAIT}"), wait] },
+        ] };
+        let joined = line::joined(wait, marker_lease_millis(options));
+        doc! { "$cond": [served, format!("${LINE}"), joined] }.into()
+    } else {
+        format!("${LINE}").into()
+    };
+    let is_free = format!("${WRITE_IS_FREE}");
+    vec![
+        drop_expired(),
+        line::drop_ended(),
+        doc! { "$set": { WRITE_IS_FREE: free } },
+        doc! { "$set": {
+            WRITER: { "$cond": [&is_free, new_writer(options, details, lock_id), format!("${WRITER}")] },
+            LINE: { "$cond": [&is_free, line::left(wait), line_when_busy] },
+            SERVED_WAIT: { "$cond": [&is_free, wait, format!("${SERVED_WAIT}")] },
+        } },
+        doc! { "$unset": WRITE_IS_FREE },
+        line::tidy(),
         retain(options.expiry_millis().max(marker_lease_millis(options))),
     ]
 }

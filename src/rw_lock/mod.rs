@@ -12,7 +12,7 @@ use crate::guard::LockGuard;
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::family::Family;
 use crate::lease::held::{self};
-use crate::lease::schema::{ID, WAITING_WRITER};
+use crate::lease::schema::{ID, LINE, WAITING_WRITER};
 use crate::lease::waiting_marker::WaitingMarker;
 use crate::lease::{Problem, Target, admin};
 use crate::lock_status::{LockKind, LockStatus};
@@ -41,6 +41,7 @@ pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
 ///   readers: [ { id, expiresAt, acquiredAt, renewedAt, details, upgradeable }, ... ],
 ///   writer: { id, expiresAt, acquiredAt, renewedAt, fencingToken, details },
 ///   waitingWriter: { id, expiresAt },
+///   line: [ { id, expiresAt }, ... ], servedWait,   // fair locks only
 ///   expiresAt }
 /// ```
 ///
@@ -63,6 +64,14 @@ pub const DEFAULT_RW_COLLECTION: &str = "distributed_rw_locks";
 /// dropped wait whose last attempt reached the server after the removal) blocks new readers for
 /// at most the marker's lease. One writer at a time holds the marker; other waiting
 /// writers compete as usual once it is gone.
+///
+/// # Fair order
+/// With [`fair(true)`](crate::LockOptionsBuilder::fair), writers of every process are served
+/// in the order they came: each writer's wait keeps a place in the document's `line` instead of
+/// the marker (see [`MongoDistributedLock`](crate::MongoDistributedLock)'s fair order), only the
+/// first live place may take the lock, and any live place holds new readers back as the marker
+/// does. Readers are not in line: a reader that waits comes in once no writer waits. An
+/// upgrade passes the line (the writers in it wait for its reader) and keeps the marker.
 ///
 /// # Upgradeable reads
 /// One reader at a time may hold the lock *upgradeable* (`upgradeable: true` in its lease;
@@ -456,7 +465,12 @@ impl MongoDistributedReaderWriterLock {
     /// writer's marker holds new readers back; it is removed when the wait ends without the
     /// lock (or its future is dropped).
     async fn write_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
-        let marker = WaitingMarker::new(&self.target, WAITING_WRITER)?;
+        // A fair lock's writer waits in its line: its place holds new readers back.
+        let field = match self.target.options.fair() {
+            true => LINE,
+            false => WAITING_WRITER,
+        };
+        let marker = WaitingMarker::new(&self.target, field)?;
         let writing = Arc::new(Writing {
             marker: Arc::clone(&marker),
             wait,
@@ -497,9 +511,11 @@ impl MongoDistributedReaderWriterLock {
             name: &target.name,
             collection: target.collection.name(),
             options: &target.options,
-            checked: target
-                .check()
-                .and_then(|()| target.options.check_exclusive_only("reader-writer lock")),
+            checked: target.check().and_then(|()| {
+                target
+                    .options
+                    .check_min_hold_unsupported("reader-writer lock")
+            }),
             // Readers and writers queue together: a writer's release wakes every reader in a
             // row, and while a writer holds the lock here the queue polls slowly.
             waiters: Some(&target.waiters),

@@ -211,9 +211,10 @@ async fn a_vanished_waiters_place_holds_the_lock_back_only_until_its_lease_ends(
     guard.release().await.unwrap();
 }
 
-/// A release offers the lock to the first waiter of its process in the release command; the
-/// command lets that waiter have it only if it is first in line. Here a place of another
-/// process's wait (written by hand, a long lease) is ahead: the release goes through alone.
+/// A release hands the lock to a waiter of its process in the release command only when that
+/// waiter is first in line, as its last reply showed it (and the command lets it in only if it
+/// still is). Here a place of another process's wait (written by hand, a long lease) is ahead:
+/// the release is a plain one, and wakes nobody here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_hands_the_lock_to_a_local_waiter_only_when_it_is_first_in_line() {
     let (database, log) = common::counting_database().await;
@@ -237,7 +238,8 @@ async fn a_release_hands_the_lock_to_a_local_waiter_only_when_it_is_first_in_lin
     assert!(common::offers_become(&collection, &name, 1).await);
     log.clear();
     holder.release().await.unwrap();
-    assert_eq!(log.transfers(), 1, "{:?}", log.started());
+    assert_eq!(log.transfers(), 0, "{:?}", log.started());
+    assert_eq!(log.count("update"), 1, "{:?}", log.started());
     assert!(
         lock.holders().await.unwrap().is_empty(),
         "released, to nobody"
@@ -261,18 +263,10 @@ async fn a_release_hands_the_lock_to_a_local_waiter_only_when_it_is_first_in_lin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fair_is_refused_by_reader_writer_and_document_locks_before_anything_is_sent() {
+async fn fair_is_refused_by_document_locks_before_anything_is_sent() {
     let (database, log) = common::counting_database().await;
     let collection = common::unique("fair");
     log.clear();
-    let rw = MongoDistributedReaderWriterLock::new(common::unique("rw"), &database)
-        .with_collection(collection.as_str())
-        .with_options(fair_options());
-    let refused = rw.try_acquire_write().await;
-    assert!(
-        matches!(&refused, Err(Error::InvalidOptions(message)) if message.contains("fair")),
-        "{refused:?}"
-    );
     let documents = DocumentLock::new(&database.collection::<Document>(&collection))
         .with_options(fair_options());
     let refused = documents.try_lock(doc! { "_id": "order" }).await;
@@ -285,6 +279,202 @@ async fn fair_is_refused_by_reader_writer_and_document_locks_before_anything_is_
         "{:?}",
         log.started()
     );
+}
+
+/// A fair reader-writer lock `name` in `collection`, as one process's lock object.
+fn rw_process(
+    database: &Database,
+    collection: &str,
+    name: &str,
+) -> MongoDistributedReaderWriterLock {
+    MongoDistributedReaderWriterLock::new(name, database)
+        .with_collection(collection)
+        .with_options(fair_options())
+}
+
+/// Writers of three processes wait in line behind a reader and are served in the order they
+/// came; while their places are live no new reader gets in (not even an upgradeable one), and a
+/// reader that waits gets in after the last of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_of_three_processes_are_served_in_line_and_their_places_hold_readers_back() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let reading = rw_process(&database, &collection, &name)
+        .acquire_read()
+        .await
+        .unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for writer in 1..=3 {
+        let lock = rw_process(&database, &collection, &name);
+        let served = served.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = lock
+                .acquire_write_timeout(Duration::from_secs(60))
+                .await
+                .unwrap();
+            served.send(writer).unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            guard.release().await.unwrap();
+        }));
+        line_of(&documents, &name, writer).await;
+    }
+    let document = common::lock_document(&documents, &name).await.unwrap();
+    assert!(
+        !document.contains_key("waitingWriter"),
+        "fair writers wait in line, with no marker: {document}"
+    );
+    let other = rw_process(&database, &collection, &name);
+    assert!(other.try_acquire_read().await.unwrap().is_none());
+    assert!(
+        other
+            .try_acquire_upgradeable_read()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let reader = tokio::spawn(async move {
+        let guard = other
+            .acquire_read_timeout(Duration::from_secs(60))
+            .await
+            .unwrap();
+        served.send(4).unwrap();
+        guard.release().await.unwrap();
+    });
+    reading.release().await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 1..=4 {
+        let next = tokio::time::timeout(Duration::from_secs(30), order.recv())
+            .await
+            .expect("served")
+            .unwrap();
+        seen.push(next);
+    }
+    assert_eq!(seen, [1, 2, 3, 4]);
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    reader.await.unwrap();
+    let document = common::lock_document(&documents, &name).await.unwrap();
+    assert!(!document.contains_key("line"), "{document}");
+}
+
+/// A fair writer's acquisition of a free lock is one command; a wait takes its place in line
+/// with its first attempt, renews it with each later one, and gives it up with one update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writer_costs_one_command_free_and_one_per_waiting_attempt() {
+    let (database, log) = common::counting_database().await;
+    let (collection, documents, name) = fresh(&database);
+    let lock = rw_process(&database, &collection, &name);
+    log.clear();
+    let writing = lock.try_acquire_write().await.unwrap().expect("free");
+    assert_eq!(log.count("findAndModify"), 1, "{:?}", log.started());
+    let other = rw_process(&database, &collection, &name);
+    log.clear();
+    assert!(other.try_acquire_write().await.unwrap().is_none());
+    assert_eq!(log.count("findAndModify"), 1, "{:?}", log.started());
+    assert!(
+        line(&documents, &name).await.is_empty(),
+        "a single attempt takes no place"
+    );
+    log.clear();
+    let waited = other
+        .try_acquire_write_timeout(Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(waited.is_none());
+    assert!(log.count("findAndModify") >= 2, "{:?}", log.started());
+    assert_eq!(log.count("update"), 1, "{:?}", log.started());
+    let others = (log.started_without_streams().into_iter())
+        .filter(|command| !["findAndModify", "update", "createIndexes"].contains(&command.as_str()))
+        .count();
+    assert_eq!(others, 0, "{:?}", log.started());
+    assert!(
+        line(&documents, &name).await.is_empty(),
+        "its place is given up"
+    );
+    writing.release().await.unwrap();
+}
+
+/// An upgrade passes the line: the fair writers in it wait for its reader, so waiting for them
+/// would never end. The writer in line gets the lock after the upgraded reader leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_passes_the_writers_in_line_which_wait_for_its_reader() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let mut upgradeable = rw_process(&database, &collection, &name)
+        .acquire_upgradeable_read()
+        .await
+        .unwrap();
+    let writer = rw_process(&database, &collection, &name);
+    let waiting = tokio::spawn(async move {
+        writer
+            .acquire_write_timeout(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .fencing_token()
+    });
+    line_of(&documents, &name, 1).await;
+    tokio::time::timeout(Duration::from_secs(30), upgradeable.upgrade())
+        .await
+        .expect("the upgrade does not wait for the line")
+        .unwrap();
+    let upgraded = upgradeable.fencing_token().expect("upgraded");
+    assert_eq!(
+        line(&documents, &name).await.len(),
+        1,
+        "the writer keeps its place"
+    );
+    upgradeable.release().await.unwrap();
+    let token = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the writer in line is served")
+        .unwrap();
+    assert!(token > upgraded);
+}
+
+/// A late attempt of a fair writer's wait that was served does not put it back in line, and
+/// the cleanup of a win whose reply was lost lets its wait take a place again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writers_served_wait_stays_out_of_line_until_its_win_is_cleaned_up() {
+    use distributed_lock_mongodb::__model::{self as model, reader_writer};
+    let database = common::database().await;
+    let (_, documents, name) = fresh(&database);
+    let options = fair_options();
+    let attempt = |lock_id: &'static str, wait: &'static str| {
+        let update = reader_writer::attempt_update(lock_id, false, &options, wait, false, None);
+        let (documents, name) = (documents.clone(), name.clone());
+        async move {
+            documents
+                .find_one_and_update(model::attempt_filter(&name), update)
+                .upsert(true)
+                .return_document(mongodb::options::ReturnDocument::After)
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let won = attempt("A2", "W1").await;
+    assert_eq!(won.get_document("writer").unwrap().get_str("id"), Ok("A2"));
+    assert_eq!(won.get_str("servedWait"), Ok("W1"));
+    attempt("B1", "W2").await;
+    assert_eq!(line(&documents, &name).await, ["W2"]);
+    // W1's earlier attempt lands late, then its winning one again: W1 stays out of line.
+    attempt("A1", "W1").await;
+    attempt("A2", "W1").await;
+    assert_eq!(line(&documents, &name).await, ["W2"]);
+    // The win's reply was lost: its cleanup forgets the served wait, which may queue again.
+    documents
+        .update_one(
+            reader_writer::release_filter(&name, "A2", false),
+            reader_writer::release_update("A2", false, true),
+        )
+        .await
+        .unwrap();
+    let document = common::lock_document(&documents, &name).await.unwrap();
+    assert!(!document.contains_key("servedWait"), "{document}");
+    attempt("A3", "W1").await;
+    assert_eq!(line(&documents, &name).await, ["W2", "W1"]);
 }
 
 /// An attempt of a wait that was served already (another attempt of it, or a release's
@@ -445,4 +635,80 @@ async fn a_cleaned_up_win_lets_its_wait_take_a_place_again() {
     // W1 tries again: W2 is first now, and W1 takes a place behind it.
     attempt("A2", "W1").await;
     assert_eq!(line(&documents, &name).await, ["W2", "W1"]);
+}
+
+/// With change streams, a release wakes only the waiter whose place is first in line: a waiter
+/// of another process behind it sends nothing until its own turn (its polls, to keep its place,
+/// come a minute apart here), and then the release of the one ahead wakes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_release_wakes_only_the_waiter_first_in_line() {
+    let (database, log) = common::counting_database().await;
+    let (collection, documents, name) = fresh(&database);
+    let sleepy = fair_options()
+        .to_builder()
+        .busy_wait_sleep_time(Duration::from_secs(60), Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let in_a_minute = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() + 60_000,
+    );
+    documents
+        .insert_one(doc! {
+            "_id": &name, "lockId": "remote", "expiresAt": in_a_minute, "fencingToken": 1_i64,
+        })
+        .await
+        .unwrap();
+    let waiter = |lock: MongoDistributedLock| {
+        tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    let first = waiter(process(&database, &collection, &name).with_options(sleepy.clone()));
+    line_of(&documents, &name, 1).await;
+    let second = waiter(process(&database, &collection, &name).with_options(sleepy));
+    line_of(&documents, &name, 2).await;
+    let second_wait = line(&documents, &name).await[1].clone();
+    let attempts_of_second = || {
+        (log.find_and_modifies().iter())
+            .filter(|command| command.to_string().contains(&second_wait))
+            .count()
+    };
+    // Both pollers' change streams are open (one per lock object: each is its own process).
+    let open = common::eventually(Duration::from_secs(20), || async {
+        log.count("aggregate") >= 2 && log.count("getMore") >= 2
+    })
+    .await;
+    assert!(open, "{:?}", log.started());
+    documents
+        .update_one(
+            doc! { "_id": &name, "lockId": "remote" },
+            vec![
+                doc! { "$set": { "expiresAt": "$$NOW" } },
+                doc! { "$unset": "lockId" },
+            ],
+        )
+        .await
+        .unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("woken by the release, not by a poll a minute later")
+        .unwrap()
+        .unwrap();
+    // A wake of the second waiter would have come with the first's (the same event): give its
+    // attempt time to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        attempts_of_second(),
+        1,
+        "only its first attempt, which took its place"
+    );
+    assert_eq!(
+        line(&documents, &name).await,
+        std::slice::from_ref(&second_wait)
+    );
+    guard.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("first in line now, woken by the release")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
 }

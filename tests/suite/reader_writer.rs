@@ -750,7 +750,7 @@ async fn a_write_attempt_applied_twice_leaves_no_waiting_marker() {
     collection
         .update_one(
             doc! { "_id": lock.name() },
-            reader_writer::release_update("w-1", false),
+            reader_writer::release_update("w-1", false, false),
         )
         .await
         .unwrap();

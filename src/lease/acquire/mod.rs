@@ -192,6 +192,7 @@ pub(crate) async fn acquire<K: Claim>(
             key,
             shared: what.shared,
             renews_while_waiting: what.renews_while_waiting,
+            place: claim.place_in_line(),
             takeovers: K::TAKES_OVER.then_some((&claim, &runtime, in_flight)),
             push: what
                 .push

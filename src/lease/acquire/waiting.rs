@@ -17,6 +17,7 @@ use crate::lease::handoff::{self, Offer, Taker, Ticket, Transfer, Wake};
 use crate::lease::in_flight::InFlight;
 use crate::lease::schema::new_lock_id;
 use crate::lease::undo::Undo;
+use crate::lease::waiting_marker::WaitingMarker;
 use crate::lease::{backoff, protocol, push};
 use crate::options::LockOptions;
 
@@ -25,6 +26,8 @@ pub(super) struct WaitQueue<'a, K> {
     pub(super) key: &'a handoff::Key,
     pub(super) shared: bool,
     pub(super) renews_while_waiting: bool,
+    /// A fair lock's wait: its place in the lock's line.
+    pub(super) place: Option<&'a WaitingMarker>,
     /// What a takeover offer needs, for kinds that take leases over.
     pub(super) takeovers: Option<(&'a Arc<K>, &'a Handle, &'a Arc<InFlight>)>,
     /// The lock's collection and name, the runtime of the stream that pushes its releases, and
@@ -181,10 +184,9 @@ impl<'a, K: Claim> Waiting<'a, K> {
         if self.ticket.is_some() {
             return false;
         }
-        self.ticket = self
-            .queue
-            .as_ref()
-            .map(|queue| Ticket::join(queue.key, queue.shared));
+        self.ticket = self.queue.as_ref().map(|queue| {
+            Ticket::join(queue.key, queue.shared, queue.place.and_then(|p| p.place()))
+        });
         self.skipped_first_attempt
             && self
                 .ticket
@@ -383,7 +385,12 @@ impl<K: Claim> Taker for Waiter<K> {
             outcome,
         } = *self;
         let result = match transfer {
-            Transfer::Done { document, request } => claim.won(&runtime, document, lock_id, request),
+            Transfer::Done { document, request } => {
+                if let Some(place) = claim.place_in_line() {
+                    place.saw(&document);
+                }
+                claim.won(&runtime, document, lock_id, request)
+            }
             Transfer::NotDone => Ok(None),
             // The releasing task ended (its runtime shut down) before it knew whether the
             // lease is the waiter's now: end both leases from the waiter's runtime.

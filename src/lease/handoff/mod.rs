@@ -134,24 +134,29 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
-    /// Joins the back of `key`'s queue; `shared` for a reader.
-    pub(crate) fn join(key: &Key, shared: bool) -> Ticket {
+    /// Joins the back of `key`'s queue; `shared` for a reader. A fair lock's waiter brings its
+    /// `place` in line: its id, and the first place as its last reply showed it.
+    pub(crate) fn join(key: &Key, shared: bool, place: Option<(&str, Option<String>)>) -> Ticket {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
-        queues()
-            .entry(Arc::clone(&key.lock))
-            .or_default()
-            .waiters
-            .push_back(Waiter {
-                id,
-                family: key.family,
-                wake: Arc::clone(&wake),
-                signal: None,
-                busy: false,
-                receiving: false,
-                shared,
-                offer: None,
-            });
+        let mut queues = queues();
+        let queue = queues.entry(Arc::clone(&key.lock)).or_default();
+        let place = place.map(|(place, head)| {
+            queue.line_head = head;
+            place.to_owned()
+        });
+        queue.waiters.push_back(Waiter {
+            id,
+            family: key.family,
+            wake: Arc::clone(&wake),
+            signal: None,
+            busy: false,
+            receiving: false,
+            shared,
+            place,
+            offer: None,
+        });
+        drop(queues);
         Ticket {
             key: key.clone(),
             id,
@@ -248,6 +253,10 @@ impl Drop for Ticket {
             let was_first = queue.first_of(family) == Some(id);
             let position = queue.waiters.iter().position(|waiter| waiter.id == id)?;
             let me = queue.waiters.remove(position)?;
+            // A place that leaves the line without the lock: which place is first is not known.
+            if acquired.is_none() && me.place.is_some() && me.place == queue.line_head {
+                queue.line_head = None;
+            }
             if was_first {
                 match acquired {
                     // With room, the next may succeed too; without, it becomes the poller.
@@ -299,6 +308,12 @@ pub(crate) fn waiting_here(key: &Key) -> bool {
 /// the sharing ones behind it, for readers); returns their ids.
 pub(crate) fn wake_first(key: &Key) -> Vec<u64> {
     with_queue(key, |queue| queue.wake_first(key.family)).unwrap_or_default()
+}
+
+/// A reply or a change event showed `head` as the first place of `key`'s lock's line (`None`:
+/// nobody waits in line): a release wakes and hands over to its waiter only.
+pub(crate) fn saw_line(key: &Key, head: Option<String>) {
+    with_queue(key, |queue| queue.line_head = head);
 }
 
 /// A change stream saw someone hold `key`'s lock (an acquisition, a renewal): the next release
@@ -388,6 +403,7 @@ pub(crate) fn handoff(
     releasing: &Layout,
 ) -> Handoff {
     with_queue(key, |queue| {
+        let head = queue.line_head.clone();
         let takes = |waiter: &Waiter| {
             waiter.offer.as_ref().and_then(|offer| {
                 (offer.write_concern == *write_concern && offer.fair == fair)
@@ -395,8 +411,10 @@ pub(crate) fn handoff(
                     .flatten()
             })
         };
+        // (While a fair lock's first place is known, only its waiter could take the lock.)
         let line: Vec<(u64, InLine)> = queue
             .group_mut(key.family)
+            .filter(|waiter| head.is_none() || waiter.place == head)
             .map(|waiter| {
                 let busy = waiter.busy || waiter.receiving;
                 let takes_over = takes(waiter);

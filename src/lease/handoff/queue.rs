@@ -31,6 +31,8 @@ pub(super) struct Waiter {
     pub(super) receiving: bool,
     /// A reader: others like it can hold the lock at the same time.
     pub(super) shared: bool,
+    /// A fair lock's waiter: the id of its wait's place in the lock's line.
+    pub(super) place: Option<String>,
     pub(super) offer: Option<Offer>,
 }
 
@@ -63,6 +65,11 @@ pub(super) struct Queue {
     /// coming back through the change stream, wakes nobody here (it would only cost an
     /// attempt). Cleared once someone holds the lock again.
     pub(super) others_turn: bool,
+    /// A fair lock's line: the id of its first place, as the last reply or change event seen
+    /// here showed it (`None`: nobody waits in line, or nothing known). While it is known, a
+    /// release wakes (and hands over to) the waiter of that place only, if it waits here: any
+    /// other attempt would fail.
+    pub(super) line_head: Option<String>,
 }
 
 /// The group of `family` in `groups`.
@@ -151,8 +158,22 @@ impl Queue {
     /// Wakes the first waiter of `family`'s group not busy with an attempt and, if it shares
     /// the lock, the sharing waiters behind it up to the next exclusive one; returns their ids.
     /// If every waiter is busy, the first one attempts once more when it is back (its attempt
-    /// may have been sent before the release).
+    /// may have been sent before the release). While a fair lock's first place in line is
+    /// known, only its waiter is woken, if it waits in this group, and nobody otherwise.
     pub(super) fn wake_first(&mut self, family: u64) -> Vec<u64> {
+        if let Some(head) = self.line_head.clone() {
+            // Busy or not: its attempt may have reached the server before the release.
+            let first_in_line = self
+                .group_mut(family)
+                .find(|waiter| waiter.place.as_ref() == Some(&head) && !waiter.receiving);
+            return match first_in_line {
+                Some(waiter) => {
+                    waiter.signal(Wake::Attempt);
+                    vec![waiter.id]
+                }
+                None => Vec::new(),
+            };
+        }
         let mut woken = Vec::new();
         for waiter in self
             .group_mut(family)

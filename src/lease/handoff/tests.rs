@@ -16,8 +16,8 @@ async fn woken_within(ticket: &Ticket, millis: u64) -> Option<Wake> {
 #[tokio::test]
 async fn the_first_waiter_is_woken_and_leaving_passes_the_turn_on() {
     let key = key(0, "db", "coll", "fifo");
-    let first = Ticket::join(&key, false);
-    let second = Ticket::join(&key, false);
+    let first = Ticket::join(&key, false, None);
+    let second = Ticket::join(&key, false, None);
     assert_eq!(wake_first(&key), vec![first.id]);
     assert_eq!(woken_within(&first, 1_000).await, Some(Wake::Attempt));
     // Only the first was woken.
@@ -37,8 +37,8 @@ async fn the_first_waiter_is_woken_and_leaving_passes_the_turn_on() {
 #[tokio::test]
 async fn a_second_release_wakes_the_next_waiter_while_the_first_is_still_busy() {
     let key = key(0, "db", "coll", "slots");
-    let first = Ticket::join(&key, false);
-    let second = Ticket::join(&key, false);
+    let first = Ticket::join(&key, false, None);
+    let second = Ticket::join(&key, false, None);
     assert_eq!(wake_first(&key), vec![first.id]);
     // The first has not retried yet; a second freed slot goes to the second waiter.
     assert_eq!(wake_first(&key), vec![second.id]);
@@ -59,12 +59,12 @@ async fn a_second_release_wakes_the_next_waiter_while_the_first_is_still_busy() 
 #[tokio::test]
 async fn leaving_with_the_lock_makes_the_next_the_poller_or_wakes_it_when_there_is_room() {
     let key = key(0, "db", "coll", "leave");
-    let first = Ticket::join(&key, false);
-    let second = Ticket::join(&key, false);
+    let first = Ticket::join(&key, false, None);
+    let second = Ticket::join(&key, false, None);
     first.leave_with_lock(false);
     assert_eq!(woken_within(&second, 1_000).await, Some(Wake::Poll));
     assert!(second.is_first());
-    let third = Ticket::join(&key, false);
+    let third = Ticket::join(&key, false, None);
     second.leave_with_lock(true);
     assert_eq!(woken_within(&third, 1_000).await, Some(Wake::Attempt));
 }
@@ -72,9 +72,12 @@ async fn leaving_with_the_lock_makes_the_next_the_poller_or_wakes_it_when_there_
 #[tokio::test]
 async fn a_release_wakes_every_reader_up_to_the_next_writer() {
     let key = key(0, "db", "coll", "readers");
-    let readers = [Ticket::join(&key, true), Ticket::join(&key, true)];
-    let writer = Ticket::join(&key, false);
-    let late_reader = Ticket::join(&key, true);
+    let readers = [
+        Ticket::join(&key, true, None),
+        Ticket::join(&key, true, None),
+    ];
+    let writer = Ticket::join(&key, false, None);
+    let late_reader = Ticket::join(&key, true, None);
     assert_eq!(wake_first(&key), vec![readers[0].id, readers[1].id]);
     for reader in &readers {
         assert_eq!(woken_within(reader, 1_000).await, Some(Wake::Attempt));
@@ -86,7 +89,7 @@ async fn a_release_wakes_every_reader_up_to_the_next_writer() {
 #[tokio::test]
 async fn a_wake_before_waiting_is_not_lost_and_is_taken_once() {
     let key = key(0, "db", "coll", "permit");
-    let waiter = Ticket::join(&key, false);
+    let waiter = Ticket::join(&key, false, None);
     wake_first(&key);
     // Woken while busy with an attempt: the next wait returns at once.
     assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
@@ -149,10 +152,10 @@ async fn a_writer_hands_over_to_the_readers_in_a_row_and_a_place_to_one_waiter()
     let readers = Layout::Members(READERS.to_owned());
     let key = key(0, "db", "coll", "readers-in-a-row");
     let waiters = [
-        Ticket::join(&key, true),
-        Ticket::join(&key, true),
-        Ticket::join(&key, false),
-        Ticket::join(&key, true),
+        Ticket::join(&key, true, None),
+        Ticket::join(&key, true, None),
+        Ticket::join(&key, false, None),
+        Ticket::join(&key, true, None),
     ];
     for (waiter, id) in waiters.iter().zip(["r1", "r2", "w", "r3"]) {
         let layout = if id == "w" {
@@ -186,7 +189,10 @@ async fn a_writer_hands_over_to_the_readers_in_a_row_and_a_place_to_one_waiter()
 
     let places = Layout::Members(HOLDERS.to_owned());
     let key = super::key(0, "db", "coll", "one-place");
-    let waiters = [Ticket::join(&key, false), Ticket::join(&key, false)];
+    let waiters = [
+        Ticket::join(&key, false, None),
+        Ticket::join(&key, false, None),
+    ];
     for (waiter, id) in waiters.iter().zip(["s1", "s2"]) {
         waiter.offer(offer_of(places.clone(), id, unheard()));
     }
@@ -198,7 +204,7 @@ async fn a_writer_hands_over_to_the_readers_in_a_row_and_a_place_to_one_waiter()
 async fn transfers_go_to_the_first_waiting_offer_and_stop_after_the_bound() {
     let key = key(0, "db", "coll", "transfer");
     let outcome = Arc::new(Mutex::new(None));
-    let waiter = Ticket::join(&key, false);
+    let waiter = Ticket::join(&key, false, None);
     assert!(
         matches!(
             handoff(&key, &WriteConcern::default(), false, &Layout::LockDocument),
@@ -247,7 +253,7 @@ async fn no_transfer_between_different_write_concerns_or_fairness_and_a_replaced
     let key = key(0, "db", "coll", "concerns");
     let first = Arc::new(Mutex::new(None));
     let second = Arc::new(Mutex::new(None));
-    let waiter = Ticket::join(&key, false);
+    let waiter = Ticket::join(&key, false, None);
     waiter.offer(offer("first", Arc::clone(&first)));
     waiter.offer(offer("second", Arc::clone(&second)));
     assert!(matches!(*first.lock(), Some(Transfer::NotDone)));
@@ -272,8 +278,8 @@ async fn no_transfer_between_different_write_concerns_or_fairness_and_a_replaced
 #[tokio::test]
 async fn a_waiter_attempting_after_a_wake_is_busy_until_it_waits_again() {
     let key = key(0, "db", "coll", "allbusy");
-    let first = Ticket::join(&key, false);
-    let second = Ticket::join(&key, false);
+    let first = Ticket::join(&key, false, None);
+    let second = Ticket::join(&key, false, None);
     assert_eq!(wake_first(&key), vec![first.id]);
     assert_eq!(woken_within(&first, 100).await, Some(Wake::Attempt));
     // The first is attempting: a second release goes to the second waiter.
@@ -288,9 +294,9 @@ async fn a_waiter_attempting_after_a_wake_is_busy_until_it_waits_again() {
 #[tokio::test]
 async fn a_waiter_leaving_after_a_wake_passes_it_to_the_next() {
     let key = key(0, "db", "coll", "passon");
-    let first = Ticket::join(&key, false);
-    let second = Ticket::join(&key, false);
-    let third = Ticket::join(&key, false);
+    let first = Ticket::join(&key, false, None);
+    let second = Ticket::join(&key, false, None);
+    let third = Ticket::join(&key, false, None);
     assert_eq!(wake_first(&key), vec![first.id]);
     assert_eq!(wake_first(&key), vec![second.id]);
     // The second leaves (a timeout, say) without attempting: the third gets the wake.
@@ -302,7 +308,7 @@ async fn a_waiter_leaving_after_a_wake_passes_it_to_the_next() {
 #[tokio::test]
 async fn a_lease_held_here_slows_the_poller_and_its_end_tells_it_to_poll() {
     let key = key(0, "db", "coll", "holding");
-    let waiter = Ticket::join(&key, false);
+    let waiter = Ticket::join(&key, false, None);
     let holding = Holding::new(&key, "lease");
     assert!(waiter.held_here());
     holding.end();
@@ -317,7 +323,7 @@ async fn a_lease_held_here_slows_the_poller_and_its_end_tells_it_to_poll() {
 #[tokio::test]
 async fn a_pushed_release_wakes_the_poller_unless_it_echoes_the_one_that_ended_the_transfers() {
     let key = key(0, "db", "coll", "pushed");
-    let waiter = Ticket::join(&key, false);
+    let waiter = Ticket::join(&key, false, None);
     pushed_taken(&key); // taken or renewed by someone: nothing to do
     assert_eq!(woken_within(&waiter, 20).await, None);
     pushed_free(&key, true);
@@ -351,7 +357,7 @@ async fn a_pushed_release_wakes_the_poller_unless_it_echoes_the_one_that_ended_t
 #[tokio::test]
 async fn a_stream_starting_to_watch_wakes_the_poller_even_after_a_run_of_transfers() {
     let key = key(0, "db", "coll", "pushed-start");
-    let waiter = Ticket::join(&key, false);
+    let waiter = Ticket::join(&key, false, None);
     queues().get_mut(&key.lock).unwrap().others_turn = true;
     pushed_free(&key, false);
     assert_eq!(woken_within(&waiter, 100).await, Some(Wake::Attempt));
@@ -381,12 +387,12 @@ async fn a_family_keeps_its_group_while_it_lives() {
         key(twelve, "db", "coll", "kept"),
     );
     let holding = Holding::new(&one, "lease-of-eleven");
-    let ticket = Ticket::join(&two, false);
+    let ticket = Ticket::join(&two, false, None);
     saw_stored(&two, "lease-of-eleven");
     assert!(ticket.held_here());
     // Family 12 leaves the queue (it got the lock elsewhere, or gave up) and comes back.
     drop(ticket);
-    let back = Ticket::join(&two, false);
+    let back = Ticket::join(&two, false, None);
     assert!(
         back.held_here(),
         "known to share the deployment without a new proof"
@@ -394,11 +400,11 @@ async fn a_family_keeps_its_group_while_it_lives() {
     drop(back);
     // Its family is dropped while it waits: forgotten once it leaves, though family 11 still
     // uses the queue.
-    let last = Ticket::join(&two, false);
+    let last = Ticket::join(&two, false, None);
     forget_family(twelve);
     assert!(last.held_here(), "still here");
     drop(last);
-    let new_user = Ticket::join(&two, false);
+    let new_user = Ticket::join(&two, false, None);
     assert!(!new_user.held_here());
     drop((new_user, holding));
 }
@@ -408,8 +414,8 @@ async fn families_share_a_queue_only_once_one_saw_the_others_lease_stored() {
     // Families 1 and 2 (locks built apart) wait for one name; family 1 holds a lease.
     let (one, two) = (key(1, "db", "coll", "apart"), key(2, "db", "coll", "apart"));
     let holding = Holding::new(&one, "lease-of-one");
-    let first = Ticket::join(&two, false);
-    let second = Ticket::join(&two, false);
+    let first = Ticket::join(&two, false, None);
+    let second = Ticket::join(&two, false, None);
     let outcome = Arc::new(Mutex::new(None));
     second.offer(offer("second", Arc::clone(&outcome)));
     // Not known to reach the same deployment: family 2 polls on its own and a release of
@@ -427,7 +433,7 @@ async fn families_share_a_queue_only_once_one_saw_the_others_lease_stored() {
     // Family 2 saw family 1's lease stored: one group from now on.
     saw_stored(&two, "lease-of-one");
     assert!(first.held_here(), "the lease held by family 1 counts");
-    let waiter_of_one = Ticket::join(&one, false);
+    let waiter_of_one = Ticket::join(&one, false, None);
     assert!(first.is_first() && !waiter_of_one.is_first(), "one poller");
     assert_eq!(wake_first(&one), vec![first.id]);
     assert_eq!(woken_within(&first, 100).await, Some(Wake::Attempt));
@@ -444,6 +450,63 @@ async fn families_share_a_queue_only_once_one_saw_the_others_lease_stored() {
     );
     // A new queue starts without groups.
     let _holding = Holding::new(&one, "lease-of-one");
-    let ticket = Ticket::join(&two, false);
+    let ticket = Ticket::join(&two, false, None);
     assert!(!ticket.held_here());
+}
+
+#[tokio::test]
+async fn while_a_fair_locks_first_place_is_known_only_its_waiter_is_woken_or_handed_the_lock() {
+    let key = key(0, "db", "coll", "line");
+    // Two waits of this process, second and third in line; the first place is elsewhere.
+    let second = Ticket::join(&key, false, Some(("W2", Some("W1".to_owned()))));
+    let third = Ticket::join(&key, false, Some(("W3", Some("W1".to_owned()))));
+    assert_eq!(wake_first(&key), Vec::<u64>::new(), "nobody here is first");
+    assert_eq!(woken_within(&second, 20).await, None);
+    let outcome = Arc::new(Mutex::new(None));
+    let mut fair_offer = offer("third", Arc::clone(&outcome));
+    fair_offer.fair = true;
+    third.offer(fair_offer);
+    assert!(matches!(
+        handoff(&key, &WriteConcern::default(), true, &Layout::LockDocument),
+        Handoff::Wake
+    ));
+    assert!(
+        outcome.lock().is_none(),
+        "no transfer to a wait not first in line"
+    );
+    // The line moved on (a reply or a change event showed it): the third place is first now,
+    // and its waiter, behind another of this process, is the one woken and handed the lock.
+    saw_line(&key, Some("W3".to_owned()));
+    match handoff(&key, &WriteConcern::default(), true, &Layout::LockDocument) {
+        Handoff::Transfer(offers) => assert_eq!(offers[0].lock_id, "third"),
+        other => panic!("{other:?}"),
+    }
+    third.offer(offer("again", Arc::new(Mutex::new(None))));
+    assert_eq!(wake_first(&key), vec![third.id]);
+    assert_eq!(woken_within(&third, 1_000).await, Some(Wake::Attempt));
+    assert_eq!(woken_within(&second, 20).await, None);
+    // Once nobody waits in line (or nothing is known), the first local waiter is woken again.
+    saw_line(&key, None);
+    assert_eq!(wake_first(&key), vec![second.id]);
+}
+
+#[tokio::test]
+async fn the_first_place_leaving_without_the_lock_makes_the_line_unknown() {
+    let key = key(0, "db", "coll", "gone");
+    let first = Ticket::join(&key, false, Some(("W1", Some("W1".to_owned()))));
+    let second = Ticket::join(&key, false, Some(("W2", Some("W1".to_owned()))));
+    assert_eq!(wake_first(&key), vec![first.id]);
+    assert_eq!(woken_within(&first, 1_000).await, Some(Wake::Attempt));
+    // It leaves without the lock (its wait ran out): who is first is not known here now.
+    drop(first);
+    assert_eq!(woken_within(&second, 1_000).await, Some(Wake::Attempt));
+    let second_id = second.id;
+    let waiting = tokio::spawn(async move { (second.woken().await, second) });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(wake_first(&key), vec![second_id]);
+    let (wake, _second) = tokio::time::timeout(Duration::from_secs(1), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(wake, Wake::Attempt);
 }

@@ -3,7 +3,7 @@
 use mongodb::bson::{Bson, Document};
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType};
 
-use crate::lease::schema;
+use crate::lease::{line, schema};
 
 /// The lock an event is about, and whether it may have ended a lease stored there rather than
 /// renewed or taken one. For every kind of lock document:
@@ -97,6 +97,40 @@ pub(super) fn freed(
         _ => false,
     };
     Some((name.to_owned(), ends))
+}
+
+/// What `event` shows of a fair lock's line (see `line`): `Some` with the id of its first place
+/// (`None` inside: nobody waits in line any more), or `None` when it does not show it (the
+/// first place did not change, or the lock is not fair). From MongoDB 5.0 an update shows an
+/// array it changed as the whole array, or as the elements that changed (`line.0`, or inside
+/// one, `line.0.id`); before, every pipeline update is a replacement with the whole document.
+pub(super) fn line_head(event: &ChangeStreamEvent<Document>) -> Option<Option<String>> {
+    match event.operation_type {
+        OperationType::Delete => Some(None),
+        OperationType::Replace => event.full_document.as_ref().map(line::head),
+        OperationType::Update => {
+            let update = event.update_description.as_ref()?;
+            if update
+                .removed_fields
+                .iter()
+                .any(|field| field == schema::LINE)
+            {
+                return Some(None);
+            }
+            let updated = &update.updated_fields;
+            let first = format!("{}.0", schema::LINE);
+            let first_id = format!("{first}.{}", schema::EMBEDDED_ID);
+            if let Some(whole) = updated.get(schema::LINE) {
+                Some(line::head_of(whole))
+            } else if let Some(place) = updated.get(&first) {
+                Some(line::place_id(place))
+            } else {
+                let id = updated.get(&first_id)?;
+                Some(id.as_str().map(str::to_owned))
+            }
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -294,5 +328,47 @@ mod tests {
         };
         assert_eq!(ends(&replaced(3), &|_| None), Some(false));
         assert_eq!(ends(&replaced(2), &|_| None), Some(true));
+    }
+
+    #[test]
+    fn the_first_place_of_a_fair_locks_line_is_read_from_every_form_of_event() {
+        let place = |id: &str| doc! { "id": id, "expiresAt": mongodb::bson::DateTime::now() };
+        let update = |updated: Document, removed: Vec<&str>| {
+            event(
+                "update",
+                doc! { "updateDescription": {
+                    "updatedFields": updated,
+                    "removedFields": removed,
+                    "truncatedArrays": [],
+                } },
+            )
+        };
+        // An acquisition that shortens the line, shown whole, by element, or inside one.
+        let whole = update(
+            doc! { "lockId": "a", "line": [place("W2"), place("W3")] },
+            vec![],
+        );
+        assert_eq!(line_head(&whole), Some(Some("W2".to_owned())));
+        let element = update(doc! { "lockId": "a", "line.0": place("W2") }, vec![]);
+        assert_eq!(line_head(&element), Some(Some("W2".to_owned())));
+        let inside = update(doc! { "line.0.id": "W2", "line.0.expiresAt": 1 }, vec![]);
+        assert_eq!(line_head(&inside), Some(Some("W2".to_owned())));
+        // The last place gone, or the document.
+        let emptied = update(doc! { "lockId": "a" }, vec!["line"]);
+        assert_eq!(line_head(&emptied), Some(None));
+        assert_eq!(line_head(&event("delete", doc! {})), Some(None));
+        // Before MongoDB 5.0: the whole document.
+        let replaced = event(
+            "replace",
+            doc! { "fullDocument": { "_id": "job", "line": [place("W3")] } },
+        );
+        assert_eq!(line_head(&replaced), Some(Some("W3".to_owned())));
+        let replaced = event("replace", doc! { "fullDocument": { "_id": "job" } });
+        assert_eq!(line_head(&replaced), Some(None));
+        // A renewal of a place behind the first, a release of an unfair lock: nothing.
+        let renewal = update(doc! { "line.1.expiresAt": 1 }, vec![]);
+        assert_eq!(line_head(&renewal), None);
+        let release = update(doc! { "expiresAt": 1 }, vec!["lockId"]);
+        assert_eq!(line_head(&release), None);
     }
 }

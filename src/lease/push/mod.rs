@@ -363,6 +363,19 @@ fn wake(watcher: &WatcherKey, names: Option<&[String]>, event: Pushed) {
     }
 }
 
+/// The stream showed `head` as the first place of the line of `name` (see `line`): its local
+/// waiters learn it before the event's wake.
+fn saw_line(watcher: &WatcherKey, name: &str, head: Option<String>) {
+    let key = WATCHERS
+        .lock()
+        .get(watcher)
+        .and_then(|watcher| watcher.names.get(name))
+        .map(|subscribed| subscribed.key.clone());
+    if let Some(key) = key {
+        handoff::saw_line(&key, head);
+    }
+}
+
 /// The places of the semaphore `name` whose pollers subscribed to `watcher`'s stream.
 fn places(watcher: &WatcherKey, name: &str) -> Option<u32> {
     WATCHERS
@@ -418,7 +431,7 @@ mod tests {
         drop(Subscription::new(&runtime, &collection, &key, "job", None));
         let watcher = (family, "db".to_owned(), "unheard".to_owned());
         wake(&watcher, Some(&["job".to_owned()]), Pushed::Freed);
-        let next = handoff::Ticket::join(&key, false);
+        let next = handoff::Ticket::join(&key, false, None);
         let _subscribed = Subscription::new(&runtime, &collection, &key, "job", None);
         let woken = tokio::time::timeout(Duration::from_secs(1), next.woken()).await;
         assert_eq!(woken.ok(), Some(handoff::Wake::Attempt));

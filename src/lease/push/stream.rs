@@ -10,10 +10,10 @@ use mongodb::bson::{Document, doc};
 use mongodb::change_stream::event::OperationType;
 use tokio::sync::watch;
 
-use super::events::freed;
+use super::events::{freed, line_head};
 use super::{
     NO_STREAMS_PAUSE, NOT_A_REPLICA_SET, POSITION_KEPT, POSITIONS, Position, Pushed, REOPEN_PAUSE,
-    WATCHERS, Watcher, WatcherKey, places, unhealthy, wake,
+    WATCHERS, Watcher, WatcherKey, places, saw_line, unhealthy, wake,
 };
 
 /// Marks a stream unhealthy when its task ends.
@@ -203,6 +203,9 @@ pub(super) async fn run(
                         break;
                     }
                     if let Some((name, ends)) = freed(&event, |name| places(&key, name)) {
+                        if let Some(head) = line_head(&event) {
+                            saw_line(&key, &name, head);
+                        }
                         let pushed = if ends { Pushed::Freed } else { Pushed::Taken };
                         wake(&key, Some(std::slice::from_ref(&name)), pushed);
                     }
