@@ -199,3 +199,230 @@ impl CompositeGuard {
         first_error.map_or(Ok(()), Err)
     }
 }
+
+/// A member held by a composite of any implementation: a guard behind the traits.
+#[derive(Debug)]
+enum HeldBehindTraits {
+    Guard(crate::traits::BoxedGuard),
+    Read(crate::traits::BoxedReadGuard),
+}
+
+/// The composite guard of [`DistributedLockProvider::acquire_all`](crate::DistributedLockProvider::acquire_all)'s
+/// default: its members' guards behind the traits, in acquisition order.
+#[derive(Debug)]
+struct CompositeOfGuards {
+    members: Vec<(String, HeldBehindTraits)>,
+}
+
+impl CompositeOfGuards {
+    fn lost_signals(&self) -> impl Iterator<Item = LostSignal> + '_ {
+        self.members.iter().map(|(_, held)| match held {
+            HeldBehindTraits::Guard(guard) => guard.lost(),
+            HeldBehindTraits::Read(guard) => guard.lost(),
+        })
+    }
+}
+
+impl crate::traits::DistributedCompositeGuard for CompositeGuard {
+    fn names(&self) -> Vec<String> {
+        CompositeGuard::names(self).map(str::to_owned).collect()
+    }
+
+    fn fencing_tokens(&self) -> Vec<(String, FencingToken)> {
+        (CompositeGuard::fencing_tokens(self))
+            .map(|(name, token)| (name.to_owned(), token))
+            .collect()
+    }
+
+    fn lost(&self) -> LostSignal {
+        CompositeGuard::lost(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        CompositeGuard::is_lost(self)
+    }
+
+    fn extend(&self, by: std::time::Duration) -> futures::future::BoxFuture<'_, Result<()>> {
+        Box::pin(CompositeGuard::extend(self, by))
+    }
+
+    fn release(self: Box<Self>) -> futures::future::BoxFuture<'static, Result<()>> {
+        Box::pin(CompositeGuard::release(*self))
+    }
+}
+
+impl crate::traits::DistributedCompositeGuard for CompositeOfGuards {
+    fn names(&self) -> Vec<String> {
+        self.members.iter().map(|(name, _)| name.clone()).collect()
+    }
+
+    fn fencing_tokens(&self) -> Vec<(String, FencingToken)> {
+        (self.members.iter())
+            .filter_map(|(name, held)| match held {
+                HeldBehindTraits::Guard(guard) => Some((name.clone(), guard.fencing_token())),
+                HeldBehindTraits::Read(_) => None,
+            })
+            .collect()
+    }
+
+    fn lost(&self) -> LostSignal {
+        let mut signals = self.lost_signals();
+        let first = signals
+            .next()
+            .unwrap_or_else(|| LostSignal::new(Vec::new()));
+        signals.fold(first, |all, next| all.and(&next))
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost_signals().any(|signal| signal.is_lost())
+    }
+
+    fn extend(&self, by: std::time::Duration) -> futures::future::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let extensions = self.members.iter().map(|(_, held)| match held {
+                HeldBehindTraits::Guard(guard) => guard.extend(by),
+                HeldBehindTraits::Read(guard) => guard.extend(by),
+            });
+            futures::future::try_join_all(extensions).await.map(drop)
+        })
+    }
+
+    fn release(self: Box<Self>) -> futures::future::BoxFuture<'static, Result<()>> {
+        Box::pin(async move {
+            let mut first_error = None;
+            for (_, held) in self.members.into_iter().rev() {
+                let released = match held {
+                    HeldBehindTraits::Guard(guard) => guard.release().await,
+                    HeldBehindTraits::Read(guard) => guard.release().await,
+                };
+                if let Err(error) = released {
+                    first_error.get_or_insert(error);
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        })
+    }
+}
+
+/// The members in one global order, for composites behind the traits: by kind (exclusive
+/// locks, then reader-writer locks, then semaphores), then by name; refused if empty or if a
+/// lock comes twice (a read and a write lock of one name are the same lock).
+pub(crate) fn in_trait_order<'a>(
+    members: &[CompositeMember<'a>],
+) -> Result<Vec<CompositeMember<'a>>> {
+    let key = |member: &CompositeMember<'a>| {
+        let rank = match member.kind() {
+            LockKind::Read | LockKind::Write => 1,
+            LockKind::Semaphore => 2,
+            LockKind::Exclusive | LockKind::Document => 0,
+        };
+        (rank, member.name())
+    };
+    let mut members = members.to_vec();
+    members.sort_by_key(key);
+    if members.is_empty() {
+        return Err(Error::InvalidArgument(
+            "acquire_all needs at least one lock".to_owned(),
+        ));
+    }
+    if let Some(pair) = members
+        .windows(2)
+        .find(|pair| key(&pair[0]) == key(&pair[1]))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "acquire_all got the lock name {:?} twice (as {:?} and {:?})",
+            crate::error::shown_name(pair[0].name()),
+            pair[0].kind(),
+            pair[1].kind(),
+        )));
+    }
+    Ok(members)
+}
+
+/// Acquires `members` of `locks` together within `wait`, in [`in_trait_order`], all or
+/// nothing: the guard, or the member still busy when `wait` ran out (nothing held then). The
+/// default of [`DistributedLockProvider::acquire_all`](crate::DistributedLockProvider::acquire_all).
+pub(crate) async fn acquire_behind_traits<'a, P>(
+    locks: &P,
+    members: &[CompositeMember<'a>],
+    wait: std::time::Duration,
+) -> Result<std::result::Result<crate::traits::BoxedCompositeGuard, CompositeMember<'a>>>
+where
+    P: crate::traits::DistributedLockProvider + ?Sized,
+{
+    let members = in_trait_order(members)?;
+    let started = tokio::time::Instant::now();
+    // On failure, the members acquired so far are dropped: released.
+    let mut held = Vec::with_capacity(members.len());
+    for member in members {
+        let left = wait.saturating_sub(started.elapsed());
+        let acquired = match member {
+            CompositeMember::Exclusive(name) => {
+                let lock = locks.create_lock(name);
+                lock.try_acquire_timeout(left)
+                    .await?
+                    .map(HeldBehindTraits::Guard)
+            }
+            CompositeMember::Write(name) => {
+                let rw = locks.create_reader_writer_lock(name);
+                rw.try_acquire_write_timeout(left)
+                    .await?
+                    .map(HeldBehindTraits::Guard)
+            }
+            CompositeMember::Read(name) => {
+                let rw = locks.create_reader_writer_lock(name);
+                rw.try_acquire_read_timeout(left)
+                    .await?
+                    .map(HeldBehindTraits::Read)
+            }
+            CompositeMember::Semaphore { name, max_count } => {
+                let semaphore = locks.create_semaphore(name, max_count);
+                semaphore
+                    .try_acquire_timeout(left)
+                    .await?
+                    .map(HeldBehindTraits::Guard)
+            }
+        };
+        match acquired {
+            Some(acquired) => held.push((member.name().to_owned(), acquired)),
+            None => return Ok(Err(member)),
+        }
+    }
+    Ok(Ok(Box::new(CompositeOfGuards { members: held })))
+}
+
+/// The error of a composite whose member `busy` stayed busy for `timeout`, since `started`:
+/// [`Error::Timeout`] with who holds it, as read within a bound.
+pub(crate) async fn busy_behind_traits<P>(
+    locks: &P,
+    busy: CompositeMember<'_>,
+    timeout: std::time::Duration,
+    started: tokio::time::Instant,
+) -> Error
+where
+    P: crate::traits::DistributedLockProvider + ?Sized,
+{
+    let read_limit = crate::lease::acquire::holders_read_limit(timeout);
+    let holders = tokio::time::timeout(read_limit, holders_behind_traits(locks, busy)).await;
+    Error::Timeout {
+        name: busy.name().to_owned(),
+        waited: started.elapsed(),
+        holders: holders.ok().and_then(Result::ok).unwrap_or_default(),
+    }
+}
+
+/// Who holds the composite member `member` of `locks` now.
+async fn holders_behind_traits<P: crate::traits::DistributedLockProvider + ?Sized>(
+    locks: &P,
+    member: CompositeMember<'_>,
+) -> Result<Vec<crate::LockStatus>> {
+    match member {
+        CompositeMember::Exclusive(name) => locks.create_lock(name).holders().await,
+        CompositeMember::Read(name) | CompositeMember::Write(name) => {
+            locks.create_reader_writer_lock(name).holders().await
+        }
+        CompositeMember::Semaphore { name, max_count } => {
+            locks.create_semaphore(name, max_count).holders().await
+        }
+    }
+}

@@ -92,9 +92,9 @@ pub use rw_lock::{
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 pub use token::FencingToken;
 pub use traits::{
-    BoxedDocumentGuard, BoxedGuard, BoxedReadGuard, BoxedUpgradeableReadGuard,
-    DistributedDocumentGuard, DistributedDocumentLock, DistributedLock, DistributedLockGuard,
-    DistributedLockProvider, DistributedReadGuard, DistributedReaderWriterLock,
-    DistributedSemaphore, DistributedUpgradeableReadGuard,
+    BoxedCompositeGuard, BoxedDocumentGuard, BoxedGuard, BoxedReadGuard, BoxedUpgradeableReadGuard,
+    DistributedCompositeGuard, DistributedDocumentGuard, DistributedDocumentLock, DistributedLock,
+    DistributedLockGuard, DistributedLockProvider, DistributedReadGuard,
+    DistributedReaderWriterLock, DistributedSemaphore, DistributedUpgradeableReadGuard,
 };
 pub use watch::LockWatch;

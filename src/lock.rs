@@ -19,7 +19,7 @@ use crate::lease::{Problem, Target, admin, held};
 use crate::lock_status::{LockKind, LockStatus};
 use crate::options::LockOptions;
 use crate::token::FencingToken;
-use crate::watch::LockWatch;
+use crate::watch::{Changes, LockWatch};
 use futures::future::BoxFuture;
 
 /// The default collection of exclusive locks, shared with DistributedLock.MongoDB.
@@ -162,7 +162,12 @@ impl MongoDistributedLock {
     /// # Cancel safety
     /// Cancel safe: a read, then a task of the returned watch.
     pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
-        LockWatch::start(self.clone(), every, Some(self.target.push_from())).await
+        LockWatch::start(
+            self.clone(),
+            every,
+            Some(Changes::Stream(self.target.push_from())),
+        )
+        .await
     }
 
     /// The lock's options.

@@ -24,7 +24,7 @@ use crate::lock_status::{LockKind, LockStatus};
 use crate::options::LockOptions;
 use crate::token::FencingToken;
 use crate::token::read_i64;
-use crate::watch::LockWatch;
+use crate::watch::{Changes, LockWatch};
 use futures::future::BoxFuture;
 
 /// The default collection of semaphores.
@@ -150,7 +150,12 @@ impl MongoDistributedSemaphore {
     /// # Cancel safety
     /// Cancel safe: a read, then a task of the returned watch.
     pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
-        LockWatch::start(self.clone(), every, Some(self.target.push_from())).await
+        LockWatch::start(
+            self.clone(),
+            every,
+            Some(Changes::Stream(self.target.push_from())),
+        )
+        .await
     }
 
     /// **Dangerous**: ends every holder's lease now, so a semaphore whose places are stuck

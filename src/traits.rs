@@ -50,9 +50,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use mongodb::bson::{Bson, Document};
 
+use crate::composite::CompositeMember;
 use crate::error::Result;
 use crate::lease::lost::LostSignal;
+use crate::lock_status::LockStatus;
 use crate::token::FencingToken;
+use crate::watch::LockWatch;
 
 /// A held lock of any implementation, boxed: what the [`DistributedLock`] methods return.
 pub type BoxedGuard = Box<dyn DistributedLockGuard>;
@@ -64,6 +67,38 @@ pub type BoxedUpgradeableReadGuard = Box<dyn DistributedUpgradeableReadGuard>;
 /// A locked document of any implementation, boxed: what the [`DistributedDocumentLock`]
 /// methods return.
 pub type BoxedDocumentGuard = Box<dyn DistributedDocumentGuard>;
+
+/// Several locks held together, of any implementation, boxed: what
+/// [`DistributedLockProvider::acquire_all`] returns.
+pub type BoxedCompositeGuard = Box<dyn DistributedCompositeGuard>;
+
+/// Several locks of any kind held together (see [`CompositeGuard`](crate::CompositeGuard)):
+/// `lost` fires when any member is lost, `release` releases every member.
+pub trait DistributedCompositeGuard: Send + Sync + Debug {
+    /// The members' names, in acquisition order.
+    fn names(&self) -> Vec<String>;
+
+    /// The fencing token of each member that has one (readers have none), by name.
+    fn fencing_tokens(&self) -> Vec<(String, FencingToken)>;
+
+    /// A signal that turns true when any member is known or presumed lost.
+    fn lost(&self) -> LostSignal;
+
+    /// Whether any member is known or presumed lost.
+    fn is_lost(&self) -> bool;
+
+    /// Extends every member's lease to at least `by` from now.
+    ///
+    /// # Errors
+    /// As [`CompositeGuard::extend`](crate::CompositeGuard::extend).
+    fn extend(&self, by: Duration) -> BoxFuture<'_, Result<()>>;
+
+    /// Releases every member (in reverse acquisition order).
+    ///
+    /// # Errors
+    /// As [`CompositeGuard::release`](crate::CompositeGuard::release).
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
+}
 
 /// A held read lock of any implementation, boxed: what the `acquire_read*` methods of
 /// [`DistributedReaderWriterLock`] return.
@@ -267,6 +302,20 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// # Errors
     /// As [`MongoDistributedLock::try_acquire_timeout`](crate::MongoDistributedLock::try_acquire_timeout).
     fn try_acquire_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<Option<BoxedGuard>>>;
+
+    /// The current holders, each with its lease and details; empty when the lock is free.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::holders`](crate::MongoDistributedLock::holders).
+    fn holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>>;
+
+    /// Watches who holds it, without holding it: read now, then every `every`, and at once
+    /// when it changes where the implementation can tell (a change stream; the double's every
+    /// acquisition and release); see [`LockWatch`].
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::watch`](crate::MongoDistributedLock::watch).
+    fn watch(&self, every: Duration) -> BoxFuture<'_, Result<LockWatch>>;
 }
 
 /// A named reader-writer lock of any implementation: any number of readers at once, or one
@@ -364,6 +413,20 @@ pub trait DistributedReaderWriterLock: Send + Sync + Debug {
         &self,
         timeout: Duration,
     ) -> BoxFuture<'_, Result<Option<BoxedUpgradeableReadGuard>>>;
+
+    /// The current holders, each with its lease and details; empty when the lock is free.
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::holders`](crate::MongoDistributedLock::holders).
+    fn holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>>;
+
+    /// Watches who holds it, without holding it: read now, then every `every`, and at once
+    /// when it changes where the implementation can tell (a change stream; the double's every
+    /// acquisition and release); see [`LockWatch`].
+    ///
+    /// # Errors
+    /// As [`MongoDistributedLock::watch`](crate::MongoDistributedLock::watch).
+    fn watch(&self, every: Duration) -> BoxFuture<'_, Result<LockWatch>>;
 }
 
 /// Locks on the documents of one collection, of any implementation, with the documents as BSON:
@@ -498,6 +561,48 @@ pub trait DistributedLockProvider: Send + Sync + Debug {
     /// MongoDB provider.
     fn create_leader_election(&self, name: &str) -> Result<crate::LeaderElection> {
         crate::LeaderElection::over(self.create_lock(name))
+    }
+
+    /// Acquires `members` together, all or nothing, within `timeout`, as
+    /// [`Provider::acquire_all`](crate::Provider::acquire_all) does: in one global order (for
+    /// this default, by kind then by name: exclusive locks, reader-writer locks, semaphores),
+    /// releasing what it holds on an error or when `timeout` runs out. The default acquires
+    /// each member through this provider's `create_*` methods (the in-memory double's);
+    /// [`Provider`](crate::Provider) uses its own.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty set or a lock
+    /// given twice; [`Error::Timeout`](crate::Error::Timeout) naming the member still busy when
+    /// `timeout` ran out; otherwise as the members' `acquire` methods.
+    fn acquire_all<'a>(
+        &'a self,
+        members: &'a [CompositeMember<'a>],
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<BoxedCompositeGuard>> {
+        Box::pin(async move {
+            let started = tokio::time::Instant::now();
+            match crate::composite::acquire_behind_traits(self, members, timeout).await? {
+                Ok(acquired) => Ok(acquired),
+                Err(busy) => {
+                    Err(crate::composite::busy_behind_traits(self, busy, timeout, started).await)
+                }
+            }
+        })
+    }
+
+    /// Acquires `members` together if every one of them is free now: `Ok(None)`, with nothing
+    /// held, as soon as one is busy (see [`acquire_all`](Self::acquire_all)).
+    ///
+    /// # Errors
+    /// As [`acquire_all`](Self::acquire_all), without timeouts.
+    fn try_acquire_all<'a>(
+        &'a self,
+        members: &'a [CompositeMember<'a>],
+    ) -> BoxFuture<'a, Result<Option<BoxedCompositeGuard>>> {
+        Box::pin(async move {
+            let acquired = crate::composite::acquire_behind_traits(self, members, Duration::ZERO);
+            Ok(acquired.await?.ok())
+        })
     }
 }
 
@@ -665,10 +770,31 @@ macro_rules! impl_distributed_lock {
 
             $crate::traits::forward_acquisitions!($lock, $crate::traits::BoxedGuard, $crate::traits::boxed:
                 acquire, acquire_timeout, try_acquire, try_acquire_timeout);
+
+            $crate::traits::forward_watching!($lock);
         }
     };
 }
 pub(crate) use impl_distributed_lock;
+
+/// `holders` and `watch`, forwarded to the inherent methods of `$lock`.
+macro_rules! forward_watching {
+    ($lock:ty) => {
+        fn holders(
+            &self,
+        ) -> futures::future::BoxFuture<'_, $crate::error::Result<Vec<$crate::LockStatus>>> {
+            Box::pin(<$lock>::holders(self))
+        }
+
+        fn watch(
+            &self,
+            every: std::time::Duration,
+        ) -> futures::future::BoxFuture<'_, $crate::error::Result<$crate::LockWatch>> {
+            Box::pin(<$lock>::watch(self, every))
+        }
+    };
+}
+pub(crate) use forward_watching;
 
 /// Implements [`DistributedSemaphore`] for a semaphore with the inherent `*_many`, `available`,
 /// `set_max_count` and `max_count` methods (its [`DistributedLock`] by
@@ -768,6 +894,8 @@ macro_rules! impl_distributed_reader_writer_lock {
                 $crate::traits::boxed_upgradeable:
                 acquire_upgradeable_read, acquire_upgradeable_read_timeout,
                 try_acquire_upgradeable_read, try_acquire_upgradeable_read_timeout);
+
+            $crate::traits::forward_watching!($lock);
         }
     };
 }

@@ -11,6 +11,14 @@ use crate::lease::acquire::ReadHolders;
 use crate::lease::{ATTEMPT_SERVER_TIME, Observation, PushFrom};
 use crate::lock_status::LockStatus;
 
+/// What tells a watch at once that its lock changed, besides its cadence.
+pub(crate) enum Changes {
+    /// The lock's change stream (on a replica set or sharded cluster).
+    Stream(PushFrom),
+    /// A signal of the process (the in-memory double's: every acquisition and release).
+    Local(watch::Receiver<()>),
+}
+
 /// The holders of a lock, watched without holding it (every kind has a `watch`): free or held,
 /// by whom (lock ids, details), with which fencing tokens and how much of each lease is left,
 /// or kept taken by a finished holder's [`min_hold`](crate::LockOptions::min_hold) window.
@@ -50,11 +58,11 @@ pub struct LockWatch {
 
 impl LockWatch {
     /// Reads `lock` once (its errors are the caller's), then keeps reading it every `every` and
-    /// at each change pushed from `push`.
+    /// at each change `changes` tells of.
     pub(crate) async fn start<L>(
         lock: L,
         every: Duration,
-        push: Option<PushFrom>,
+        changes: Option<Changes>,
     ) -> Result<LockWatch>
     where
         L: ReadHolders + Send + 'static,
@@ -65,16 +73,27 @@ impl LockWatch {
             ));
         }
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        // Seen by the stream from now on: a change during the first read is read again.
-        let observation = push.map(|(collection, family, name)| {
-            Observation::new(&runtime, &collection, family, &name)
+        // Seen from now on: a change during the first read is read again.
+        let mut changes = changes.map(|changes| match changes {
+            Changes::Stream((collection, family, name)) => {
+                Seen::Stream(Observation::new(&runtime, &collection, family, &name))
+            }
+            Changes::Local(mut local) => {
+                local.mark_unchanged();
+                Seen::Local(local)
+            }
         });
         let (sender, holders) = watch::channel(read_holders(&lock).await?);
         let task = runtime.spawn(async move {
             loop {
                 let pushed = async {
-                    match &observation {
-                        Some(observation) => observation.changed().await,
+                    match &mut changes {
+                        Some(Seen::Stream(observation)) => observation.changed().await,
+                        Some(Seen::Local(local)) => {
+                            if local.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
                         None => std::future::pending().await,
                     }
                 };
@@ -131,6 +150,12 @@ impl LockWatch {
     pub fn subscribe(&self) -> watch::Receiver<Vec<LockStatus>> {
         self.holders.clone()
     }
+}
+
+/// [`Changes`], followed.
+enum Seen {
+    Stream(Observation),
+    Local(watch::Receiver<()>),
 }
 
 impl Drop for LockWatch {

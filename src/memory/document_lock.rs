@@ -180,6 +180,7 @@ impl MemoryDocumentLock {
                 reader: false,
                 places: 1,
                 upgradeable: false,
+                token: None,
                 state: Arc::clone(&state),
             });
             return Ok(Some(MemoryDocumentGuard {

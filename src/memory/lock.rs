@@ -9,10 +9,14 @@ use tokio::time::Instant;
 
 use super::names::{Ask, Claim, Key, Kind, Locks};
 use crate::error::{Error, Result};
+use crate::lease::acquire::ReadHolders;
 use crate::lease::lost::LostSignal;
 use crate::lease::state::LeaseState;
 use crate::lease::{max_count_problem, name_problem, places_problem};
+use crate::lock_status::LockStatus;
 use crate::token::FencingToken;
+use crate::watch::{Changes, LockWatch};
+use futures::future::BoxFuture;
 
 /// An in-memory exclusive lock, or a semaphore (a lock with `max_count` places); see the
 /// [module docs](super).
@@ -244,6 +248,38 @@ impl MemoryLock {
                 }
             }
         }
+    }
+}
+
+impl MemoryLock {
+    /// The current holders, as [`MongoDistributedLock::holders`](crate::MongoDistributedLock::holders)
+    /// shows them (for a semaphore, one entry per holder with its places; for a reader-writer
+    /// lock, the writer or the readers): each lock id is `memory-<n>`, the `n`th acquisition of
+    /// the provider's name, with its fencing token; the double's leases have no end and no
+    /// details: `remaining` is `Duration::MAX`, the times and details are empty.
+    ///
+    /// # Errors
+    /// None: a `Result` as the MongoDB locks'.
+    pub async fn holders(&self) -> Result<Vec<LockStatus>> {
+        Ok(self.locks.holders(&self.key))
+    }
+
+    /// Watches who holds it, as [`MongoDistributedLock::watch`](crate::MongoDistributedLock::watch):
+    /// read now, then every `every`, and at once at every acquisition and release of the
+    /// provider's locks.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero `every`; [`Error::NoRuntime`] outside a Tokio
+    /// runtime.
+    pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
+        let changes = Changes::Local(self.locks.changes.subscribe());
+        LockWatch::start(self.clone(), every, Some(changes)).await
+    }
+}
+
+impl ReadHolders for MemoryLock {
+    fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
+        Box::pin(self.holders())
     }
 }
 

@@ -22,6 +22,9 @@
 //! - release by [`release`](crate::DistributedLockGuard::release) or on drop, which wakes the next
 //!   waiter at once;
 //! - waits that end with [`Error::Timeout`](crate::Error::Timeout) as the MongoDB locks' do;
+//! - `holders()` and lock watches ([`MemoryLock::watch`]), woken at every acquisition and
+//!   release; composites ([`DistributedLockProvider::acquire_all`]) through the trait's default,
+//!   all or nothing, in one order;
 //! - the same refusals before anything happens: a name over 1 MiB is
 //!   [`Error::InvalidArgument`](crate::Error::InvalidArgument), a call outside a Tokio runtime [`Error::NoRuntime`](crate::Error::NoRuntime), and after
 //!   [`shutdown`](MemoryLockProvider::shutdown) [`Error::ShutDown`](crate::Error::ShutDown);

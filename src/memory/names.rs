@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use crate::error::{Error, Result};
 use crate::lease::max_count_mismatch;
 use crate::lease::state::LeaseState;
+use crate::lock_status::{LockKind, LockStatus};
 use crate::sync::Mutex;
 use crate::token::FencingToken;
 use mongodb::bson::Document;
@@ -25,6 +26,8 @@ pub(super) struct Locks {
     pub(super) freed: Notify,
     /// Set (with `names` locked) by [`MemoryLockProvider::shutdown`](super::MemoryLockProvider::shutdown): nothing is taken any more.
     pub(super) shut_down: AtomicBool,
+    /// Told of every acquisition and release, for lock watches.
+    pub(super) changes: watch::Sender<()>,
 }
 
 /// A lock's, a semaphore's or a reader-writer lock's name: the three kinds of one name are
@@ -104,6 +107,8 @@ pub(super) struct Holder {
     pub(super) places: u32,
     /// Whether it holds a reader-writer lock to read, upgradeable.
     pub(super) upgradeable: bool,
+    /// Its fencing token (a reader has none).
+    pub(super) token: Option<i64>,
     pub(super) state: Arc<LeaseState>,
 }
 
@@ -186,13 +191,49 @@ impl Locks {
             reader: claim.reads(),
             places: ask.places,
             upgradeable: claim == Claim::UpgradeableRead,
+            token: (!claim.reads()).then_some(entry.last_token),
             state: Arc::clone(&state),
         });
-        Ok(Some((
-            entry.last_acquisition,
-            FencingToken::new(entry.last_token),
-            state,
-        )))
+        let taken = (entry.last_acquisition, FencingToken::new(entry.last_token));
+        drop(names);
+        self.changed();
+        Ok(Some((taken.0, taken.1, state)))
+    }
+
+    /// Tells the lock watches that something changed.
+    pub(super) fn changed(&self) {
+        self.changes.send_replace(());
+    }
+
+    /// The holders of `key` now, as `holders()` shows them: each acquisition's number is its
+    /// lock id (`memory-<n>`); the double's leases have no end (`remaining` is `Duration::MAX`).
+    pub(super) fn holders(&self, key: &Key) -> Vec<LockStatus> {
+        let names = self.names.lock();
+        let Some(entry) = names.get(key) else {
+            return Vec::new();
+        };
+        (entry.holders.iter())
+            .map(|holder| LockStatus {
+                name: key.name.clone(),
+                kind: match key.kind {
+                    Kind::Lock => LockKind::Exclusive,
+                    Kind::Semaphore => LockKind::Semaphore,
+                    Kind::ReaderWriter if holder.reader => LockKind::Read,
+                    Kind::ReaderWriter => LockKind::Write,
+                },
+                lock_id: Some(format!("memory-{}", holder.acquisition)),
+                acquired_at: None,
+                expires_at: None,
+                renewed_at: None,
+                fencing_token: holder.token.map(FencingToken::new),
+                remaining: Some(std::time::Duration::MAX),
+                kept: None,
+                min_hold_until: None,
+                details: None,
+                places: holder.places,
+                upgradeable: holder.upgradeable,
+            })
+            .collect()
     }
 
     /// A new wait's number, for a semaphore's mark.
@@ -211,6 +252,7 @@ impl Locks {
         });
         if cleared {
             self.freed.notify_waiters();
+            self.changed();
         }
     }
 
@@ -237,6 +279,7 @@ impl Locks {
             entry.resized = true;
         }
         self.freed.notify_waiters();
+        self.changed();
     }
 
     /// Counts a writer of `key` as waiting until the returned value is dropped.
@@ -273,6 +316,7 @@ impl Locks {
             state.mark_lost();
         }
         self.freed.notify_waiters();
+        self.changed();
     }
 
     /// Frees the place of `key` that acquisition `acquisition` holds, if it still does.
@@ -289,6 +333,7 @@ impl Locks {
         };
         if freed {
             self.freed.notify_waiters();
+            self.changed();
         }
         freed
     }
@@ -315,6 +360,7 @@ impl Drop for WaitingWriter {
         }
         // Readers held back by this writer may go in now.
         self.locks.freed.notify_waiters();
+        self.locks.changed();
     }
 }
 

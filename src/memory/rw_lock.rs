@@ -6,7 +6,9 @@ use super::lock::{MemoryGuard, MemoryLock};
 use super::names::Claim;
 use crate::error::{Error, Result};
 use crate::lease::lost::LostSignal;
+use crate::lock_status::LockStatus;
 use crate::token::FencingToken;
+use crate::watch::LockWatch;
 
 /// An in-memory reader-writer lock; see the [module docs](super) and
 /// [`MongoDistributedReaderWriterLock`](crate::MongoDistributedReaderWriterLock), whose
@@ -103,6 +105,22 @@ impl MemoryReaderWriterLock {
 }
 
 impl MemoryReaderWriterLock {
+    /// The current holders: the writer or the readers (see [`MemoryLock::holders`](super::MemoryLock::holders)).
+    ///
+    /// # Errors
+    /// None: a `Result` as the MongoDB locks'.
+    pub async fn holders(&self) -> Result<Vec<LockStatus>> {
+        self.write.holders().await
+    }
+
+    /// Watches who holds it (see [`MemoryLock::watch`](super::MemoryLock::watch)).
+    ///
+    /// # Errors
+    /// As [`MemoryLock::watch`](super::MemoryLock::watch).
+    pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
+        self.write.watch(every).await
+    }
+
     /// Waits until the upgradeable read lock is acquired: no writer holds the lock or waits for
     /// it, and no other reader holds it upgradeable.
     ///

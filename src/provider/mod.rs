@@ -8,6 +8,7 @@ use mongodb::{Collection, Database};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::composite::CompositeMember;
 use crate::details::LockDetails;
 use crate::document_lock::DocumentLock;
 use crate::error::Result;
@@ -20,9 +21,10 @@ use crate::options::LockOptions;
 use crate::rw_lock::{DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock};
 use crate::semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 use crate::traits::{
-    DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
-    DistributedSemaphore,
+    BoxedCompositeGuard, DistributedDocumentLock, DistributedLock, DistributedLockProvider,
+    DistributedReaderWriterLock, DistributedSemaphore,
 };
+use futures::future::BoxFuture;
 
 mod administration;
 mod composite;
@@ -315,6 +317,27 @@ impl DistributedLockProvider for Provider {
 
     fn create_leader_election(&self, name: &str) -> Result<LeaderElection> {
         Provider::create_leader_election(self, name)
+    }
+
+    fn acquire_all<'a>(
+        &'a self,
+        members: &'a [CompositeMember<'a>],
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<BoxedCompositeGuard>> {
+        Box::pin(async move {
+            let guard = Provider::acquire_all(self, members, timeout).await?;
+            Ok(Box::new(guard) as BoxedCompositeGuard)
+        })
+    }
+
+    fn try_acquire_all<'a>(
+        &'a self,
+        members: &'a [CompositeMember<'a>],
+    ) -> BoxFuture<'a, Result<Option<BoxedCompositeGuard>>> {
+        Box::pin(async move {
+            let guard = Provider::try_acquire_all(self, members).await?;
+            Ok(guard.map(|guard| Box::new(guard) as BoxedCompositeGuard))
+        })
     }
 }
 

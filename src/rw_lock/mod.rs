@@ -17,7 +17,7 @@ use crate::lease::waiting_marker::WaitingMarker;
 use crate::lease::{Problem, Target, admin};
 use crate::lock_status::{LockKind, LockStatus};
 use crate::options::LockOptions;
-use crate::watch::LockWatch;
+use crate::watch::{Changes, LockWatch};
 use futures::future::BoxFuture;
 
 pub(crate) mod attempt;
@@ -418,7 +418,12 @@ impl MongoDistributedReaderWriterLock {
     /// # Cancel safety
     /// Cancel safe: a read, then a task of the returned watch.
     pub async fn watch(&self, every: Duration) -> Result<LockWatch> {
-        LockWatch::start(self.clone(), every, Some(self.target.push_from())).await
+        LockWatch::start(
+            self.clone(),
+            every,
+            Some(Changes::Stream(self.target.push_from())),
+        )
+        .await
     }
 
     /// **Dangerous**: ends every lease of this lock now (the writer's, every reader's, and a

@@ -13,7 +13,8 @@ use futures::future::BoxFuture;
 use distributed_lock_mongodb::memory::MemoryLockProvider;
 use distributed_lock_mongodb::{
     BoxedGuard, DistributedDocumentLock, DistributedLock, DistributedLockProvider,
-    DistributedReaderWriterLock, DistributedSemaphore, Error, LeaderElection, Provider, Result,
+    DistributedReaderWriterLock, DistributedSemaphore, Error, LeaderElection, LockKind, LockStatus,
+    LockWatch, Provider, Result,
 };
 use mongodb::bson::{Bson, doc};
 
@@ -89,6 +90,14 @@ impl DistributedLock for WriteSide {
     fn try_acquire_timeout(&self, timeout: Duration) -> BoxFuture<'_, Result<Option<BoxedGuard>>> {
         self.0.try_acquire_write_timeout(timeout)
     }
+
+    fn holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
+        self.0.holders()
+    }
+
+    fn watch(&self, every: Duration) -> BoxFuture<'_, Result<LockWatch>> {
+        self.0.watch(every)
+    }
 }
 
 /// One test per behaviour and implementation, in modules `$mongodb` and `$memory`, each
@@ -116,6 +125,7 @@ macro_rules! behaviours {
 
 behaviours!(
     writers_on_mongodb, writers_in_memory, writers:
+    holders_and_a_watch_show_who_holds_the_lock,
     a_held_lock_excludes_every_other_acquisition,
     release_frees_the_lock_and_tokens_increase,
     dropping_the_guard_frees_the_lock,
@@ -127,6 +137,9 @@ behaviours!(
 
 behaviours!(
     on_mongodb, in_memory, as_is:
+    holders_and_a_watch_show_who_holds_the_lock,
+    a_semaphores_and_a_reader_writer_locks_holders_are_each_holder,
+    a_composite_takes_every_member_or_none,
     a_held_lock_excludes_every_other_acquisition,
     release_frees_the_lock_and_tokens_increase,
     dropping_the_guard_frees_the_lock,
@@ -340,6 +353,168 @@ async fn a_held_lock_excludes_every_other_acquisition(locks: Locks) {
         "{error}"
     );
     guard.release().await.unwrap();
+}
+
+/// `holders()` shows the holder with its fencing token, and a watch follows who holds the lock
+/// (the MongoDB lock's through its change stream or its cadence, the double's at once); a zero
+/// cadence is refused.
+async fn holders_and_a_watch_show_who_holds_the_lock(locks: Locks) {
+    let lock = locks.create_lock("watched");
+    assert!(lock.holders().await.unwrap().is_empty());
+    let zero = lock.watch(Duration::ZERO).await;
+    assert!(
+        matches!(&zero, Err(Error::InvalidArgument(message)) if message.contains("cadence")),
+        "{zero:?}"
+    );
+    let mut watch = lock.watch(Duration::from_millis(200)).await.unwrap();
+    assert!(watch.is_free());
+    let guard = lock.acquire().await.unwrap();
+    let holders = lock.holders().await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert!(holders[0].is_held());
+    assert_eq!(holders[0].fencing_token, Some(guard.fencing_token()));
+    let seen = async {
+        while !watch.is_held() {
+            watch.changed().await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), seen)
+        .await
+        .expect("the watch sees the holder");
+    assert_eq!(watch.holders()[0].lock_id, holders[0].lock_id);
+    guard.release().await.unwrap();
+    let seen = async {
+        while !watch.is_free() {
+            watch.changed().await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), seen)
+        .await
+        .expect("the watch sees the release");
+    assert!(lock.holders().await.unwrap().is_empty());
+}
+
+/// A semaphore's holders are each place's holder, with its places; a reader-writer lock's are
+/// its readers (the upgradeable one marked) or its writer.
+async fn a_semaphores_and_a_reader_writer_locks_holders_are_each_holder(locks: Locks) {
+    let semaphore = locks.create_semaphore("counted", 3);
+    let one = semaphore.acquire().await.unwrap();
+    let two = semaphore.acquire_many(2).await.unwrap();
+    let mut places: Vec<u32> = (semaphore.holders().await.unwrap().iter())
+        .map(|holder| holder.places)
+        .collect();
+    places.sort_unstable();
+    assert_eq!(places, [1, 2]);
+    let mut watch = semaphore.watch(Duration::from_millis(200)).await.unwrap();
+    assert_eq!(watch.holders().len(), 2);
+    one.release().await.unwrap();
+    let seen = async {
+        while watch.holders().len() != 1 {
+            watch.changed().await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), seen)
+        .await
+        .expect("the watch sees the release of one place");
+    two.release().await.unwrap();
+
+    let rw = locks.create_reader_writer_lock("shared");
+    let reading = rw.acquire_read().await.unwrap();
+    let upgradeable = rw.acquire_upgradeable_read().await.unwrap();
+    let readers = rw.holders().await.unwrap();
+    assert_eq!(readers.len(), 2, "{readers:?}");
+    assert!(readers.iter().all(|reader| reader.kind == LockKind::Read));
+    assert_eq!(
+        readers.iter().filter(|reader| reader.upgradeable).count(),
+        1
+    );
+    assert!(readers.iter().all(|reader| reader.fencing_token.is_none()));
+    reading.release().await.unwrap();
+    upgradeable.release().await.unwrap();
+    let writing = rw.acquire_write().await.unwrap();
+    let writer = rw.holders().await.unwrap();
+    assert_eq!(writer.len(), 1);
+    assert_eq!(writer[0].kind, LockKind::Write);
+    assert_eq!(writer[0].fencing_token, Some(writing.fencing_token()));
+    writing.release().await.unwrap();
+}
+
+/// A composite of every kind of member is taken whole or not at all: a set with a busy member
+/// holds nothing (a try says `None`, a wait ends with a timeout naming that member), bad sets
+/// are refused, and its release frees every member.
+async fn a_composite_takes_every_member_or_none(locks: Locks) {
+    use distributed_lock_mongodb::CompositeMember::{Exclusive, Read, Semaphore, Write};
+    let members = [
+        Exclusive("order"),
+        Read("prices"),
+        Semaphore {
+            name: "exports",
+            max_count: 2,
+        },
+    ];
+    let all = locks
+        .acquire_all(&members, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let mut names = all.names();
+    names.sort();
+    assert_eq!(names, ["exports", "order", "prices"]);
+    let tokens: Vec<String> = all
+        .fencing_tokens()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(tokens.len(), 2, "readers have no token: {tokens:?}");
+    assert!(!tokens.contains(&"prices".to_owned()));
+    assert!(!all.is_lost());
+    assert!(!all.lost().is_lost());
+    assert!(
+        locks
+            .create_lock("order")
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let overlapping = [Exclusive("elsewhere"), Exclusive("order")];
+    assert!(locks.try_acquire_all(&overlapping).await.unwrap().is_none());
+    let error = locks
+        .acquire_all(&overlapping, Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Timeout { name, .. } if name == "order"),
+        "{error}"
+    );
+    let elsewhere = locks.create_lock("elsewhere").try_acquire().await.unwrap();
+    assert!(
+        elsewhere.is_some(),
+        "nothing is held after a composite failed"
+    );
+    drop(elsewhere);
+
+    let empty: [distributed_lock_mongodb::CompositeMember<'_>; 0] = [];
+    let refused = locks.try_acquire_all(&empty).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    let twice = [Read("prices"), Write("prices")];
+    let refused = locks.try_acquire_all(&twice).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidArgument(message)) if message.contains("twice")),
+        "{refused:?}"
+    );
+
+    all.extend(Duration::from_secs(60)).await.unwrap();
+    all.release().await.unwrap();
+    let again = locks.try_acquire_all(&members).await.unwrap();
+    again
+        .expect("every member was released")
+        .release()
+        .await
+        .unwrap();
 }
 
 async fn release_frees_the_lock_and_tokens_increase(locks: Locks) {
