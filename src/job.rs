@@ -7,9 +7,11 @@ use mongodb::Database;
 use crate::details::LockDetails;
 use crate::error::Result;
 use crate::guard::LockGuard;
+use crate::lease::acquire::ReadHolders;
 use crate::lease::held;
 use crate::lock::MongoDistributedLock;
 use crate::lock_status::LockStatus;
+use crate::traits::{DistributedLock, DistributedLockGuard};
 
 /// A job that runs at most once per window across every instance of a service, whatever
 /// scheduler fires it and however far apart the instances' timers are.
@@ -175,6 +177,54 @@ impl Job {
             })));
         };
         let output = guard.run_while_held(work(&guard)).await;
+        held::after_release(self.name(), output, guard.release().await).map(JobRun::Ran)
+    }
+}
+
+/// A [`Job`] over a lock of any implementation (the in-memory double's in unit tests), made by
+/// [`DistributedLockProvider::create_job`](crate::DistributedLockProvider::create_job): it runs
+/// at most once per window across every instance as a `Job` does, and its work gets the guard
+/// behind the trait.
+#[derive(Debug)]
+pub struct DistributedJob {
+    /// The job's lock, with its window as `min_hold` (and its longest run as `max_hold`).
+    lock: Box<dyn JobLock>,
+}
+
+/// A job's lock: acquired behind the trait, and read with the window that keeps it taken.
+pub(crate) trait JobLock: DistributedLock + ReadHolders {}
+
+impl<L: DistributedLock + ReadHolders> JobLock for L {}
+
+impl DistributedJob {
+    /// The job over `lock`, whose options already hold the window.
+    pub(crate) fn over(lock: Box<dyn JobLock>) -> DistributedJob {
+        DistributedJob { lock }
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        self.lock.name()
+    }
+
+    /// Runs `work` if no instance holds the job's lock and none ran it less than a window ago,
+    /// bound to the lease; otherwise skips it, saying who holds the lock ([`Job::run`]).
+    ///
+    /// # Errors
+    /// As [`Job::run`].
+    ///
+    /// # Cancel safety
+    /// As [`Job::run`].
+    pub async fn run<T>(
+        &self,
+        work: impl AsyncFnOnce(&dyn DistributedLockGuard) -> T,
+    ) -> Result<JobRun<T>> {
+        let Some(guard) = self.lock.try_acquire().await? else {
+            // Its holder, or the window that keeps it taken.
+            let status = self.lock.read_holders().await?.into_iter().next();
+            return Ok(JobRun::Skipped(Box::new(Skipped { status })));
+        };
+        let output = guard.run_while_held(work(guard.as_ref())).await;
         held::after_release(self.name(), output, guard.release().await).map(JobRun::Ran)
     }
 }

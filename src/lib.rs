@@ -79,7 +79,7 @@ pub use document_lock::{DEFAULT_LOCK_FIELD, DocumentGuard, DocumentLock};
 pub use error::{Error, Operation, Result};
 pub use fencing::{DEFAULT_FENCE_FIELD, Fence, FenceOutcome};
 pub use guard::LockGuard;
-pub use job::{Job, JobRun, Skipped};
+pub use job::{DistributedJob, Job, JobRun, Skipped};
 pub use leader::LeaderElection;
 pub use lease::lost::LostSignal;
 pub use lock::{DEFAULT_LOCK_COLLECTION, MongoDistributedLock};

@@ -563,6 +563,20 @@ pub trait DistributedLockProvider: Send + Sync + Debug {
         crate::LeaderElection::over(self.create_lock(name))
     }
 
+    /// A job called `name` that runs at most once per `window` across every instance, as
+    /// [`Provider::create_job`](crate::Provider::create_job)'s does, stopped after
+    /// `max_runtime` if given ([`Job::max_runtime`](crate::Job::max_runtime)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a window or longest run out
+    /// of range, or in the wrong order (as [`Job::lock`](crate::Job::lock)).
+    fn create_job(
+        &self,
+        name: &str,
+        window: Duration,
+        max_runtime: Option<Duration>,
+    ) -> Result<crate::DistributedJob>;
+
     /// Acquires `members` together, all or nothing, within `timeout`, as
     /// [`Provider::acquire_all`](crate::Provider::acquire_all) does: in one global order (for
     /// this default, by kind then by name: exclusive locks, reader-writer locks, semaphores),

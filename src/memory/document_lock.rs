@@ -24,6 +24,9 @@ use crate::token::FencingToken;
 pub struct MemoryDocumentLock {
     pub(super) collection: String,
     pub(super) locks: Arc<Locks>,
+    /// The provider's options: a `min_hold` or `fair` is refused, as the MongoDB document lock
+    /// refuses them.
+    pub(super) options: Arc<crate::options::LockOptions>,
 }
 
 impl fmt::Debug for MemoryDocumentLock {
@@ -117,6 +120,8 @@ impl MemoryDocumentLock {
         if let Some(problem) = Problem::of_collection(&self.collection) {
             return Problem::check(Some(&problem));
         }
+        self.options
+            .check_neither_min_hold_nor_fair("document lock")?;
         if self.locks.shut_down.load(Ordering::SeqCst) {
             return Err(Error::ShutDown);
         }
@@ -181,6 +186,8 @@ impl MemoryDocumentLock {
                 places: 1,
                 upgradeable: false,
                 token: None,
+                acquired_at: tokio::time::Instant::now(),
+                min_hold: None,
                 state: Arc::clone(&state),
             });
             return Ok(Some(MemoryDocumentGuard {

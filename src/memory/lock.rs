@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::names::{Ask, Claim, Key, Kind, Locks};
+use super::names::{Ask, Claim, Key, Kind, Line, Locks};
 use crate::error::{Error, Result};
 use crate::lease::acquire::ReadHolders;
 use crate::lease::lost::LostSignal;
 use crate::lease::state::LeaseState;
 use crate::lease::{max_count_problem, name_problem, places_problem};
 use crate::lock_status::LockStatus;
+use crate::options::LockOptions;
+use crate::sync::Mutex;
 use crate::token::FencingToken;
 use crate::watch::{Changes, LockWatch};
 use futures::future::BoxFuture;
@@ -26,6 +28,8 @@ pub struct MemoryLock {
     /// What each acquisition takes: one of its places, or a side of a reader-writer lock.
     pub(super) claim: Claim,
     pub(super) locks: Arc<Locks>,
+    /// The provider's options: those the double plays (see the module docs).
+    pub(super) options: Arc<LockOptions>,
 }
 
 impl fmt::Debug for MemoryLock {
@@ -131,7 +135,7 @@ impl MemoryLock {
     /// The refusals of [`acquire_many`](Self::acquire_many).
     pub async fn try_acquire_many(&self, places: u32) -> Result<Option<MemoryGuard>> {
         self.check(places)?;
-        self.take(Ask { places, wait: None })
+        self.take(self.ask(places, None, None))
     }
 
     /// Attempts for up to `timeout` for `places` places at once: `Ok(None)` if fewer stayed
@@ -191,6 +195,13 @@ impl MemoryLock {
         if let Some(problem) = problem {
             return Err(Error::InvalidArgument(problem));
         }
+        match self.key.kind {
+            Kind::Lock => {}
+            Kind::Semaphore => self.options.check_min_hold_unsupported("semaphore")?,
+            Kind::ReaderWriter => {
+                (self.options).check_min_hold_unsupported("reader-writer lock")?
+            }
+        }
         if self.locks.shut_down.load(Ordering::SeqCst) {
             return Err(Error::ShutDown);
         }
@@ -198,17 +209,75 @@ impl MemoryLock {
         Ok(())
     }
 
+    /// Whether a wait for it takes a place in a fair lock's line: a fair lock's, a semaphore's
+    /// or a writer's (not a reader's, nor an upgrade's, which passes the line).
+    fn waits_in_line(&self) -> bool {
+        self.options.fair() && matches!(self.claim, Claim::Places(_) | Claim::Write)
+    }
+
+    /// What an attempt for `places` asks: with a semaphore's `mark`, and for a wait in a fair
+    /// lock's line, its `place`.
+    fn ask(&self, places: u32, mark: Option<u64>, place: Option<u64>) -> Ask {
+        let line = match (self.options.fair(), self.claim, place) {
+            (false, _, _) | (true, Claim::Upgrade(_), _) => Line::Ignored,
+            (true, Claim::Read | Claim::UpgradeableRead, _) => Line::Behind,
+            (true, _, Some(place)) => Line::Place(place),
+            (true, _, None) => Line::Alone,
+        };
+        Ask {
+            places,
+            wait: mark,
+            line,
+            min_hold: self.options.min_hold(),
+        }
+    }
+
     fn take(&self, ask: Ask) -> Result<Option<MemoryGuard>> {
-        let taken = self.locks.try_take(&self.key, self.claim, ask)?;
-        Ok(
-            taken.map(|(acquisition, fencing_token, state)| MemoryGuard {
-                key: self.key.clone(),
-                locks: Arc::clone(&self.locks),
-                acquisition,
-                fencing_token,
-                state,
-            }),
-        )
+        let Some((acquisition, fencing_token, state)) =
+            self.locks.try_take(&self.key, self.claim, ask)?
+        else {
+            return Ok(None);
+        };
+        // A lease that is not renewed ends at its expiry unless extended; every lease ends at
+        // its `max_hold`.
+        let now = Instant::now();
+        let lease_end =
+            (!self.options.auto_renew()).then(|| Arc::new(Mutex::new(now + self.options.expiry())));
+        let hold_end = self
+            .options
+            .max_hold()
+            .and_then(|hold| now.checked_add(hold));
+        if lease_end.is_some() || hold_end.is_some() {
+            let (locks, key) = (Arc::clone(&self.locks), self.key.clone());
+            let (state, lease_end) = (Arc::clone(&state), lease_end.clone());
+            tokio::spawn(async move {
+                loop {
+                    let end = [lease_end.as_ref().map(|end| *end.lock()), hold_end];
+                    let Some(end) = end.into_iter().flatten().min() else {
+                        return;
+                    };
+                    tokio::time::sleep_until(end).await;
+                    // Extended meanwhile: wait on.
+                    if lease_end.as_ref().is_some_and(|lease| *lease.lock() > end)
+                        && hold_end.is_none_or(|hold| hold > end)
+                    {
+                        continue;
+                    }
+                    locks.expire(&key, acquisition, &state);
+                    return;
+                }
+            });
+        }
+        Ok(Some(MemoryGuard {
+            key: self.key.clone(),
+            locks: Arc::clone(&self.locks),
+            acquisition,
+            fencing_token,
+            state,
+            lease_end,
+            hold_end,
+            options: Arc::clone(&self.options),
+        }))
     }
 
     /// Takes `places` of it as soon as they are free, within `timeout` if given.
@@ -226,10 +295,17 @@ impl MemoryLock {
             key: self.key.clone(),
             wait: self.locks.new_wait(),
         });
-        let ask = Ask {
+        // A fair lock's wait takes a place in line with its first attempt that fails.
+        let place = self.waits_in_line().then(|| Place {
+            locks: Arc::clone(&self.locks),
+            key: self.key.clone(),
+            wait: self.locks.new_wait(),
+        });
+        let ask = self.ask(
             places,
-            wait: mark.as_ref().map(|mark| mark.wait),
-        };
+            mark.as_ref().map(|mark| mark.wait),
+            place.as_ref().map(|place| place.wait),
+        );
         loop {
             // Registered before the attempt, so a release (or shutdown) in between is not missed.
             let freed = self.locks.freed.notified();
@@ -239,10 +315,24 @@ impl MemoryLock {
             if self.claim.writes() && waiting_writer.is_none() {
                 waiting_writer = Some(self.locks.writer_waits(&self.key));
             }
+            // A `min_hold` window ends without a release: attempt again then.
+            let kept = self.locks.kept_until(&self.key);
+            let window_over = async {
+                match kept {
+                    Some(until) => tokio::time::sleep_until(until).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let woken = async {
+                tokio::select! {
+                    () = freed => {}
+                    () = window_over => {}
+                }
+            };
             match deadline {
-                None => freed.await,
+                None => woken.await,
                 Some(deadline) => {
-                    if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                    if tokio::time::timeout_at(deadline, woken).await.is_err() {
                         return self.take(ask);
                     }
                 }
@@ -261,7 +351,7 @@ impl MemoryLock {
     /// # Errors
     /// None: a `Result` as the MongoDB locks'.
     pub async fn holders(&self) -> Result<Vec<LockStatus>> {
-        Ok(self.locks.holders(&self.key))
+        Ok(self.locks.holders(&self.key, false))
     }
 
     /// Watches who holds it, as [`MongoDistributedLock::watch`](crate::MongoDistributedLock::watch):
@@ -278,8 +368,9 @@ impl MemoryLock {
 }
 
 impl ReadHolders for MemoryLock {
+    /// Its holders, or the `min_hold` window that keeps it taken.
     fn read_holders(&self) -> BoxFuture<'_, Result<Vec<LockStatus>>> {
-        Box::pin(self.holders())
+        Box::pin(async { Ok(self.locks.holders(&self.key, true)) })
     }
 }
 
@@ -299,6 +390,19 @@ impl Drop for Mark {
     }
 }
 
+/// A fair lock's wait's place in line, taken out when the wait ends.
+struct Place {
+    locks: Arc<Locks>,
+    key: Key,
+    wait: u64,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.locks.leave_line(&self.key, self.wait);
+    }
+}
+
 /// Proof that a [`MemoryLock`](super::MemoryLock) is held; behaves as [`LockGuard`](crate::LockGuard) does.
 #[must_use = "dropping the guard releases the lock at once"]
 #[clippy::has_significant_drop]
@@ -308,6 +412,12 @@ pub struct MemoryGuard {
     acquisition: u64,
     fencing_token: FencingToken,
     state: Arc<LeaseState>,
+    /// A lease that is not renewed (`auto_renew(false)`): when it ends, unless extended.
+    lease_end: Option<Arc<Mutex<Instant>>>,
+    /// When `max_hold` ends it.
+    hold_end: Option<Instant>,
+    /// Its lock's options.
+    options: Arc<LockOptions>,
 }
 
 impl fmt::Debug for MemoryGuard {
@@ -332,6 +442,7 @@ impl MemoryGuard {
             key: self.key.clone(),
             claim,
             locks: Arc::clone(&self.locks),
+            options: Arc::clone(&self.options),
         }
     }
 
@@ -356,15 +467,32 @@ impl MemoryGuard {
         self.state.is_lost()
     }
 
-    /// Extends the lease to at least `by` from now: the in-memory lease has no deadline, so
-    /// this only checks, as [`LockGuard::extend`](crate::LockGuard::extend) does, that `by` is
-    /// between 1 ms and 365 days and that the lock is not lost.
+    /// Extends the lease to at least `by` from now, as [`LockGuard::extend`](crate::LockGuard::extend)
+    /// does: a lease that is renewed has no deadline in the double, so this only checks `by`
+    /// (between 1 ms and 365 days, not past `max_hold`) and that the lock is not lost; a lease
+    /// that is not renewed (`auto_renew(false)`) then ends `by` from now, if that is later.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a `by` out of range,
-    /// [`Error::LockLost`](crate::Error::LockLost) once lost.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a `by` out of range or
+    /// past `max_hold`, [`Error::LockLost`](crate::Error::LockLost) once lost.
     pub async fn extend(&self, by: Duration) -> Result<()> {
-        extended(&self.key.name, &self.state, by)
+        extended(&self.key.name, &self.state, by)?;
+        let until = Instant::now().checked_add(by);
+        if let (Some(hold_end), Some(max_hold)) = (self.hold_end, self.options.max_hold())
+            && until.is_none_or(|until| until > hold_end)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "extend of {:?} by {by:?} would run past max_hold ({max_hold:?}): the hold ends \
+                 in {:?}",
+                crate::error::shown_name(&self.key.name),
+                hold_end.saturating_duration_since(Instant::now()),
+            )));
+        }
+        if let (Some(lease_end), Some(until)) = (&self.lease_end, until) {
+            let mut end = lease_end.lock();
+            *end = (*end).max(until);
+        }
+        Ok(())
     }
 
     /// Releases the lock and wakes its waiters.

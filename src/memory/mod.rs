@@ -14,10 +14,12 @@
 //!   lock's collection;
 //! - the three kinds of one name being independent, as they are in their separate collections;
 //! - fencing tokens that strictly increase per name (readers have none), and per document;
-//! - a guard's lease that stays held while the guard lives, with no deadline of its own (so a
-//!   guard's `extend` only checks its argument and that the lease is not lost, and nothing
-//!   plays [`auto_renew(false)`](crate::LockOptionsBuilder::auto_renew): expire the lease with
-//!   [`MemoryLockProvider::expire`] instead);
+//! - a guard's lease that stays held while the guard lives, with no deadline of its own (a
+//!   guard's `extend` only checks its argument and that the lease is not lost), unless the
+//!   provider's options ([`MemoryLockProvider::with_options`]) say `auto_renew(false)` (the lease
+//!   ends at its expiry unless extended) or `max_hold` (it ends when the hold runs out);
+//!   `min_hold` windows and `fair` order as the MongoDB locks keep them; jobs
+//!   ([`MemoryLockProvider::create_job`]) that run once per window;
 //! - `lost` that fires before anyone else can take the lock;
 //! - release by [`release`](crate::DistributedLockGuard::release) or on drop, which wakes the next
 //!   waiter at once;
@@ -59,7 +61,9 @@
 //! ```
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::options::LockOptions;
 use crate::token::FencingToken;
 use crate::traits::{
     DistributedDocumentLock, DistributedLock, DistributedLockProvider, DistributedReaderWriterLock,
@@ -82,6 +86,7 @@ pub use rw_lock::{MemoryReadGuard, MemoryReaderWriterLock, MemoryUpgradeableRead
 #[derive(Clone, Debug, Default)]
 pub struct MemoryLockProvider {
     locks: Arc<Locks>,
+    options: Arc<LockOptions>,
 }
 
 impl MemoryLockProvider {
@@ -100,7 +105,22 @@ impl MemoryLockProvider {
             key,
             claim,
             locks: Arc::clone(&self.locks),
+            options: Arc::clone(&self.options),
         }
+    }
+
+    /// Gives its locks `options`, as [`Provider::with_options`](crate::Provider::with_options)
+    /// does; the double plays these (the others change nothing here): `min_hold` (an exclusive
+    /// lock stays taken until that long after its acquisition, released or not; refused by the
+    /// other kinds), `max_hold` (the lease is lost that long after its acquisition),
+    /// `auto_renew(false)` with `expiry` (the lease ends at its expiry unless a guard's `extend`
+    /// lengthens it) and `fair` (waiters are served in the order they came: a semaphore's
+    /// strictly, a reader-writer lock's writers in line and readers behind them; refused by
+    /// document locks). Clones made before keep theirs; the locks are shared all the same.
+    #[must_use]
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        self.options = Arc::new(options);
+        self
     }
 
     /// The in-memory semaphore called `name`, allowing `max_count` holders at once, as
@@ -139,6 +159,33 @@ impl MemoryLockProvider {
         crate::LeaderElection::over(Box::new(self.create_lock(name)))
     }
 
+    /// A job called `name` that runs at most once per `window`, as
+    /// [`DistributedLockProvider::create_job`]: its lock is this provider's lock of that name
+    /// with `window` as its `min_hold` (and `max_runtime`, if given, as its `max_hold`), which
+    /// [`expire`](Self::expire) ends as a lost lease would, window kept.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a window or longest run out
+    /// of range, or in the wrong order.
+    pub fn create_job(
+        &self,
+        name: impl Into<String>,
+        window: Duration,
+        max_runtime: Option<Duration>,
+    ) -> crate::Result<crate::DistributedJob> {
+        let mut options = self.options.to_builder().min_hold(window);
+        if let Some(max_runtime) = max_runtime {
+            options = options.max_hold(max_runtime);
+        }
+        let lock = MemoryLock {
+            key: Key::new(Kind::Lock, name),
+            claim: Claim::Places(1),
+            locks: Arc::clone(&self.locks),
+            options: Arc::new(options.build()?),
+        };
+        Ok(crate::DistributedJob::over(Box::new(lock)))
+    }
+
     /// The in-memory document locks of the collection called `collection`, as
     /// [`DistributedLockProvider::create_document_lock`]: its documents are kept here as BSON,
     /// inserted by [`lock_or_insert`](MemoryDocumentLock::lock_or_insert), and each is locked
@@ -152,6 +199,7 @@ impl MemoryLockProvider {
         MemoryDocumentLock {
             collection: collection.into(),
             locks: Arc::clone(&self.locks),
+            options: Arc::clone(&self.options),
         }
     }
 
@@ -182,6 +230,15 @@ impl MemoryLockProvider {
             }
             None => false,
         }
+    }
+
+    /// How many waits stand in the line of the fair lock `name` (see
+    /// [`with_options`](Self::with_options)): for tests that must know a waiter is in line.
+    pub fn waiting_in_line(&self, name: &str) -> usize {
+        let names = self.locks.names.lock();
+        names
+            .get(&Key::lock(name))
+            .map_or(0, |entry| entry.line.len())
     }
 
     /// Whether someone holds `name`.
@@ -220,5 +277,14 @@ impl DistributedLockProvider for MemoryLockProvider {
 
     fn create_document_lock(&self, collection: &str) -> Box<dyn DistributedDocumentLock> {
         Box::new(MemoryLockProvider::create_document_lock(self, collection))
+    }
+
+    fn create_job(
+        &self,
+        name: &str,
+        window: Duration,
+        max_runtime: Option<Duration>,
+    ) -> crate::Result<crate::DistributedJob> {
+        MemoryLockProvider::create_job(self, name, window, max_runtime)
     }
 }

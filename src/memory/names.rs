@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use std::time::Duration;
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::lease::max_count_mismatch;
@@ -87,14 +89,35 @@ pub(super) struct Name {
     pub(super) resized: bool,
     /// A semaphore's waiter for several places: its wait and the places it holds back.
     pub(super) mark: Option<(u64, u32)>,
+    /// A lock's last holder's `min_hold` window: nobody takes it before then.
+    pub(super) kept_until: Option<Instant>,
+    /// A fair lock's waits, in arrival order: only the first may take it.
+    pub(super) line: Vec<u64>,
 }
 
-/// What one attempt asks besides its claim: how many places (of a semaphore), and the wait
-/// that marks them while it waits (a waiter for several places).
+/// What one attempt asks besides its claim: how many places (of a semaphore), the wait that
+/// marks them while it waits (a waiter for several places), its place in a fair lock's line,
+/// and the `min_hold` window its lease keeps after it ends.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Ask {
     pub(super) places: u32,
     pub(super) wait: Option<u64>,
+    pub(super) line: Line,
+    pub(super) min_hold: Option<Duration>,
+}
+
+/// How an attempt stands to a fair lock's line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Line {
+    /// Not a fair lock, or an attempt that passes the line (an upgrade).
+    Ignored,
+    /// A fair reader-writer lock's reader: no place of its own, kept out while anyone waits in
+    /// line.
+    Behind,
+    /// A fair lock's single attempt: no place, and only when nobody waits in line.
+    Alone,
+    /// A fair lock's wait: it takes its place at the end with its first attempt that fails.
+    Place(u64),
 }
 
 #[derive(Debug)]
@@ -109,6 +132,9 @@ pub(super) struct Holder {
     pub(super) upgradeable: bool,
     /// Its fencing token (a reader has none).
     pub(super) token: Option<i64>,
+    /// When it was taken, and the `min_hold` window its lock keeps from then.
+    pub(super) acquired_at: Instant,
+    pub(super) min_hold: Option<Duration>,
     pub(super) state: Arc<LeaseState>,
 }
 
@@ -128,55 +154,72 @@ impl Locks {
             return Err(Error::ShutDown);
         }
         let entry = names.entry(key.clone()).or_default();
-        let free = match claim {
-            Claim::Places(max_count) => {
-                let recorded = match key.kind {
-                    Kind::Semaphore => *entry.max_count.get_or_insert(max_count),
-                    _ => max_count,
-                };
-                if recorded != max_count && !entry.resized {
-                    return Err(max_count_mismatch(
-                        &key.name,
-                        &recorded.to_string(),
-                        max_count,
-                    ));
-                }
-                if ask.places > recorded {
-                    return Err(Error::InvalidArgument(format!(
-                        "semaphore {:?}: asks for {} places of {recorded}; it was set to \
-                         {recorded} places",
-                        crate::error::shown_name(&key.name),
-                        ask.places
-                    )));
-                }
-                let taken: u64 = (entry.holders.iter())
-                    .map(|holder| u64::from(holder.places))
-                    .sum();
-                let held_back = match entry.mark {
-                    Some((wait, places)) if Some(wait) != ask.wait => u64::from(places),
-                    _ => 0,
-                };
-                let fits = taken + u64::from(ask.places) + held_back <= u64::from(recorded);
-                if !fits && ask.wait.is_some() && entry.mark.is_none() {
-                    entry.mark = ask.wait.map(|wait| (wait, ask.places));
-                }
-                fits
-            }
-            Claim::Read => {
-                entry.waiting_writers == 0 && entry.holders.iter().all(|holder| holder.reader)
-            }
-            Claim::UpgradeableRead => {
-                entry.waiting_writers == 0
-                    && (entry.holders.iter()).all(|holder| holder.reader && !holder.upgradeable)
-            }
-            Claim::Write => entry.holders.is_empty(),
-            // Whatever writer waits: it waits for this very reader.
-            Claim::Upgrade(reader) => {
-                matches!(entry.holders.as_slice(), [only] if only.acquisition == reader)
-            }
+        let now = Instant::now();
+        let kept = entry.kept_until.is_some_and(|until| until > now);
+        let first_in_line = match ask.line {
+            Line::Ignored => true,
+            Line::Behind | Line::Alone => entry.line.is_empty(),
+            Line::Place(wait) => entry.line.first().is_none_or(|&first| first == wait),
         };
+        let free = !kept
+            && first_in_line
+            && match claim {
+                Claim::Places(max_count) => {
+                    let recorded = match key.kind {
+                        Kind::Semaphore => *entry.max_count.get_or_insert(max_count),
+                        _ => max_count,
+                    };
+                    if recorded != max_count && !entry.resized {
+                        return Err(max_count_mismatch(
+                            &key.name,
+                            &recorded.to_string(),
+                            max_count,
+                        ));
+                    }
+                    if ask.places > recorded {
+                        return Err(Error::InvalidArgument(format!(
+                            "semaphore {:?}: asks for {} places of {recorded}; it was set to \
+                         {recorded} places",
+                            crate::error::shown_name(&key.name),
+                            ask.places
+                        )));
+                    }
+                    let taken: u64 = (entry.holders.iter())
+                        .map(|holder| u64::from(holder.places))
+                        .sum();
+                    let held_back = match entry.mark {
+                        Some((wait, places)) if Some(wait) != ask.wait => u64::from(places),
+                        _ => 0,
+                    };
+                    let fits = taken + u64::from(ask.places) + held_back <= u64::from(recorded);
+                    if !fits && ask.wait.is_some() && entry.mark.is_none() {
+                        entry.mark = ask.wait.map(|wait| (wait, ask.places));
+                    }
+                    fits
+                }
+                Claim::Read => {
+                    entry.waiting_writers == 0 && entry.holders.iter().all(|holder| holder.reader)
+                }
+                Claim::UpgradeableRead => {
+                    entry.waiting_writers == 0
+                        && (entry.holders.iter()).all(|holder| holder.reader && !holder.upgradeable)
+                }
+                Claim::Write => entry.holders.is_empty(),
+                // Whatever writer waits: it waits for this very reader.
+                Claim::Upgrade(reader) => {
+                    matches!(entry.holders.as_slice(), [only] if only.acquisition == reader)
+                }
+            };
         if !free {
+            if let Line::Place(wait) = ask.line
+                && !entry.line.contains(&wait)
+            {
+                entry.line.push(wait);
+            }
             return Ok(None);
+        }
+        if let Line::Place(wait) = ask.line {
+            entry.line.retain(|&waiting| waiting != wait);
         }
         if !claim.reads() {
             entry.last_token += 1;
@@ -192,6 +235,8 @@ impl Locks {
             places: ask.places,
             upgradeable: claim == Claim::UpgradeableRead,
             token: (!claim.reads()).then_some(entry.last_token),
+            acquired_at: now,
+            min_hold: ask.min_hold,
             state: Arc::clone(&state),
         });
         let taken = (entry.last_acquisition, FencingToken::new(entry.last_token));
@@ -207,11 +252,34 @@ impl Locks {
 
     /// The holders of `key` now, as `holders()` shows them: each acquisition's number is its
     /// lock id (`memory-<n>`); the double's leases have no end (`remaining` is `Duration::MAX`).
-    pub(super) fn holders(&self, key: &Key) -> Vec<LockStatus> {
+    /// `with_kept`: where nobody holds it, a `min_hold` window that keeps it taken shows as one
+    /// entry without a lock id (as a watch and a job's status show it).
+    pub(super) fn holders(&self, key: &Key, with_kept: bool) -> Vec<LockStatus> {
         let names = self.names.lock();
         let Some(entry) = names.get(key) else {
             return Vec::new();
         };
+        let now = Instant::now();
+        if let Some(until) = entry
+            .kept_until
+            .filter(|&until| with_kept && entry.holders.is_empty() && until > now)
+        {
+            return vec![LockStatus {
+                name: key.name.clone(),
+                kind: LockKind::Exclusive,
+                lock_id: None,
+                acquired_at: None,
+                expires_at: None,
+                renewed_at: None,
+                fencing_token: Some(FencingToken::new(entry.last_token)),
+                remaining: None,
+                kept: Some(until - now),
+                min_hold_until: None,
+                details: None,
+                places: 1,
+                upgradeable: false,
+            }];
+        }
         (entry.holders.iter())
             .map(|holder| LockStatus {
                 name: key.name.clone(),
@@ -234,6 +302,42 @@ impl Locks {
                 upgradeable: holder.upgradeable,
             })
             .collect()
+    }
+
+    /// Ends the lease of `key`'s acquisition `acquisition` (`state`), if it still holds it, as a
+    /// lease that ran out: lost first, then free (its `min_hold` window kept).
+    pub(super) fn expire(&self, key: &Key, acquisition: u64, state: &LeaseState) {
+        let names = self.names.lock();
+        let holds = names.get(key).is_some_and(|entry| {
+            (entry.holders.iter()).any(|holder| holder.acquisition == acquisition)
+        });
+        if holds {
+            // (Under the lock: its release cannot come in between.)
+            state.mark_lost();
+        }
+        drop(names);
+        if holds {
+            self.free(key, acquisition);
+        }
+    }
+
+    /// Until when `key` is kept taken by its last holder's `min_hold` window, if it is now.
+    pub(super) fn kept_until(&self, key: &Key) -> Option<Instant> {
+        let names = self.names.lock();
+        let until = names.get(key)?.kept_until?;
+        (until > Instant::now()).then_some(until)
+    }
+
+    /// Takes the fair lock's wait `wait` out of `key`'s line (its wait ended).
+    pub(super) fn leave_line(&self, key: &Key, wait: u64) {
+        let left = self.names.lock().get_mut(key).is_some_and(|entry| {
+            let before = entry.line.len();
+            entry.line.retain(|&waiting| waiting != wait);
+            entry.line.len() < before
+        });
+        if left {
+            self.freed.notify_waiters();
+        }
     }
 
     /// A new wait's number, for a semaphore's mark.
@@ -324,11 +428,18 @@ impl Locks {
         let freed = {
             let mut names = self.names.lock();
             names.get_mut(key).is_some_and(|entry| {
-                let before = entry.holders.len();
-                entry
-                    .holders
-                    .retain(|holder| holder.acquisition != acquisition);
-                entry.holders.len() < before
+                let Some(position) =
+                    (entry.holders.iter()).position(|holder| holder.acquisition == acquisition)
+                else {
+                    return false;
+                };
+                let holder = entry.holders.remove(position);
+                // Its window outlives the lease (released, expired or lost alike).
+                if let Some(window) = holder.min_hold {
+                    let until = holder.acquired_at + window;
+                    entry.kept_until = entry.kept_until.max(Some(until));
+                }
+                true
             })
         };
         if freed {

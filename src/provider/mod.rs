@@ -319,6 +319,19 @@ impl DistributedLockProvider for Provider {
         Provider::create_leader_election(self, name)
     }
 
+    fn create_job(
+        &self,
+        name: &str,
+        window: Duration,
+        max_runtime: Option<Duration>,
+    ) -> Result<crate::DistributedJob> {
+        let mut job = Provider::create_job(self, name, window);
+        if let Some(max_runtime) = max_runtime {
+            job = job.max_runtime(max_runtime);
+        }
+        Ok(crate::DistributedJob::over(Box::new(job.lock()?)))
+    }
+
     fn acquire_all<'a>(
         &'a self,
         members: &'a [CompositeMember<'a>],

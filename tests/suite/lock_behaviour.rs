@@ -12,9 +12,9 @@ use futures::future::BoxFuture;
 
 use distributed_lock_mongodb::memory::MemoryLockProvider;
 use distributed_lock_mongodb::{
-    BoxedGuard, DistributedDocumentLock, DistributedLock, DistributedLockProvider,
-    DistributedReaderWriterLock, DistributedSemaphore, Error, LeaderElection, LockKind, LockStatus,
-    LockWatch, Provider, Result,
+    BoxedGuard, DistributedDocumentLock, DistributedJob, DistributedLock, DistributedLockProvider,
+    DistributedReaderWriterLock, DistributedSemaphore, Error, JobRun, LeaderElection, LockKind,
+    LockOptions, LockStatus, LockWatch, Provider, Result,
 };
 use mongodb::bson::{Bson, doc};
 
@@ -67,6 +67,15 @@ impl DistributedLockProvider for Writers {
 
     fn create_document_lock(&self, collection: &str) -> Box<dyn DistributedDocumentLock> {
         self.0.create_document_lock(collection)
+    }
+
+    fn create_job(
+        &self,
+        name: &str,
+        window: Duration,
+        max_runtime: Option<Duration>,
+    ) -> Result<DistributedJob> {
+        self.0.create_job(name, window, max_runtime)
     }
 }
 
@@ -140,6 +149,9 @@ behaviours!(
     holders_and_a_watch_show_who_holds_the_lock,
     a_semaphores_and_a_reader_writer_locks_holders_are_each_holder,
     a_composite_takes_every_member_or_none,
+    a_job_runs_once_per_window_and_is_skipped_while_it_runs,
+    a_job_runs_again_once_its_window_is_over,
+    a_job_with_a_window_out_of_range_is_refused,
     a_held_lock_excludes_every_other_acquisition,
     release_frees_the_lock_and_tokens_increase,
     dropping_the_guard_frees_the_lock,
@@ -515,6 +527,72 @@ async fn a_composite_takes_every_member_or_none(locks: Locks) {
         .release()
         .await
         .unwrap();
+}
+
+/// A job runs once per window: while one instance runs it another skips it, seeing who holds
+/// its lock; once the run is over the window keeps it skipped, the status showing no holder.
+async fn a_job_runs_once_per_window_and_is_skipped_while_it_runs(locks: Locks) {
+    let window = Duration::from_secs(600);
+    let job = locks.create_job("nightly", window, None).unwrap();
+    let other = locks.create_job("nightly", window, None).unwrap();
+    assert_eq!(job.name(), "nightly");
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = job.run(async |guard| {
+        started_tx.send(guard.fencing_token()).unwrap();
+        finish_rx.await.unwrap();
+        guard.fencing_token()
+    });
+    let meanwhile = async {
+        let token = started.await.unwrap();
+        let JobRun::Skipped(skipped) = other.run(async |_| ()).await.unwrap() else {
+            panic!("ran while another instance ran it");
+        };
+        let status = skipped.status.expect("held");
+        assert!(status.lock_id.is_some(), "running now: {status:?}");
+        assert_eq!(status.fencing_token, Some(token));
+        finish.send(()).unwrap();
+        token
+    };
+    let (ran, token) = tokio::join!(running, meanwhile);
+    match ran.unwrap() {
+        JobRun::Ran(ran) => assert_eq!(ran, token),
+        JobRun::Skipped(skipped) => panic!("skipped: {skipped}"),
+    }
+    let JobRun::Skipped(skipped) = other.run(async |_| ()).await.unwrap() else {
+        panic!("ran less than a window after the last run");
+    };
+    let status = skipped.status.expect("kept by the window");
+    assert_eq!(status.lock_id, None, "the run is over: {status:?}");
+    assert!(status.is_kept(), "{status:?}");
+}
+
+/// Once the window is over, the next call runs the job.
+async fn a_job_runs_again_once_its_window_is_over(locks: Locks) {
+    let window = Duration::from_millis(500);
+    let job = locks.create_job("hourly", window, None).unwrap();
+    assert!(job.run(async |_| ()).await.unwrap().ran());
+    let ran_again = common::eventually(Duration::from_secs(20), || async {
+        job.run(async |_| ()).await.unwrap().ran()
+    })
+    .await;
+    assert!(ran_again, "the window never ended");
+}
+
+/// A window or a longest run out of range, or a longest run shorter than the window, is refused
+/// when the job is made.
+async fn a_job_with_a_window_out_of_range_is_refused(locks: Locks) {
+    let refused = locks.create_job("job", Duration::ZERO, None);
+    assert!(
+        matches!(&refused, Err(Error::InvalidOptions(message)) if message.contains("min_hold")),
+        "{refused:?}"
+    );
+    let window = Duration::from_secs(120);
+    let refused = locks.create_job("job", window, Some(Duration::from_secs(60)));
+    assert!(
+        matches!(&refused, Err(Error::InvalidOptions(_))),
+        "{refused:?}"
+    );
 }
 
 async fn release_frees_the_lock_and_tokens_increase(locks: Locks) {
@@ -1241,6 +1319,166 @@ async fn updates_that_would_corrupt_a_document_lock_are_refused(locks: Locks) {
 }
 
 // The in-memory double's test controls.
+
+/// The double plays `fair`: waiters of a lock (and of a semaphore) are served in the order they
+/// came, a reader-writer lock's writers too, with readers held back while a writer waits in
+/// line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_serves_a_fair_locks_waiters_in_the_order_they_came() {
+    let fair = LockOptions::builder().fair(true).build().unwrap();
+    let locks = MemoryLockProvider::new().with_options(fair);
+    let holder = locks.create_lock("fair").acquire().await.unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for waiter in 1..=3 {
+        let lock = locks.create_lock("fair");
+        let served = served.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.acquire_timeout(Duration::from_secs(30)).await.unwrap();
+            served.send(waiter).unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.unwrap();
+        }));
+        let in_line = common::eventually(Duration::from_secs(10), || async {
+            locks.waiting_in_line("fair") == waiter
+        })
+        .await;
+        assert!(in_line);
+    }
+    // A single attempt does not pass the line, even when it finds the lock free.
+    holder.release().await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 1..=3 {
+        seen.push(order.recv().await.unwrap());
+    }
+    assert_eq!(seen, [1, 2, 3]);
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(locks.waiting_in_line("fair"), 0);
+    // A wait that gives up leaves the line.
+    let holder = locks.create_lock("fair").acquire().await.unwrap();
+    let late = locks
+        .create_lock("fair")
+        .try_acquire_timeout(Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(late.is_none());
+    assert_eq!(locks.waiting_in_line("fair"), 0);
+    holder.release().await.unwrap();
+}
+
+/// A fair reader-writer lock of the double: a writer waiting in line holds a new reader back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doubles_fair_writer_in_line_holds_new_readers_back() {
+    let fair = LockOptions::builder().fair(true).build().unwrap();
+    let locks = MemoryLockProvider::new().with_options(fair);
+    let rw = locks.create_reader_writer_lock("shared");
+    let reading = rw.acquire_read().await.unwrap();
+    let writer = {
+        let rw = rw.clone();
+        tokio::spawn(async move { rw.acquire_write_timeout(Duration::from_secs(30)).await })
+    };
+    let waits = common::eventually(Duration::from_secs(10), || async {
+        rw.try_acquire_read().await.unwrap().is_none()
+    })
+    .await;
+    assert!(waits, "the waiting writer holds new readers back");
+    reading.release().await.unwrap();
+    let writing = writer.await.unwrap().unwrap();
+    writing.release().await.unwrap();
+    assert!(rw.try_acquire_read().await.unwrap().is_some());
+}
+
+/// The double plays `auto_renew(false)`: the lease ends at its expiry (lost, then free) unless
+/// `extend` lengthens it; and `max_hold`: the lease is lost when the hold runs out, and an
+/// extension past it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_ends_leases_that_are_not_renewed_and_holds_that_run_out() {
+    let manual = LockOptions::builder()
+        .expiry(Duration::from_millis(300))
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let locks = MemoryLockProvider::new().with_options(manual);
+    let guard = locks.create_lock("manual").acquire().await.unwrap();
+    guard.extend(Duration::from_secs(30)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!guard.is_lost(), "extended past its expiry");
+    guard.release().await.unwrap();
+    let other = locks.create_lock("manual").acquire().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), other.lost().wait())
+        .await
+        .expect("a lease nobody extends ends at its expiry");
+    // Lost first, then free.
+    let freed = common::eventually(Duration::from_secs(10), || async {
+        !locks.is_held("manual")
+    })
+    .await;
+    assert!(freed, "and frees the lock");
+    assert!(matches!(other.release().await, Err(Error::LockLost { .. })));
+
+    let capped = LockOptions::builder()
+        .expiry(Duration::from_millis(300))
+        .max_hold(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let locks = MemoryLockProvider::new().with_options(capped);
+    let guard = locks.create_lock("capped").acquire().await.unwrap();
+    let refused = guard.extend(Duration::from_secs(30)).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidArgument(message)) if message.contains("max_hold")),
+        "{refused:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), guard.lost().wait())
+        .await
+        .expect("the hold runs out");
+    // Lost first, then free.
+    let freed = common::eventually(Duration::from_secs(10), || async {
+        locks
+            .create_lock("capped")
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    assert!(freed, "the lock is free once the hold ran out");
+}
+
+/// The double refuses what the MongoDB locks refuse: `min_hold` for semaphores and
+/// reader-writer locks, `min_hold` or `fair` for document locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_refuses_options_a_kind_does_not_support() {
+    let window = LockOptions::builder()
+        .min_hold(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let locks = MemoryLockProvider::new().with_options(window);
+    let refused = locks.create_semaphore("s", 2).try_acquire().await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOptions(m)) if m.contains("min_hold")),
+        "{refused:?}"
+    );
+    let refused = locks
+        .create_reader_writer_lock("rw")
+        .try_acquire_write()
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOptions(m)) if m.contains("min_hold")),
+        "{refused:?}"
+    );
+    let fair = LockOptions::builder().fair(true).build().unwrap();
+    let locks = MemoryLockProvider::new().with_options(fair);
+    let refused = locks
+        .create_document_lock("jobs")
+        .try_lock(doc! { "_id": "a" })
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOptions(m)) if m.contains("fair")),
+        "{refused:?}"
+    );
+}
 
 #[tokio::test]
 async fn shutdown_ends_every_lease_and_refuses_what_comes_after() {

@@ -208,7 +208,13 @@ impl<'a, K: Claim> Waiting<'a, K> {
             }
             self.follow_pushed_releases();
             match self.next_event().await {
-                Event::Attempt => break,
+                Event::Attempt => {
+                    // A release that took the offer hands the lock over instead.
+                    if let Some(guard) = self.take_offer_back().await {
+                        return Some(Ok(Some(self.won(guard))));
+                    }
+                    break;
+                }
                 Event::Poll => {}
                 Event::Transferred(Ok(Ok(Some(guard)))) => return Some(Ok(Some(self.won(guard)))),
                 Event::Transferred(Ok(Err(error))) => return Some(Err(error)),
@@ -221,6 +227,16 @@ impl<'a, K: Claim> Waiting<'a, K> {
         }
         self.failed_attempts = self.failed_attempts.saturating_add(1);
         None
+    }
+
+    /// Before an attempt: takes the standing offer back, so that an attempt and a release's
+    /// transfer cannot both win (the one that lost would be a lease nobody wanted, released
+    /// only afterwards, as [`last_transfer`] does with a late one): the guard a release is
+    /// handing over already, `None` otherwise (no offer stood, or it was taken back, or the
+    /// transfer gave nothing).
+    async fn take_offer_back(&mut self) -> Option<K::Won> {
+        let offered = self.offered.take()?;
+        last_transfer(self.ticket.as_ref(), Some(offered), self.options).await
     }
 
     /// Leaves the line with `guard`, passing the turn on (at once if it leaves room).
