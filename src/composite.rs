@@ -318,8 +318,16 @@ pub(crate) fn in_trait_order<'a>(
         };
         (rank, member.name())
     };
-    let mut members = members.to_vec();
-    members.sort_by_key(key);
+    in_order(members.to_vec(), key)
+}
+
+/// `members` sorted by `key` (a lock's place in the global order: two members with one key
+/// are the same lock); refused if empty or if a lock comes twice.
+pub(crate) fn in_order<'a, K: Ord>(
+    mut members: Vec<CompositeMember<'a>>,
+    key: impl Fn(&CompositeMember<'a>) -> K,
+) -> Result<Vec<CompositeMember<'a>>> {
+    members.sort_by_cached_key(&key);
     if members.is_empty() {
         return Err(Error::InvalidArgument(
             "acquire_all needs at least one lock".to_owned(),

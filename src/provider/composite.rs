@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::Provider;
 use crate::composite::{CompositeGuard, CompositeMember, HeldMember};
-use crate::error::{Error, Result, shown_name};
+use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lease::{acquire, held};
 use crate::lock_status::{LockKind, LockStatus};
@@ -178,8 +178,7 @@ impl Provider {
     where
         M: Clone + Into<CompositeMember<'a>>,
     {
-        let mut members: Vec<CompositeMember<'a>> =
-            members.iter().cloned().map(Into::into).collect();
+        let members: Vec<CompositeMember<'a>> = members.iter().cloned().map(Into::into).collect();
         let key = |member: &CompositeMember<'a>| {
             let collection = match member.kind() {
                 // (A composite member is never a document lock.)
@@ -189,24 +188,7 @@ impl Provider {
             };
             (collection.name.clone(), member.name())
         };
-        members.sort_by_cached_key(key);
-        if members.is_empty() {
-            return Err(Error::InvalidArgument(
-                "acquire_all needs at least one lock".to_owned(),
-            ));
-        }
-        if let Some(pair) = members
-            .windows(2)
-            .find(|pair| key(&pair[0]) == key(&pair[1]))
-        {
-            return Err(Error::InvalidArgument(format!(
-                "acquire_all got the lock name {:?} twice (as {:?} and {:?})",
-                shown_name(pair[0].name()),
-                pair[0].kind(),
-                pair[1].kind(),
-            )));
-        }
-        Ok(members)
+        crate::composite::in_order(members, key)
     }
 
     /// Acquires one member within `wait`: `None` if it stayed busy.

@@ -5,6 +5,8 @@
 
 use test_support as common;
 
+use common::CommandLog;
+
 use std::time::Duration;
 
 use distributed_lock_mongodb::{
@@ -59,6 +61,21 @@ async fn line_of(collection: &Collection<Document>, name: &str, count: usize) {
     })
     .await;
     assert!(reached, "{:?}", line(collection, name).await);
+}
+
+/// After a wait that ran out: it sent its attempts (two at least: the first took its place,
+/// the next renewed it) and one update that took its place out, and nothing else.
+async fn a_wait_gave_its_place_up(log: &CommandLog, documents: &Collection<Document>, name: &str) {
+    assert!(log.count("findAndModify") >= 2, "{:?}", log.started());
+    assert_eq!(log.count("update"), 1, "{:?}", log.started());
+    let others = (log.started_without_streams().into_iter())
+        .filter(|command| !["findAndModify", "update", "createIndexes"].contains(&command.as_str()))
+        .count();
+    assert_eq!(others, 0, "{:?}", log.started());
+    assert!(
+        line(documents, name).await.is_empty(),
+        "its place is given up"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,17 +149,7 @@ async fn a_free_fair_lock_costs_one_command_and_each_waiting_attempt_one_more() 
         .await
         .unwrap();
     assert!(waited.is_none());
-    let attempts = log.count("findAndModify");
-    assert!(attempts >= 2, "{:?}", log.started());
-    assert_eq!(log.count("update"), 1, "{:?}", log.started());
-    let others = (log.started_without_streams().into_iter())
-        .filter(|command| !["findAndModify", "update", "createIndexes"].contains(&command.as_str()))
-        .count();
-    assert_eq!(others, 0, "{:?}", log.started());
-    assert!(
-        line(&documents, &name).await.is_empty(),
-        "its place is given up"
-    );
+    a_wait_gave_its_place_up(&log, &documents, &name).await;
     guard.release().await.unwrap();
 }
 
@@ -383,16 +390,7 @@ async fn a_fair_writer_costs_one_command_free_and_one_per_waiting_attempt() {
         .await
         .unwrap();
     assert!(waited.is_none());
-    assert!(log.count("findAndModify") >= 2, "{:?}", log.started());
-    assert_eq!(log.count("update"), 1, "{:?}", log.started());
-    let others = (log.started_without_streams().into_iter())
-        .filter(|command| !["findAndModify", "update", "createIndexes"].contains(&command.as_str()))
-        .count();
-    assert_eq!(others, 0, "{:?}", log.started());
-    assert!(
-        line(&documents, &name).await.is_empty(),
-        "its place is given up"
-    );
+    a_wait_gave_its_place_up(&log, &documents, &name).await;
     writing.release().await.unwrap();
 }
 
