@@ -710,3 +710,70 @@ async fn a_pushed_release_wakes_only_the_waiter_first_in_line() {
         .unwrap();
     guard.release().await.unwrap();
 }
+
+/// A provider's shutdown ends a fair wait with `ShutDown`, and the wait's place leaves the line:
+/// the waiters of other processes behind it are not held back by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_ends_a_fair_wait_and_its_place_leaves_the_line() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let holder = process(&database, &collection, &name)
+        .acquire()
+        .await
+        .unwrap();
+    let provider = distributed_lock_mongodb::Provider::new(&database)
+        .with_collection(collection.as_str())
+        .with_options(fair_options());
+    let waiting = {
+        let lock = provider.create_lock(name.as_str());
+        tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    line_of(&documents, &name, 1).await;
+    tokio::time::timeout(Duration::from_secs(30), provider.shutdown())
+        .await
+        .expect("shut down");
+    let ended = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the wait ends")
+        .unwrap();
+    assert!(matches!(ended, Err(Error::ShutDown)), "{ended:?}");
+    line_of(&documents, &name, 0).await;
+    holder.release().await.unwrap();
+}
+
+/// A fair lock with a `min_hold` window: a release keeps the lock taken until the window ends,
+/// and the first in line takes it then (not a later waiter, nor a single attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_locks_window_is_kept_and_the_first_in_line_gets_the_lock_after_it() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let windowed = fair_options()
+        .to_builder()
+        .min_hold(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let lock = |options: &LockOptions| {
+        MongoDistributedLock::new(name.as_str(), &database)
+            .with_collection(collection.as_str())
+            .with_options(options.clone())
+    };
+    let holder = lock(&windowed).acquire().await.unwrap();
+    let first = {
+        let lock = lock(&windowed);
+        tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(60)).await })
+    };
+    line_of(&documents, &name, 1).await;
+    holder.release().await.unwrap();
+    // The window keeps it taken, with nobody holding it, while the first in line waits.
+    let status = lock(&windowed).status().await.unwrap().expect("stored");
+    assert!(status.lock_id.is_none() && status.is_kept(), "{status:?}");
+    assert!(!first.is_finished());
+    assert!(lock(&windowed).try_acquire().await.unwrap().is_none());
+    let guard = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("the first in line gets the lock once the window is over")
+        .unwrap()
+        .unwrap();
+    assert!(line(&documents, &name).await.is_empty());
+    guard.release().await.unwrap();
+}
