@@ -78,6 +78,22 @@ async fn a_wait_gave_its_place_up(log: &CommandLog, documents: &Collection<Docum
     );
 }
 
+/// The next `count` waiters served, as they report it on `order`, in turn.
+async fn served_in_turn<T>(
+    order: &mut tokio::sync::mpsc::UnboundedReceiver<T>,
+    count: usize,
+) -> Vec<T> {
+    let mut seen = Vec::with_capacity(count);
+    for _ in 0..count {
+        let next = tokio::time::timeout(Duration::from_secs(30), order.recv())
+            .await
+            .expect("served")
+            .expect("a waiter reports");
+        seen.push(next);
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_of_three_processes_are_served_in_the_order_they_came() {
     let database = common::database().await;
@@ -101,14 +117,7 @@ async fn waiters_of_three_processes_are_served_in_the_order_they_came() {
         line_of(&documents, &name, waiter).await;
     }
     holder.release().await.unwrap();
-    let mut seen = Vec::new();
-    for _ in 1..=3 {
-        let next = tokio::time::timeout(Duration::from_secs(30), order.recv())
-            .await
-            .expect("served")
-            .unwrap();
-        seen.push(next);
-    }
+    let seen = served_in_turn(&mut order, 3).await;
     assert_eq!(seen, [1, 2, 3]);
     for waiter in waiters {
         waiter.await.unwrap();
@@ -349,14 +358,7 @@ async fn writers_of_three_processes_are_served_in_line_and_their_places_hold_rea
         guard.release().await.unwrap();
     });
     reading.release().await.unwrap();
-    let mut seen = Vec::new();
-    for _ in 1..=4 {
-        let next = tokio::time::timeout(Duration::from_secs(30), order.recv())
-            .await
-            .expect("served")
-            .unwrap();
-        seen.push(next);
-    }
+    let seen = served_in_turn(&mut order, 4).await;
     assert_eq!(seen, [1, 2, 3, 4]);
     for waiter in waiters {
         waiter.await.unwrap();
@@ -586,15 +588,7 @@ async fn a_fair_semaphore_lets_no_waiter_for_fewer_places_pass_one_ahead_in_line
     };
     line_of(&documents, &name, 2).await;
     holder.release().await.unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(30), order.recv())
-        .await
-        .expect("served")
-        .unwrap();
-    let second = tokio::time::timeout(Duration::from_secs(30), order.recv())
-        .await
-        .expect("served")
-        .unwrap();
-    assert_eq!([first, second], ["two", "one"]);
+    assert_eq!(served_in_turn(&mut order, 2).await, ["two", "one"]);
     two.await.unwrap();
     one.await.unwrap();
     assert!(line(&documents, &name).await.is_empty());
