@@ -89,6 +89,19 @@ pub enum Error {
         name: String,
     },
 
+    /// A guard's `extend` was refused: a revocation request targets the lease (see
+    /// [`MongoDistributedLock::acquire_revoking`](crate::MongoDistributedLock::acquire_revoking)).
+    /// Nothing was written; the lease still ends as it would have. Let the lock go (release it)
+    /// before the request's grace runs out: renewals stop then.
+    #[error(
+        "the extension of lock {:?} was refused: its holder was asked to let go",
+        shown_name(name)
+    )]
+    RevocationRequested {
+        /// The lock's name.
+        name: String,
+    },
+
     /// A lease-checked transaction's commit got no definite answer (its reply was lost, or it
     /// kept failing with `UnknownTransactionCommitResult` until the lock was lost or 120 s
     /// passed): **its writes may or may not have been committed**. Nothing else was written by
@@ -555,6 +568,7 @@ mod tests {
             details: owner.map(|owner| crate::LockDetails::new().with_owner(owner)),
             places: 1,
             upgradeable: false,
+            revocation: None,
         };
         let one = busy(vec![holder("7f3a", Some("worker-7"))]).to_string();
         assert!(

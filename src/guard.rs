@@ -1,7 +1,9 @@
 //! The guard of a held lock with a fencing token: an exclusive lock, a reader-writer lock's
 //! writer, or a semaphore place.
 
+use crate::Revocation;
 use crate::error::Result;
+use crate::lease::PushFrom;
 use crate::lease::claim::Granted;
 use crate::lease::held::HeldLease;
 use crate::lease::lost::LostSignal;
@@ -36,6 +38,9 @@ use crate::token::FencingToken;
 pub struct LockGuard {
     lease: HeldLease,
     fencing_token: FencingToken,
+    /// An exclusive lock's change stream, which tells [`revocation_requested`](Self::revocation_requested)
+    /// of a request at once.
+    push: Option<PushFrom>,
 }
 
 impl LockGuard {
@@ -43,7 +48,58 @@ impl LockGuard {
         LockGuard {
             lease,
             fencing_token,
+            push: None,
         }
+    }
+
+    /// The guard of an exclusive lock whose change stream comes `from` there.
+    pub(crate) fn pushed_from(mut self, from: PushFrom) -> Self {
+        self.push = Some(from);
+        self
+    }
+
+    /// Resolves when someone asks this holder to let go: a waiter's
+    /// [`acquire_revoking`](crate::MongoDistributedLock::acquire_revoking), or an operator's
+    /// [`request_revocation`](crate::Provider::request_revocation). The [`Revocation`] says how
+    /// much grace is left and the request's priority. Release before the grace runs out: from
+    /// then on the lease is not renewed, and the lock is lost at its end at the latest (the
+    /// [`lost`](Self::lost) signal fires first).
+    ///
+    /// Reads the lock's document now and every
+    /// [`extension_cadence`](crate::LockOptions::extension_cadence), and at once when the lock's
+    /// change stream (on a replica set or sharded cluster) shows a change. Costs nothing unless
+    /// called: one small read per cadence while it waits.
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock) -> distributed_lock_mongodb::Result<()> {
+    /// # async fn one_batch() {}
+    /// let guard = lock.acquire().await?;
+    /// let asked = guard.revocation_requested();
+    /// tokio::pin!(asked);
+    /// loop {
+    ///     tokio::select! {
+    ///         revocation = &mut asked => {
+    ///             println!("asked to let go ({:?} of grace left)", revocation?.grace_left);
+    ///             break;
+    ///         }
+    ///         () = one_batch() => {}
+    ///     }
+    /// }
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if the lock is lost first;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a guard of a semaphore place
+    /// or a writer (only exclusive locks can be asked to let go); [`Error::NoRuntime`](crate::Error::NoRuntime)
+    /// outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: reads only.
+    pub async fn revocation_requested(&self) -> Result<Revocation> {
+        self.lease.revocation_requested(self.push.as_ref()).await
     }
 
     /// The lock's name.

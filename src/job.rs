@@ -250,6 +250,7 @@ mod tests {
             details: Some(LockDetails::new().with_owner("worker-7")),
             places: 1,
             upgradeable: false,
+            revocation: None,
         };
         let running = Skipped {
             status: Some(status.clone()),

@@ -48,6 +48,7 @@ mod job;
 mod leader;
 mod lock;
 mod provider;
+pub mod revocation;
 mod rw_lock;
 mod semaphore;
 mod watch;
@@ -86,6 +87,7 @@ pub use lock::{DEFAULT_LOCK_COLLECTION, MongoDistributedLock};
 pub use lock_status::{LockFilter, LockKind, LockStatus, Purgeable};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use provider::Provider;
+pub use revocation::{Revocation, RevokeRequest};
 pub use rw_lock::{
     DEFAULT_RW_COLLECTION, MongoDistributedReaderWriterLock, ReadGuard, UpgradeableReadGuard,
 };

@@ -13,11 +13,13 @@ use crate::guard::LockGuard;
 use crate::lease::acquire::{self, Acquisition, ReadHolders, Wait};
 use crate::lease::claim::{Claim, Request};
 use crate::lease::family::Family;
-use crate::lease::schema::{self, AttemptReply, LINE, Layout};
+use crate::lease::revoke::{self, Ask};
+use crate::lease::schema::{self, AttemptReply, LINE, Layout, REVOKE};
 use crate::lease::waiting_marker::WaitingMarker;
 use crate::lease::{Problem, Target, admin, held};
 use crate::lock_status::{LockKind, LockStatus};
 use crate::options::LockOptions;
+use crate::revocation::RevokeRequest;
 use crate::token::FencingToken;
 use crate::watch::{Changes, LockWatch};
 use futures::future::BoxFuture;
@@ -281,13 +283,62 @@ impl MongoDistributedLock {
         held::after_release(self.name(), output, guard.release().await)
     }
 
+    /// Waits at most `timeout` for the lock, asking its holder to let go: a revocation request
+    /// with `request`'s grace and priority, which the holder sees through
+    /// [`LockGuard::revocation_requested`].
+    ///
+    /// - While the lock is held, each attempt places (or renews) the request in the lock's
+    ///   document, unless a standing request of another waiter ranks as high or higher (this
+    ///   wait then waits as [`acquire_timeout`](Self::acquire_timeout) does, and asks as soon as
+    ///   that request is gone). The grace counts from the first attempt that asked the current
+    ///   holder.
+    /// - Once the holder releases, the lock is kept for this wait: nobody else can take it while
+    ///   the request lives (each attempt renews it; it lapses a few seconds after the wait ends).
+    ///   A release in this process hands it over in its release command.
+    /// - A holder that ignores the request past its grace cannot renew or extend its lease any
+    ///   more: it loses the lock (its lost signal fires) at the lease's end at the latest, and
+    ///   this wait takes it with the next fencing token, so the old holder's fenced writes are
+    ///   refused.
+    /// - A [`min_hold`](LockOptions::min_hold) window is a promise about the work: it is kept.
+    ///
+    /// Costs what a wait costs (one `findAndModify` per attempt, which carries the request),
+    /// plus one `update` to take the request out if the wait ends without the lock. Callers that
+    /// never ask pay nothing: their commands only check that no request keeps the lock for
+    /// someone else. A lock with a request stored cannot be read by DistributedLock.MongoDB
+    /// (.NET), as with details.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], before anything is sent, for a fair lock (a revoking wait
+    /// would pass the line) or a grace over 365 days; otherwise as
+    /// [`acquire_timeout`](Self::acquire_timeout).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire`](Self::acquire); the request lapses with its short lease if
+    /// its removal cannot be sent.
+    pub async fn acquire_revoking(
+        &self,
+        request: RevokeRequest,
+        timeout: Duration,
+    ) -> Result<LockGuard> {
+        let ask = request.checked(self.name(), &self.target.options)?;
+        let wait = Wait::at_most(timeout);
+        let outcome = self.acquire_with(wait, Some(ask)).await;
+        wait.required(outcome, self.name(), self).await
+    }
+
     async fn acquire_within(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        self.acquire_with(wait, None).await
+    }
+
+    async fn acquire_with(&self, wait: Wait, revoking: Option<Ask>) -> Result<Option<LockGuard>> {
         let target = &self.target;
-        // A fair lock's wait has a place in the lock's line, taken out when it ends without the
-        // lock (the winning attempt takes it out itself).
-        let line = match target.options.fair() {
-            true => Some(WaitingMarker::new(target, LINE)?),
-            false => None,
+        // A fair lock's wait has a place in the lock's line, and a revoking wait a request in
+        // its document, taken out when the wait ends without the lock (the winning attempt
+        // takes it out itself).
+        let line = match (target.options.fair(), revoking) {
+            (_, Some(_)) => Some(WaitingMarker::new(target, REVOKE)?),
+            (true, None) => Some(WaitingMarker::new(target, LINE)?),
+            (false, None) => None,
         };
         let what = Acquisition {
             kind: LockKind::Exclusive,
@@ -307,6 +358,7 @@ impl MongoDistributedLock {
         let exclusive = Exclusive {
             target: Arc::clone(target),
             line: line.clone().map(|place| (place, wait)),
+            revoking,
         };
         let result = acquire::acquire(what, wait, Arc::new(exclusive)).await;
         if let Some(place) = line {
@@ -321,7 +373,10 @@ impl MongoDistributedLock {
 /// place in the lock's `line`, which its attempts renew while it has time left to wait.
 struct Exclusive {
     target: Arc<Target>,
+    /// A fair lock's place in line, or a revoking wait's request.
     line: Option<(Arc<WaitingMarker>, Wait)>,
+    /// What a revoking wait asks for.
+    revoking: Option<Ask>,
 }
 
 impl Claim for Exclusive {
@@ -352,6 +407,11 @@ impl Claim for Exclusive {
         if waits {
             place.may_be_placed();
         }
+        if let Some(ask) = self.revoking {
+            return revoke::revoking_acquire_update(
+                lock_id, options, details, &place.id, ask, waits, replacing,
+            );
+        }
         crate::lease::line::fair_acquire_update(
             lock_id, options, details, &place.id, waits, replacing,
         )
@@ -377,7 +437,10 @@ impl Claim for Exclusive {
             return Ok(None);
         };
         match token {
-            Some(token) => Ok(Some(LockGuard::new(lease, FencingToken::new(token)))),
+            Some(token) => Ok(Some(
+                LockGuard::new(lease, FencingToken::new(token))
+                    .pushed_from(self.target.push_from()),
+            )),
             // Cannot happen on a conforming server (we wrote the token ourselves); dropping
             // the lease releases it.
             None => Err(Error::UnexpectedReply(

@@ -87,6 +87,9 @@ pub struct LockStatus {
     /// several at once ([`MongoDistributedSemaphore::acquire_many`](crate::MongoDistributedSemaphore::acquire_many)),
     /// 1 otherwise.
     pub places: u32,
+    /// A request that the holder let go, for an exclusive lock's holder that has one (see
+    /// [`revocation`](crate::revocation)): its priority, and how much of its grace is left.
+    pub revocation: Option<crate::Revocation>,
     /// Whether the holder is a reader-writer lock's upgradeable reader
     /// ([`acquire_upgradeable_read`](crate::MongoDistributedReaderWriterLock::acquire_upgradeable_read)).
     pub upgradeable: bool,

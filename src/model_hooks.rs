@@ -105,6 +105,68 @@ pub fn line_removal(name: &str, wait: &str) -> (Document, Vec<Document>) {
     crate::lease::line::removal(name, wait)
 }
 
+/// The update pipeline of a revoking wait's attempt (`acquire_revoking`) with `lock_id`, of the
+/// wait `wait`, asking the holder to let go within `grace_millis` with `priority`; it waits on
+/// if it fails (its request placed or renewed).
+pub fn revoking_attempt_update(
+    lock_id: &str,
+    options: &LockOptions,
+    details: Option<&Document>,
+    wait: &str,
+    grace_millis: i64,
+    priority: i32,
+) -> Vec<Document> {
+    let ask = crate::lease::revoke::Ask {
+        grace_millis,
+        priority,
+    };
+    crate::lease::revoke::revoking_acquire_update(lock_id, options, details, wait, ask, true, None)
+}
+
+/// The update pipeline of a release `releasing` that hands the lock to the revoking waiter
+/// `waiter` of the wait `wait`.
+pub fn revoking_transfer_update(
+    waiter: &str,
+    options: &LockOptions,
+    releasing: &str,
+    details: Option<&Document>,
+    wait: &str,
+    grace_millis: i64,
+    priority: i32,
+) -> Vec<Document> {
+    let ask = crate::lease::revoke::Ask {
+        grace_millis,
+        priority,
+    };
+    crate::lease::revoke::revoking_acquire_update(
+        waiter,
+        options,
+        details,
+        wait,
+        ask,
+        true,
+        Some(releasing),
+    )
+}
+
+/// The filter and update that take the request of the revoking wait `wait` out of lock `name`'s
+/// document, once the wait ended without the lock.
+pub fn revoke_removal(name: &str, wait: &str) -> (Document, Document) {
+    crate::lease::revoke::removal(name, wait)
+}
+
+/// The filter and pipeline of an operator's revocation request `id` on lock `name`
+/// (`Provider::request_revocation`, `dlock revoke`), with `grace_millis` of grace.
+pub fn operator_revocation(name: &str, id: &str, grace_millis: i64) -> (Document, Vec<Document>) {
+    crate::lease::revoke::operator_request(name, id, grace_millis)
+}
+
+/// The filter of a guard's `extend` of the lease `lock_id`: a renewal's, and no live revocation
+/// request targets the lease.
+pub fn extend_filter(name: &str, lock_id: &str) -> Document {
+    schema::Layout::LockDocument.extend_filter(&Bson::from(name), lock_id)
+}
+
 /// The filter of a renewal of the lease `lock_id` (a `findAndModify`: no match means lost).
 pub fn renew_filter(name: &str, lock_id: &str) -> Document {
     schema::Layout::LockDocument.renew_many_filter(&[Bson::from(name)], &[lock_id.to_owned()])

@@ -129,6 +129,13 @@ pub trait DistributedLockGuard: Send + Sync + Debug {
     /// As [`LockGuard::extend`](crate::LockGuard::extend).
     fn extend(&self, by: Duration) -> BoxFuture<'_, Result<()>>;
 
+    /// Resolves when someone asks this holder to let go; see
+    /// [`LockGuard::revocation_requested`](crate::LockGuard::revocation_requested).
+    ///
+    /// # Errors
+    /// As [`LockGuard::revocation_requested`](crate::LockGuard::revocation_requested).
+    fn revocation_requested(&self) -> BoxFuture<'_, Result<crate::Revocation>>;
+
     /// Releases the lock.
     ///
     /// # Errors
@@ -953,6 +960,12 @@ macro_rules! impl_distributed_lock_guard {
 
             fn fencing_token(&self) -> $crate::token::FencingToken {
                 <$guard>::fencing_token(self)
+            }
+
+            fn revocation_requested(
+                &self,
+            ) -> futures::future::BoxFuture<'_, $crate::error::Result<$crate::Revocation>> {
+                Box::pin(<$guard>::revocation_requested(self))
             }
 
             $crate::traits::forward_guard!($guard);

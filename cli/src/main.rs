@@ -115,6 +115,20 @@ enum Command {
         #[arg(long, short)]
         yes: bool,
     },
+    /// Ask the holder of an exclusive lock to let go (a revocation request).
+    ///
+    /// The holder's guard is told (`revocation_requested`); once `--grace` is over its lease is
+    /// not renewed any more, so the lock is free at the lease's end at the latest, and the
+    /// holder's lost signal fires before anyone else can take it: unlike `release`, two holders
+    /// never overlap. The request keeps the lock for nobody. Prints the holder with the request;
+    /// exits 1 if nobody holds the lock.
+    Revoke {
+        /// The exclusive lock's name.
+        name: String,
+        /// How long the holder has to let go (`30s`, `5m`; a bare number is seconds).
+        #[arg(long, value_name = "GRACE", value_parser = parse_age, default_value = "30")]
+        grace: Duration,
+    },
     /// Follow one lock's holders live (or, without a name, every held lock of the
     /// collections), until Ctrl-C or until the reader of the output goes away.
     ///
@@ -292,6 +306,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             kind,
             yes,
         } => release(&provider, &name, holder.as_deref(), kind, yes, cli.json).await,
+        Command::Revoke { name, grace } => match provider.request_revocation(&name, grace).await? {
+            Some(holder) => {
+                output::holders(&[holder], cli.json, "");
+                Ok(())
+            }
+            None => Err(Failure::NotFound(format!(
+                "lock {name:?} is not held: nobody to ask"
+            ))),
+        },
         Command::Watch { name, kind, every } => {
             if every.is_zero() {
                 return Err(Failure::Usage("--every must be more than zero".to_owned()));

@@ -249,6 +249,11 @@ pub struct Caller {
     /// only the first live place may take the lock (or be handed it by a release). Every caller
     /// of a fair lock is fair.
     pub fair: bool,
+    /// In an exclusive lock, a revoking waiter (`acquire_revoking`) that gives the holder this
+    /// many ticks of grace: each of its attempts that fails places or renews its request (its
+    /// wait's marker), which caps the holder's renewals once the grace is over and keeps the
+    /// lock for this wait once it is free.
+    pub revokes: Option<u8>,
 }
 
 /// What the checker explores.
@@ -279,6 +284,9 @@ pub struct Config {
     /// Whether an operator may force the lock's release, once, at any moment
     /// (`Provider::force_release` through router R0): a lease ended early by someone else.
     pub force_release: bool,
+    /// Whether an operator may ask the holder to let go, once, at any moment
+    /// (`Provider::request_revocation` through router R0, a grace of one tick).
+    pub operator_revokes: bool,
     /// Whether process 0 may crash, once, at any moment: its callers stop, sending nothing more,
     /// and what reaches it is lost.
     pub crash: bool,
@@ -382,6 +390,7 @@ impl Default for Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
                 Caller {
                     process: 0,
@@ -398,6 +407,7 @@ impl Default for Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
                 Caller {
                     process: 1,
@@ -414,6 +424,7 @@ impl Default for Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
             ],
             faults: 1,
@@ -426,6 +437,7 @@ impl Default for Config {
             clock_step: None,
             pause: None,
             force_release: false,
+            operator_revokes: false,
             crash: false,
             purge: false,
             delete_by_hand: false,
@@ -460,6 +472,7 @@ impl Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
                 Caller {
                     process: 1,
@@ -476,6 +489,7 @@ impl Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
             ],
             slow_replies: true,
@@ -550,6 +564,7 @@ impl Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
                 Caller {
                     process: 0,
@@ -566,6 +581,7 @@ impl Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
                 Caller {
                     process: 1,
@@ -582,6 +598,7 @@ impl Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
             ],
             faults: 0,
@@ -715,6 +732,7 @@ impl Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
                 Caller {
                     process: 1,
@@ -731,6 +749,7 @@ impl Config {
                     upgradeable: false,
                     upgrades: None,
                     fair: false,
+                    revokes: None,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -842,6 +861,34 @@ impl Config {
         }
         Config {
             callers,
+            horizon: 40,
+            ..Config::default()
+        }
+    }
+
+    /// An exclusive lock whose caller of process 1 asks the holder to let go
+    /// (`acquire_revoking`, a grace of one tick), while the long holder of process 0 ignores the
+    /// request and a caller of process 0 waits plainly, with one fault: the holder's renewals stop
+    /// once the grace is over, it loses the lock, and the lock, once free, is kept for the asker.
+    /// "No lease is renewed once a revocation's grace is over", "a lock kept for a revoking
+    /// waiter goes to nobody else", and every property of the exclusive lock.
+    pub fn a_revoking_waiter() -> Config {
+        let mut callers = Config::default().callers;
+        callers[2].revokes = Some(1);
+        Config {
+            callers,
+            horizon: 40,
+            ..Config::default()
+        }
+    }
+
+    /// The exclusive lock of the default configuration, whose holder an operator asks to let go
+    /// at any moment (`Provider::request_revocation`, a grace of one tick, keeping the lock for
+    /// nobody), without network faults: the holder's renewals stop once the grace is over.
+    pub fn an_operator_revokes() -> Config {
+        Config {
+            faults: 0,
+            operator_revokes: true,
             horizon: 40,
             ..Config::default()
         }
@@ -1231,7 +1278,17 @@ impl LeaseProtocol {
             } => {
                 let (lock_id, options) = (lock_id_name(lock_id), self.options_of(client));
                 let details = self.details_of(client).map(details_of);
-                let update = if options.fair() {
+                let revokes = self.config.callers[usize::from(client)].revokes;
+                let update = if let Some(grace) = revokes {
+                    code::revoking_attempt_update(
+                        &lock_id,
+                        options,
+                        details.as_ref(),
+                        &marker_of(marker),
+                        ticks_ms(grace),
+                        0,
+                    )
+                } else if options.fair() {
                     code::fair_attempt_update(
                         &lock_id,
                         options,
@@ -1259,7 +1316,7 @@ impl LeaseProtocol {
                 client,
                 by,
             } => Command {
-                filter: code::renew_filter(NAME, &lock_id_name(lock_id)),
+                filter: code::extend_filter(NAME, &lock_id_name(lock_id)),
                 update: if self.mistake(Mistake::ExtensionShortens) {
                     vec![doc! { "$set": { "expiresAt": { "$add": ["$$NOW", ticks_ms(by)] } } }]
                 } else {
@@ -1294,7 +1351,18 @@ impl LeaseProtocol {
                 let filter = code::transfer_filter(NAME, &releasing, &waiter);
                 let (options, details) = (self.options_of(client), self.details_of(client));
                 let details = details.map(details_of);
-                let update = if options.fair() {
+                let revokes = self.config.callers[usize::from(client)].revokes;
+                let update = if let Some(grace) = revokes {
+                    code::revoking_transfer_update(
+                        &waiter,
+                        options,
+                        &releasing,
+                        details.as_ref(),
+                        &marker_of(marker),
+                        ticks_ms(grace),
+                        0,
+                    )
+                } else if options.fair() {
                     let wait = marker_of(marker);
                     code::fair_transfer_update(
                         &waiter,
@@ -1712,6 +1780,13 @@ impl LeaseProtocol {
     }
 
     /// The options of `client`'s lock.
+    /// Whether a caller of the lock revokes (only then are the revocation checks computed, so
+    /// that they split no states elsewhere).
+    fn kind_revokes(&self) -> bool {
+        self.config.operator_revokes
+            || (self.config.callers.iter()).any(|caller| caller.revokes.is_some())
+    }
+
     /// Whether `client`'s wait takes a place in a fair lock's line: a fair lock's caller's,
     /// except a reader's and an upgrade's (which waits with a waiting writer's marker).
     fn in_line(&self, client: u8) -> bool {
@@ -2043,7 +2118,25 @@ pub struct LockDocument {
     pub line: Vec<(u8, i64)>,
     /// A fair lock's wait the current (or last) lease came from (`servedWait`).
     pub served_wait: Option<u8>,
+    /// An exclusive lock's revocation request (`revoke`).
+    pub revoke: Option<Revoke>,
 }
+
+/// A revocation request, as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Revoke {
+    /// The asker's wait (`None`: an operator's request).
+    pub wait: Option<u8>,
+    /// The lease it asks to end.
+    pub target: Option<u8>,
+    pub grace_until_ms: i64,
+    pub expires_at_ms: i64,
+    pub priority: i64,
+    pub reserves: bool,
+}
+
+/// The id the model's operator gives its revocation request.
+const OPERATOR_REQUEST: &str = "operator";
 
 /// A reader-writer lock's leases, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -2293,6 +2386,7 @@ pub struct State {
     /// Process 0 stands still until this tick.
     pub paused_until: Option<u8>,
     pub may_force_release: bool,
+    pub may_revoke: bool,
     /// Whether the operator's resize ([`Config::resize`]) is still to come.
     pub may_resize: bool,
     /// No semaphore admission left its places beyond the stored count (by the admitting
@@ -2349,6 +2443,20 @@ pub struct State {
     /// An attempt found a fair lock free (a fair semaphore with room for what it asks) and
     /// stayed out, a live place of another waiter being ahead of its own (a coverage flag).
     pub line_kept_a_free_lock: bool,
+    /// No lease was renewed (or extended) while a live revocation request targeting it had its
+    /// grace over.
+    pub no_renewal_past_grace: bool,
+    /// No caller took the lock (by an attempt or a transfer) while a live request kept it for
+    /// another wait.
+    pub kept_for_its_asker: bool,
+    /// A renewal of a live lease was refused because a request's grace was over.
+    pub grace_capped_a_renewal: bool,
+    /// An attempt found the lock free but kept for another wait, and did not take it.
+    pub reservation_kept_a_free_lock: bool,
+    /// A revoking caller took the lock.
+    pub asker_took_the_lock: bool,
+    /// An operator's request reached a holder.
+    pub operator_asked_a_holder: bool,
     /// A wait that ended without the lock took its place out of the line (a coverage flag).
     pub place_given_up: bool,
     /// Every lock document stored held at most one upgradeable reader's lease.
@@ -2558,6 +2666,8 @@ pub enum Action {
     Pause,
     /// An operator forces the lock's release ([`Config::force_release`]).
     ForceRelease,
+    /// An operator asks the holder to let go ([`Config::operator_revokes`]).
+    OperatorRevokes,
     /// Process 0 crashes ([`Config::crash`]).
     Crash,
     /// An operator purges the collection ([`Config::purge`]).
@@ -2569,6 +2679,30 @@ pub enum Action {
 }
 
 impl LeaseProtocol {
+    /// Whether the lock is kept for another wait than `client`'s (`marker`): a live request that
+    /// reserves it, of another wait, is stored (as seen through `router`).
+    fn reserved_for_other(&self, state: &State, router: u8, client: u8, marker: u8) -> bool {
+        let now = self.server_now(state, router).timestamp_millis();
+        let ours = (self.config.callers[usize::from(client)].revokes.is_some()).then_some(marker);
+        let request = state.lock.as_ref().and_then(|lock| lock.revoke);
+        request.is_some_and(|request| {
+            request.expires_at_ms > now && request.reserves && request.wait != ours
+        })
+    }
+
+    /// Whether the renewals of lease `lock_id` are capped: a live request targets it and its
+    /// grace is over (as seen through `router`).
+    fn capped(&self, state: &State, router: u8, lock_id: u8) -> bool {
+        let now = self.server_now(state, router).timestamp_millis();
+        let lock = state.lock.as_ref();
+        lock.is_some_and(|lock| lock.lock_id == Some(lock_id))
+            && lock.and_then(|lock| lock.revoke).is_some_and(|request| {
+                request.expires_at_ms > now
+                    && request.target == Some(lock_id)
+                    && request.grace_until_ms <= now
+            })
+    }
+
     fn server_now(&self, state: &State, router: u8) -> DateTime {
         let ahead = state.router_clocks_ms[usize::from(router)];
         DateTime::from_millis(EPOCH_MS + state.now_ms() + ahead)
@@ -2595,6 +2729,19 @@ impl LeaseProtocol {
             }
             if let Some(wait) = lock.served_wait {
                 document.insert("servedWait", marker_of(wait));
+            }
+            if let Some(request) = lock.revoke {
+                let mut stored = doc! {
+                    "id": request.wait.map_or_else(|| OPERATOR_REQUEST.to_owned(), marker_of),
+                    "graceUntil": DateTime::from_millis(request.grace_until_ms),
+                    "expiresAt": DateTime::from_millis(request.expires_at_ms),
+                    "priority": request.priority,
+                    "reserves": request.reserves,
+                };
+                if let Some(target) = request.target {
+                    stored.insert("target", lock_id_name(target));
+                }
+                document.insert("revoke", stored);
             }
             if !lock.line.is_empty() {
                 let line: Vec<Document> = (lock.line.iter())
@@ -2705,7 +2852,24 @@ impl LeaseProtocol {
                     .collect()
             },
         );
+        let revoke = document.get_document("revoke").ok().map(|request| {
+            let id = request.get_str("id").expect("a request's id");
+            let date = |field| {
+                (request.get_datetime(field))
+                    .expect("a request's dates")
+                    .timestamp_millis()
+            };
+            Revoke {
+                wait: (id != OPERATOR_REQUEST).then(|| id[1..].parse().expect("a model wait")),
+                target: request.get_str("target").ok().map(model_lock_id),
+                grace_until_ms: date("graceUntil"),
+                expires_at_ms: date("expiresAt"),
+                priority: token_of(request.get("priority")).expect("a priority"),
+                reserves: request.get_bool("reserves").expect("reserves"),
+            }
+        });
         state.lock = Some(LockDocument {
+            revoke,
             line,
             served_wait: document
                 .get_str("servedWait")
@@ -3105,6 +3269,7 @@ impl LeaseProtocol {
                 let fits_the_old_count = self.fits_the_old_count(state, router, client);
                 let stored_before = state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
                 let ahead = self.waiter_ahead(state, router, client, marker);
+                let reserved = self.reserved_for_other(state, router, client, marker);
                 let free = state.lock.as_ref().is_none_or(|lock| {
                     let now = self.server_now(state, router).timestamp_millis();
                     match self.config.kind {
@@ -3145,6 +3310,11 @@ impl LeaseProtocol {
                     won.is_some() && self.config.callers[usize::from(client)].places > 1;
                 state.served_in_line_order &= won.is_none() || !ahead || stored_before;
                 state.line_kept_a_free_lock |= ahead && free && won.is_none();
+                state.kept_for_its_asker &= won.is_none() || !reserved || stored_before;
+                state.reservation_kept_a_free_lock |= reserved && free && won.is_none();
+                if self.config.callers[usize::from(client)].revokes.is_some() && won.is_some() {
+                    state.asker_took_the_lock = true;
+                }
                 if reading.is_some() {
                     self.cover_upgrade(state, router, marker, won.is_some());
                 }
@@ -3255,9 +3425,16 @@ impl LeaseProtocol {
                     (lock.stores(lock_id), lock.stores_any())
                 });
                 let end_before = state.lock.as_ref().and_then(|lock| lock.end_of(lock_id));
+                let capped = self.kind_revokes() && self.capped(state, router, lock_id);
+                let lease_live = state.lock.as_ref().is_some_and(|lock| {
+                    let now = self.server_now(state, router).timestamp_millis();
+                    lock.lock_id == Some(lock_id) && lock.expires_at_ms.is_some_and(|end| end > now)
+                });
                 let live = self
                     .update(state, router, &renew.filter, &renew.update, false)
                     .is_some();
+                state.no_renewal_past_grace &= !(capped && live);
+                state.grace_capped_a_renewal |= capped && lease_live && !live;
                 let end_after = state.lock.as_ref().and_then(|lock| lock.end_of(lock_id));
                 state.extension_kept_a_later_end |=
                     by > 0 && live && end_before.is_some() && end_before == end_after;
@@ -3409,11 +3586,13 @@ impl LeaseProtocol {
                 });
                 let router = Self::router_of(state, waiter);
                 let ahead = self.waiter_ahead(state, router, waiter, marker);
+                let reserved = self.reserved_for_other(state, router, waiter, marker);
                 let replaced_details = state.lock.as_ref().and_then(|lock| lock.details);
                 let stored_before = state.lock.as_ref().is_some_and(|lock| lock.stores(lock_id));
                 let token = self
                     .update(state, router, &transfer.filter, &transfer.update, false)
                     .and_then(|document| self.won(&document, waiter, lock_id));
+                state.kept_for_its_asker &= token.is_none() || !reserved || stored_before;
                 if token.is_some() {
                     self.check_details(state, details, replaced_details);
                     state.served_in_line_order &= !ahead || stored_before;
@@ -3514,7 +3693,9 @@ impl LeaseProtocol {
                     state.place_given_up |= removed.is_some();
                     return;
                 }
+                let revokes = self.config.callers[usize::from(client)].revokes.is_some();
                 let (filter, update) = match self.config.kind {
+                    Kind::Exclusive if revokes => code::revoke_removal(NAME, &marker_of(marker)),
                     Kind::Semaphore(_) => code::semaphore::marker_removal(NAME, &marker_of(marker)),
                     _ => code::reader_writer::remove_marker(NAME, &marker_of(marker)),
                 };
@@ -4093,7 +4274,10 @@ impl LeaseProtocol {
                             self.config.callers[client].places > 1
                                 || self.config.callers[client].fair
                         }
-                        Kind::Exclusive => self.config.callers[client].fair,
+                        Kind::Exclusive => {
+                            self.config.callers[client].fair
+                                || self.config.callers[client].revokes.is_some()
+                        }
                         Kind::Document => false,
                     };
                     let marker = if marks {
@@ -4561,6 +4745,7 @@ impl LeaseProtocol {
                     holders: Vec::new(),
                     line: Vec::new(),
                     served_wait: None,
+                    revoke: None,
                     reader_writer: None,
                     embedded: None,
                     committed_by: None,
@@ -4594,6 +4779,7 @@ impl LeaseProtocol {
             may_pause: self.config.pause.is_some(),
             paused_until: None,
             may_force_release: self.config.force_release,
+            may_revoke: self.config.operator_revokes,
             may_resize: self.config.resize.is_some(),
             admitted_within_count: true,
             forced: Vec::new(),
@@ -4614,6 +4800,12 @@ impl LeaseProtocol {
             set_count_kept_an_attempt_out: false,
             served_in_line_order: true,
             line_kept_a_free_lock: false,
+            no_renewal_past_grace: true,
+            kept_for_its_asker: true,
+            grace_capped_a_renewal: false,
+            reservation_kept_a_free_lock: false,
+            asker_took_the_lock: false,
+            operator_asked_a_holder: false,
             place_given_up: false,
             one_upgradeable_reader: true,
             upgrade_waited_for_a_reader: false,
@@ -4709,6 +4901,9 @@ impl Model for LeaseProtocol {
         if state.may_pause {
             actions.push(Action::Pause);
         }
+        if state.may_revoke {
+            actions.push(Action::OperatorRevokes);
+        }
         if state.may_force_release {
             actions.push(Action::ForceRelease);
         }
@@ -4796,6 +4991,23 @@ impl Model for LeaseProtocol {
                 let count = self.config.resize.expect("a resize");
                 let (filter, update) = code::semaphore::set_count(NAME, count.into());
                 self.update(&mut state, 0, &filter, &update, true);
+            }
+            Action::OperatorRevokes => {
+                state.may_revoke = false;
+                let (filter, pipeline) =
+                    code::operator_revocation(NAME, OPERATOR_REQUEST, ticks_ms(1));
+                let held = state.lock.as_ref().and_then(|lock| lock.lock_id);
+                let asked = self
+                    .update(&mut state, 0, &filter, &pipeline, false)
+                    .is_some();
+                state.operator_asked_a_holder |= asked;
+                // Only a live lease is asked to end, and the request targets it.
+                state.no_renewal_past_grace &= !asked
+                    || state
+                        .lock
+                        .as_ref()
+                        .and_then(|lock| lock.revoke)
+                        .is_some_and(|request| request.target == held && !request.reserves);
             }
             Action::ForceRelease => {
                 state.may_force_release = false;
@@ -4965,10 +5177,18 @@ impl Model for LeaseProtocol {
 type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 
 /// What every state must keep, in the order [`broken`] looks for a counterexample.
-pub const SAFETY: [Condition; 16] = [
+pub const SAFETY: [Condition; 18] = [
     (
         "a fair lock serves its waiters in line order",
         |_, state| state.served_in_line_order,
+    ),
+    (
+        "no lease is renewed once a revocation's grace is over",
+        |_, state| state.no_renewal_past_grace,
+    ),
+    (
+        "a lock kept for a revoking waiter goes to nobody else",
+        |_, state| state.kept_for_its_asker,
     ),
     (
         "a reader-writer lock stores at most one upgradeable reader",
@@ -5055,9 +5275,23 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 36] = [
+pub const COVERAGE: [Condition; 40] = [
+    ("an operator asks a holder to let go", |_, state| {
+        state.operator_asked_a_holder
+    }),
     ("a wait that ends gives its place in line up", |_, state| {
         state.place_given_up
+    }),
+    (
+        "a revocation's grace stops the holder's renewals",
+        |_, state| state.grace_capped_a_renewal,
+    ),
+    (
+        "a lock kept for a revoking waiter keeps another out",
+        |_, state| state.reservation_kept_a_free_lock,
+    ),
+    ("a revoking waiter takes the lock", |_, state| {
+        state.asker_took_the_lock
     }),
     (
         "a place ahead in line keeps a waiter out of a free fair lock",
@@ -5324,6 +5558,7 @@ pub fn narrate(path: &[(State, Option<Action>)]) -> Vec<String> {
                 }
                 None => "an operator deletes the lock's document by hand".to_owned(),
             },
+            Action::OperatorRevokes => "an operator asks the holder to let go".to_owned(),
             Action::ForceRelease if after.forced.is_empty() => {
                 "an operator forces a release: no lease to end".to_owned()
             }

@@ -434,6 +434,31 @@ fn a_fair_lock_among_three_callers_of_two_processes() {
 }
 
 #[test]
+fn a_revoking_waiter_and_a_holder_that_ignores_it() {
+    verify(
+        "a revoking waiter",
+        Config::a_revoking_waiter(),
+        &[
+            "a revocation's grace stops the holder's renewals",
+            "a lock kept for a revoking waiter keeps another out",
+            "a revoking waiter takes the lock",
+        ],
+    );
+}
+
+#[test]
+fn an_operator_asks_the_holder_to_let_go() {
+    verify(
+        "an operator revokes",
+        Config::an_operator_revokes(),
+        &[
+            "an operator asks a holder to let go",
+            "a revocation's grace stops the holder's renewals",
+        ],
+    );
+}
+
+#[test]
 fn a_fair_lock_whose_waiter_stops_waiting() {
     verify(
         "a fair waiter leaves",

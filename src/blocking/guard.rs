@@ -67,6 +67,9 @@ impl LockGuard {
     twins! { LockGuard:
         /// Extends the lease to at least `by` from now; see [`crate::LockGuard::extend`].
         fn extend(&self, by: Duration) -> ();
+        /// Blocks until someone asks this holder to let go (or the lock is lost); see
+        /// [`crate::LockGuard::revocation_requested`].
+        fn revocation_requested(&self) -> crate::Revocation;
         /// Stops renewing and releases the lock.
         fn release(self) -> ();
     }

@@ -35,6 +35,9 @@ impl MongoDistributedLock {
         /// Blocks at most `timeout` for the lock; [`Error::Timeout`](crate::Error::Timeout)
         /// when it stayed busy.
         fn acquire_timeout(&self, timeout: Duration) -> LockGuard;
+        /// Blocks at most `timeout` for the lock, asking its holder to let go; see
+        /// [`crate::MongoDistributedLock::acquire_revoking`].
+        fn acquire_revoking(&self, request: crate::RevokeRequest, timeout: Duration) -> LockGuard;
         /// Makes one attempt; `Ok(None)` if the lock is held by someone else.
         fn try_acquire(&self) -> Option<LockGuard>;
         /// Blocks at most `timeout` for the lock; `Ok(None)` if it stayed busy until then.

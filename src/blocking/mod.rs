@@ -231,7 +231,8 @@ returned_as_is!(
     u64,
     LockStatus,
     Vec<LockStatus>,
-    crate::Purgeable
+    crate::Purgeable,
+    crate::Revocation
 );
 
 impl<A, B: FromAsync<A>> FromAsync<Option<A>> for Option<B> {

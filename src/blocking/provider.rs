@@ -220,6 +220,9 @@ impl Provider {
         fn held_locks(&self) -> Vec<LockStatus>;
         /// **Dangerous**: ends the lease of exclusive lock `name` now, whoever holds it.
         fn force_release(&self, name: &str) -> bool;
+        /// Asks the holder of exclusive lock `name` to let go within `grace`; see
+        /// [`crate::Provider::request_revocation`].
+        fn request_revocation(&self, name: &str, grace: Duration) -> Option<LockStatus>;
         fn held_locks_matching(&self, filter: &LockFilter) -> Vec<LockStatus>;
         /// **Dangerous**: ends the one lease `holder` describes.
         fn force_release_holder(&self, holder: &LockStatus) -> bool;

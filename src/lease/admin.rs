@@ -13,11 +13,13 @@ use mongodb::Collection;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{ReadConcern, ReturnDocument, WriteConcern};
 
+use super::revoke;
 use super::schema::{
     ACQUIRED_AT, DETAILS, EMBEDDED_ID, EXPIRES_AT, Ending, FENCING_TOKEN, HOLDERS, ID, LOCK_ID,
     Layout, MAX_COUNT, MIN_HOLD_UNTIL, PLACES, READERS, RENEWED_AT, RESIZED_AT, RETENTION, Stored,
     UPGRADEABLE, WAITING_WRITER, WRITER, end_lease, live_members, places_of, primary,
 };
+use crate::Revocation;
 use crate::details::LockDetails;
 use crate::error::{Error, Operation, Result, is_duplicate_key, shown_name};
 use crate::lock_status::{LockKind, LockStatus};
@@ -78,6 +80,10 @@ fn of_holder(
         (None, LockKind::Exclusive) => (None, ahead),
         (None, _) => (None, None),
     };
+    let revocation = match (kind, &holder_id, now) {
+        (LockKind::Exclusive, Some(holder_id), Some(now)) => revocation_of(holder, holder_id, now),
+        _ => None,
+    };
     LockStatus {
         name,
         kind,
@@ -98,7 +104,30 @@ fn of_holder(
             _ => 1,
         },
         upgradeable: kind == LockKind::Read && holder.get_bool(UPGRADEABLE) == Ok(true),
+        revocation,
     }
+}
+
+/// The live revocation request stored in the exclusive lock document `row` that targets its
+/// holder `holder_id`, as of server time `now`.
+fn revocation_of(row: &Document, holder_id: &str, now: DateTime) -> Option<Revocation> {
+    let request = revoke::stored(row)?;
+    let live = request
+        .expires_at
+        .is_some_and(|expires_at| expires_at > now);
+    if !live || request.target.as_deref() != Some(holder_id) {
+        return None;
+    }
+    let grace_until = request.grace_until?;
+    let left = grace_until
+        .timestamp_millis()
+        .saturating_sub(now.timestamp_millis());
+    Some(Revocation {
+        priority: request.priority,
+        grace_until,
+        grace_left: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+        by_operator: !request.reserves,
+    })
 }
 
 /// The name of the lock a row belongs to: its `_id`.
@@ -259,6 +288,26 @@ pub(crate) async fn force_release(collection: &Collection<Document>, name: &str)
         .update_one(force_release_filter(name), force_release_update())
         .await?;
     Ok(result.modified_count > 0)
+}
+
+/// Asks the holder of exclusive lock `name` to let go within `grace_millis` (an operator's
+/// revocation request, see `revoke`): the holder's status with the request, or `None` if nobody
+/// holds the lock (nothing written then).
+pub(crate) async fn request_revocation(
+    collection: &Collection<Document>,
+    name: &str,
+    grace_millis: i64,
+) -> Result<Option<LockStatus>> {
+    let id = format!("operator-{}", super::schema::new_lock_id());
+    let (filter, pipeline) = revoke::operator_request(name, &id, grace_millis);
+    let written = collection
+        .find_one_and_update(filter, pipeline)
+        .return_document(ReturnDocument::After)
+        .await?;
+    Ok(match written {
+        Some(_) => status(collection, name).await?,
+        None => None,
+    })
 }
 
 /// The update of [`force_release`]: the lease ends as its holder's release would, keeping a

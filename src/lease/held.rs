@@ -19,7 +19,7 @@ use super::metrics;
 use super::protocol::{Refusal, Sent, Transaction};
 use super::record::{Lease, Place};
 use super::renewal::Command;
-use super::renewal_commands::{Failure, MAX_TIME_LIMIT, extend_one};
+use super::renewal_commands::{Extended, Failure, MAX_TIME_LIMIT, extend_one};
 use super::schema;
 use super::state::LeaseState;
 use crate::clock;
@@ -146,9 +146,12 @@ impl HeldLease {
             outcome = extension => outcome,
         };
         match outcome {
-            Ok(true) if self.state.extended(options, by, sent) => Ok(()),
-            Ok(true) => Err(self.lost_error()),
-            Ok(false) => {
+            Ok(Extended::Yes) if self.state.extended(options, by, sent) => Ok(()),
+            Ok(Extended::Yes) => Err(self.lost_error()),
+            Ok(Extended::Refused) => Err(Error::RevocationRequested {
+                name: self.name.clone(),
+            }),
+            Ok(Extended::Gone) => {
                 let _ = self.renewal_loop.send(Command::Gone {
                     lock_id: lock_id.to_owned(),
                 });
@@ -165,6 +168,64 @@ impl HeldLease {
             Err(Failure::Other(error)) => Err(Error::UnexpectedReply(format!(
                 "the extension of {shown:?} failed: {error}"
             ))),
+        }
+    }
+
+    /// Waits until a revocation request targets this lease (see [`crate::revocation`]): the
+    /// guards' `revocation_requested`. Reads the lock's document at once, then every
+    /// `extension_cadence`, and at each change the lock's change stream (`push`) shows.
+    pub(crate) async fn revocation_requested(
+        &self,
+        push: Option<&super::PushFrom>,
+    ) -> Result<crate::Revocation> {
+        let shown = shown_name(&self.name);
+        if self.place.layout != schema::Layout::LockDocument {
+            return Err(Error::InvalidArgument(format!(
+                "revocation_requested on {shown:?}: only an exclusive lock's holder (a leader's, \
+                 a job's) can be asked to let go"
+            )));
+        }
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let observation = push.map(|(collection, family, name)| {
+            super::Observation::new(&runtime, collection, *family, name)
+        });
+        let lost = self.lost();
+        loop {
+            let lock_id = self.lock_id.as_deref().ok_or_else(|| self.lost_error())?;
+            let read = super::admin::status(&self.place.collection, &self.name);
+            let read = super::admin::within(
+                super::admin::patience(&self.place.options),
+                &self.name,
+                read,
+            );
+            let status = tokio::select! {
+                biased;
+                () = lost.wait() => return Err(self.lost_error()),
+                status = read => status,
+            };
+            match status {
+                Ok(Some(status)) if status.lock_id.as_deref() == Some(lock_id) => {
+                    if let Some(revocation) = status.revocation {
+                        return Ok(revocation);
+                    }
+                }
+                // Gone from the server: the lost signal follows.
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(lock = %shown, %error, "could not read whether a revocation was requested; trying again");
+                }
+            }
+            let pushed = async {
+                match &observation {
+                    Some(observation) => observation.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = lost.wait() => return Err(self.lost_error()),
+                () = tokio::time::sleep(self.place.options.extension_cadence()) => {}
+                () = pushed => {}
+            }
         }
     }
 

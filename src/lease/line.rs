@@ -11,7 +11,7 @@ use mongodb::bson::{Bson, Document, doc};
 
 use super::schema::{
     EMBEDDED_ID, EXPIRES_AT, LINE, LOCK_ID, SERVED_WAIT, lease_end, live_members,
-    marker_lease_millis, member_ids, new_holder, released_end,
+    marker_lease_millis, member_ids, new_holder,
 };
 use crate::options::LockOptions;
 
@@ -110,16 +110,13 @@ pub(crate) fn fair_acquire_update(
 ) -> Vec<Document> {
     let mut stages = Vec::new();
     if let Some(releasing) = releasing {
-        let is_releasing = doc! { "$eq": [format!("${LOCK_ID}"), releasing] };
-        stages.push(doc! { "$set": {
-            EXPIRES_AT: { "$cond": [&is_releasing, released_end(), format!("${EXPIRES_AT}")] },
-            LOCK_ID: { "$cond": [&is_releasing, "$$REMOVE", format!("${LOCK_ID}")] },
-        } });
+        stages.push(super::schema::end_releasing(releasing));
     }
     stages.push(drop_ended());
     let free = doc! { "$and": [
         { "$lte": [format!("${EXPIRES_AT}"), "$$NOW"] },
         first_in_line(wait),
+        super::schema::not_reserved_for_other(None),
     ] };
     let mut holder = new_holder(lock_id, options, details);
     holder.insert(LINE, left(wait));

@@ -42,6 +42,7 @@ pub(crate) mod family;
 pub(crate) mod held;
 pub(crate) mod line;
 pub(crate) mod lost;
+pub(crate) mod revoke;
 pub(crate) mod schema;
 pub(crate) mod state;
 pub(crate) mod waiting_marker;

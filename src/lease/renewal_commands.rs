@@ -166,28 +166,60 @@ pub(crate) async fn renew_many(
     })
 }
 
+/// What became of an extension.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Extended {
+    Yes,
+    /// The lease is gone (ended, or taken over).
+    Gone,
+    /// The lease is live, but a revocation request targets it: not extended.
+    Refused,
+}
+
 /// Extends the lease `lock_id` of document `id` to at least `$$NOW + by_millis` (a guard's
 /// `extend`), in one `update` command with a time limit, filtered on the lease being ours and
-/// live. Whether it matched: `false` means the lease is gone.
+/// live and on no revocation request targeting it ([`Layout::extend_filter`]). Only if that
+/// matched nothing, a second command (a count with the renewal's filter, at the primary) tells
+/// a lease gone from one a request targets.
+///
+/// [`Layout::extend_filter`]: super::schema::Layout::extend_filter
 pub(crate) async fn extend_one(
     place: &Place,
     id: &Bson,
     lock_id: &str,
     by_millis: i64,
     time_limit: Duration,
-) -> std::result::Result<bool, Failure> {
+) -> std::result::Result<Extended, Failure> {
     let Place {
-        layout, options, ..
+        collection,
+        layout,
+        options,
+        ..
     } = place;
-    let lock_ids = [lock_id.to_owned()];
     let (matched, _) = update(
         place,
-        layout.renew_many_filter(std::slice::from_ref(id), &lock_ids),
+        layout.extend_filter(id, lock_id),
         layout.extend_update(options, lock_id, by_millis),
         time_limit,
     )
     .await?;
-    Ok(matched.is_some_and(|matched| matched > 0))
+    if matched.is_some_and(|matched| matched > 0) {
+        return Ok(Extended::Yes);
+    }
+    if *layout != super::schema::Layout::LockDocument {
+        return Ok(Extended::Gone);
+    }
+    let lock_ids = [lock_id.to_owned()];
+    let live = collection
+        .count_documents(layout.renew_many_filter(std::slice::from_ref(id), &lock_ids))
+        .selection_criteria(schema::primary())
+        .max_time(time_limit)
+        .await?;
+    Ok(if live > 0 {
+        Extended::Refused
+    } else {
+        Extended::Gone
+    })
 }
 
 /// Sends one `update` command of every document `filter` matches with the pipeline `pipeline`,

@@ -114,22 +114,26 @@ pub(crate) fn primary() -> SelectionCriteria {
 /// five fields, whoever held it before. (One `$cond` for the whole document also costs the
 /// server less than one per field.)
 ///
-/// With `replacing`, the lease with that lock id counts as free too: a release handing the lock
-/// over to a waiter in the same command (run on `{_id: name, lockId: {$in: [replacing,
-/// lock_id]}}` without upsert). The waiter's lease is the one its own attempt would write.
+/// A lock reserved for a revoking waiter (see `revoke`) is not free for anyone else.
+///
+/// With `replacing`, a release hands the lock over to a waiter in the same command (run on
+/// `{_id: name, lockId: {$in: [replacing, lock_id]}}` without upsert): the lease with that lock
+/// id ends first, as its release would, and the waiter takes the lock as its own attempt would
+/// (not while it is reserved for someone else: the release then goes through alone).
 pub(crate) fn acquire_update(
     lock_id: &str,
     options: &LockOptions,
     details: Option<&Document>,
     replacing: Option<&str>,
 ) -> Vec<Document> {
-    let expired = doc! { "$lte": [format!("${EXPIRES_AT}"), "$$NOW"] };
-    let free = match replacing {
-        None => expired,
-        Some(replacing) => doc! { "$or": [expired, { "$eq": [format!("${LOCK_ID}"), replacing] }] },
-    };
+    let free = doc! { "$and": [
+        { "$lte": [format!("${EXPIRES_AT}"), "$$NOW"] },
+        not_reserved_for_other(None),
+    ] };
     let holder = new_holder(lock_id, options, details);
-    vec![doc! { "$replaceWith": { "$cond": [free, holder, "$$ROOT"] } }]
+    let mut stages: Vec<Document> = replacing.map(end_releasing).into_iter().collect();
+    stages.push(doc! { "$replaceWith": { "$cond": [free, holder, "$$ROOT"] } });
+    stages
 }
 
 /// The lock document of a new holder `lock_id` (an expression): its lease, the next fencing
@@ -192,6 +196,93 @@ pub(crate) fn transfer_filter(
 /// `$`-prefixed keys in application data must not be read as field paths or operators.
 pub(crate) fn literal(value: &Document) -> Bson {
     Bson::Document(doc! { "$literal": value.clone() })
+}
+
+// Revocation requests (see `revoke`): the stored form, and the conditions every exclusive
+// lease's commands check.
+
+/// The field of an exclusive lock's document that holds a revocation request.
+pub(crate) const REVOKE: &str = "revoke";
+pub(crate) const TARGET: &str = "target";
+pub(crate) const GRACE_UNTIL: &str = "graceUntil";
+pub(crate) const PRIORITY: &str = "priority";
+pub(crate) const RESERVES: &str = "reserves";
+pub(crate) const REQUEST_ID: &str = "id";
+
+/// A request's field `field`, as an expression's path.
+pub(crate) fn request_path(field: &str) -> String {
+    format!("${REVOKE}.{field}")
+}
+
+/// Expression: the stored request's own lease is live.
+pub(crate) fn request_live() -> Document {
+    doc! { "$gt": [request_path(EXPIRES_AT), "$$NOW"] }
+}
+
+/// Expression: no stored request is live (a missing `revoke` sorts below every date).
+fn lapsed() -> Document {
+    doc! { "$lte": [request_path(EXPIRES_AT), "$$NOW"] }
+}
+
+/// Expression: the stored request asks to end the lease now stored (`lockId`).
+pub(crate) fn targets_holder() -> Document {
+    doc! { "$and": [
+        { "$eq": [{ "$type": request_path(TARGET) }, "string"] },
+        { "$eq": [request_path(TARGET), format!("${LOCK_ID}")] },
+    ] }
+}
+
+/// Expression: the stored request does not target the lease now stored.
+fn targets_another() -> Document {
+    doc! { "$or": [
+        { "$ne": [{ "$type": request_path(TARGET) }, "string"] },
+        { "$ne": [request_path(TARGET), format!("${LOCK_ID}")] },
+    ] }
+}
+
+/// Expression: the stored lease may be renewed: no live request targets it whose grace is over.
+/// A renewal's filter requires it (with MongoDB's `$not`, which not every server speaks, the
+/// negation is written out).
+pub(crate) fn renewable() -> Document {
+    doc! { "$or": [lapsed(), targets_another(), { "$gt": [request_path(GRACE_UNTIL), "$$NOW"] }] }
+}
+
+/// Expression: the stored lease may be extended by a guard's `extend`: no live request targets
+/// it, grace over or not (an extension must not push the takeover back).
+pub(crate) fn extendable() -> Document {
+    doc! { "$or": [lapsed(), targets_another()] }
+}
+
+/// Expression: the stored request stands: live, and either it still targets the holder or it
+/// reserves the lock for its asker. Only a request of higher priority replaces a standing one.
+pub(crate) fn standing() -> Document {
+    doc! { "$and": [
+        request_live(),
+        { "$or": [targets_holder(), { "$eq": [request_path(RESERVES), true] }] },
+    ] }
+}
+
+/// Expression: the lock is not reserved for another wait than `wait` (any wait, with `None`):
+/// no live request that reserves it is stored, or it is `wait`'s.
+pub(crate) fn not_reserved_for_other(wait: Option<&str>) -> Document {
+    let mut conditions = vec![
+        Bson::from(lapsed()),
+        doc! { "$ne": [request_path(RESERVES), true] }.into(),
+    ];
+    if let Some(wait) = wait {
+        conditions.push(doc! { "$eq": [request_path(REQUEST_ID), wait] }.into());
+    }
+    doc! { "$or": conditions }
+}
+
+/// The stage of a release in this process that hands the lock over in its command: the releasing
+/// lease ends first, as its release would (`min_hold` window kept).
+pub(crate) fn end_releasing(releasing: &str) -> Document {
+    let is_releasing = doc! { "$eq": [format!("${LOCK_ID}"), releasing] };
+    doc! { "$set": {
+        EXPIRES_AT: { "$cond": [&is_releasing, released_end(), format!("${EXPIRES_AT}")] },
+        LOCK_ID: { "$cond": [&is_releasing, "$$REMOVE", format!("${LOCK_ID}")] },
+    } }
 }
 
 /// The next fencing token after the one stored at `path`: `max(previous + 1, $$NOW in ms × 1000)`,
@@ -280,12 +371,30 @@ impl Layout {
                 ID: { "$in": ids },
                 "$expr": { "$gt": [{ "$size": live_members(field, Some(lock_ids)) }, 0] },
             },
+            // (No lease whose revocation's grace is over: see `revoke`.)
+            Layout::LockDocument => doc! {
+                ID: { "$in": ids },
+                LOCK_ID: { "$in": lock_ids },
+                "$expr": { "$and": [self.live(), renewable()] },
+            },
             _ => doc! {
                 ID: { "$in": ids },
                 self.lock_id_path(): { "$in": lock_ids },
                 "$expr": self.live(),
             },
         }
+    }
+
+    /// Matches the document holding the lease `lock_id` if a guard's `extend` may extend it:
+    /// ours and live, and, for an exclusive lock, no live revocation request targets it (an
+    /// extension must not push the takeover back).
+    pub(crate) fn extend_filter(&self, id: &Bson, lock_id: &str) -> Document {
+        let lock_ids = [lock_id.to_owned()];
+        let mut filter = self.renew_many_filter(std::slice::from_ref(id), &lock_ids);
+        if *self == Layout::LockDocument {
+            filter.insert("$expr", doc! { "$and": [self.live(), extendable()] });
+        }
+        filter
     }
 
     /// Extends the listed leases to `$$NOW + expiry` (the renewal loop's rounds): see
@@ -586,6 +695,7 @@ impl Stored {
                     MIN_HOLD_UNTIL,
                     LINE,
                     SERVED_WAIT,
+                    REVOKE,
                 ],
                 is(FENCING_TOKEN, &NUMBERS),
             ),
@@ -724,9 +834,11 @@ mod tests {
     }
 
     /// The document an acquisition writes when it wins, and what it keeps otherwise.
+    /// The last stage's replacement when the lock is free, and otherwise (a takeover's first
+    /// stage ends the releasing lease).
     fn written_when_free(pipeline: &[Document]) -> (Document, Bson) {
-        assert_eq!(pipeline.len(), 1);
-        let replacement = pipeline[0].get_document("$replaceWith").unwrap();
+        let last = pipeline.last().unwrap();
+        let replacement = last.get_document("$replaceWith").unwrap();
         let branches = replacement.get_array("$cond").unwrap();
         (
             branches[1].as_document().unwrap().clone(),

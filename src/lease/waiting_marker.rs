@@ -15,6 +15,8 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use super::Target;
+use super::revoke;
+use super::schema::REVOKE;
 use super::schema::{EMBEDDED_ID, ID, LINE, new_lock_id};
 use super::{handoff, line};
 use crate::error::{Error, Result, shown_name};
@@ -49,19 +51,22 @@ impl WaitingMarker {
         }))
     }
 
-    /// Whether the marker is a place in a fair lock's line.
+    /// Whether the marker says which wait goes first: a place in a fair lock's line, or a
+    /// revoking wait's request (the wait it names is the one the lock is kept for).
     pub(crate) fn in_line(&self) -> bool {
-        self.field == LINE
+        self.field == LINE || self.field == REVOKE
     }
 
     /// A reply (of an attempt or a transfer) of this wait returned `document`: as a place in
-    /// line, notes which place is first, for this wait and for the lock's local waiters (see
-    /// `handoff`: a release wakes only the waiter of the first place).
+    /// line, notes which place is first (for a revoking wait: whose request is stored), for this
+    /// wait and for the lock's local waiters (see `handoff`: a release wakes only the waiter of
+    /// the first place).
     pub(crate) fn saw(&self, document: &Document) {
-        if !self.in_line() {
-            return;
-        }
-        let head = line::head(document);
+        let head = match self.field {
+            LINE => line::head(document),
+            REVOKE => revoke::request_id(document),
+            _ => return,
+        };
         handoff::saw_line(&self.target.waiters, head.clone());
         *self.head_seen.lock() = head;
     }

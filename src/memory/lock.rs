@@ -229,6 +229,7 @@ impl MemoryLock {
             wait: mark,
             line,
             min_hold: self.options.min_hold(),
+            revoking: None,
         }
     }
 
@@ -286,6 +287,38 @@ impl MemoryLock {
         places: u32,
         timeout: Option<Duration>,
     ) -> Result<Option<MemoryGuard>> {
+        self.wait_with(places, timeout, None).await
+    }
+
+    /// Takes the lock as soon as it is free, within `timeout` if given, as the revoking wait
+    /// `revoking` if given.
+    pub(super) async fn wait_revoking(
+        &self,
+        timeout: Option<Duration>,
+        revoking: Option<(u64, crate::RevokeRequest)>,
+    ) -> Result<Option<MemoryGuard>> {
+        self.wait_with(1, timeout, revoking).await
+    }
+
+    /// `Ok(guard)`, or the timeout of a wait of `timeout` that `found` nothing.
+    pub(super) fn required(
+        &self,
+        found: Option<MemoryGuard>,
+        timeout: Duration,
+    ) -> Result<MemoryGuard> {
+        found.ok_or_else(|| Error::Timeout {
+            name: self.key.name.clone(),
+            waited: timeout,
+            holders: Vec::new(),
+        })
+    }
+
+    async fn wait_with(
+        &self,
+        places: u32,
+        timeout: Option<Duration>,
+        revoking: Option<(u64, crate::RevokeRequest)>,
+    ) -> Result<Option<MemoryGuard>> {
         self.check(places)?;
         let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         let mut waiting_writer = None;
@@ -301,16 +334,22 @@ impl MemoryLock {
             key: self.key.clone(),
             wait: self.locks.new_wait(),
         });
-        let ask = self.ask(
+        let mut ask = self.ask(
             places,
             mark.as_ref().map(|mark| mark.wait),
             place.as_ref().map(|place| place.wait),
         );
+        ask.revoking = revoking;
+        // A revoking wait's request: the target and grace whose timer runs.
+        let mut timed = None;
         loop {
             // Registered before the attempt, so a release (or shutdown) in between is not missed.
             let freed = self.locks.freed.notified();
             if let Some(guard) = self.take(ask)? {
                 return Ok(Some(guard));
+            }
+            if let Some((wait, _)) = revoking {
+                timed = super::revocation::time_grace(&self.locks, &self.key, wait, timed);
             }
             if self.claim.writes() && waiting_writer.is_none() {
                 waiting_writer = Some(self.locks.writer_waits(&self.key));
@@ -446,6 +485,16 @@ impl MemoryGuard {
         }
     }
 
+    /// Its name's key.
+    pub(super) fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The provider's locks.
+    pub(super) fn locks(&self) -> &Locks {
+        &self.locks
+    }
+
     /// Tells this acquisition from later ones of the same name.
     pub(super) fn acquisition(&self) -> u64 {
         self.acquisition
@@ -474,9 +523,19 @@ impl MemoryGuard {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a `by` out of range or
-    /// past `max_hold`, [`Error::LockLost`](crate::Error::LockLost) once lost.
+    /// past `max_hold`, [`Error::LockLost`](crate::Error::LockLost) once lost,
+    /// [`Error::RevocationRequested`](crate::Error::RevocationRequested) while a revocation
+    /// request targets the lease.
     pub async fn extend(&self, by: Duration) -> Result<()> {
         extended(&self.key.name, &self.state, by)?;
+        let targeted = (self.locks.names.lock().get(&self.key))
+            .and_then(|entry| entry.revoke.as_ref()?.seen_by(self.acquisition))
+            .is_some();
+        if targeted {
+            return Err(Error::RevocationRequested {
+                name: self.key.name.clone(),
+            });
+        }
         let until = Instant::now().checked_add(by);
         if let (Some(hold_end), Some(max_hold)) = (self.hold_end, self.options.max_hold())
             && until.is_none_or(|until| until > hold_end)

@@ -74,6 +74,7 @@ mod document_lock;
 mod evaluator;
 mod lock;
 mod names;
+mod revocation;
 mod rw_lock;
 
 pub use document_lock::{MemoryDocumentGuard, MemoryDocumentLock};

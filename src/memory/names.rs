@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use crate::RevokeRequest;
 use crate::error::{Error, Result};
 use crate::lease::max_count_mismatch;
 use crate::lease::state::LeaseState;
@@ -93,6 +94,8 @@ pub(super) struct Name {
     pub(super) kept_until: Option<Instant>,
     /// A fair lock's waits, in arrival order: only the first may take it.
     pub(super) line: Vec<u64>,
+    /// A lock's revocation request (see `super::revocation`).
+    pub(super) revoke: Option<super::revocation::Request>,
 }
 
 /// What one attempt asks besides its claim: how many places (of a semaphore), the wait that
@@ -104,6 +107,8 @@ pub(super) struct Ask {
     pub(super) wait: Option<u64>,
     pub(super) line: Line,
     pub(super) min_hold: Option<Duration>,
+    /// A revoking wait's: its wait and what it asks of the holder.
+    pub(super) revoking: Option<(u64, RevokeRequest)>,
 }
 
 /// How an attempt stands to a fair lock's line.
@@ -161,8 +166,12 @@ impl Locks {
             Line::Behind | Line::Alone => entry.line.is_empty(),
             Line::Place(wait) => entry.line.first().is_none_or(|&first| first == wait),
         };
+        // (Only a lock's wait may revoke; a request reserves the lock for its wait.)
+        let reserved = (entry.revoke.as_ref())
+            .is_some_and(|request| request.reserves_against(ask.revoking.map(|(wait, _)| wait)));
         let free = !kept
             && first_in_line
+            && !reserved
             && match claim {
                 Claim::Places(max_count) => {
                     let recorded = match key.kind {
@@ -211,6 +220,9 @@ impl Locks {
                 }
             };
         if !free {
+            if let Some((wait, request)) = ask.revoking {
+                super::revocation::ask(self, entry, wait, request);
+            }
             if let Line::Place(wait) = ask.line
                 && !entry.line.contains(&wait)
             {
@@ -224,6 +236,8 @@ impl Locks {
         if !claim.reads() {
             entry.last_token += 1;
         }
+        // (As the new holder's document replaces the old: the request goes.)
+        entry.revoke = None;
         if ask.wait.is_some() && entry.mark.map(|(wait, _)| wait) == ask.wait {
             entry.mark = None;
         }
@@ -278,6 +292,7 @@ impl Locks {
                 details: None,
                 places: 1,
                 upgradeable: false,
+                revocation: None,
             }];
         }
         (entry.holders.iter())
@@ -300,6 +315,8 @@ impl Locks {
                 details: None,
                 places: holder.places,
                 upgradeable: holder.upgradeable,
+                revocation: (entry.revoke.as_ref())
+                    .and_then(|request| request.seen_by(holder.acquisition)),
             })
             .collect()
     }

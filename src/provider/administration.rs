@@ -145,6 +145,34 @@ impl Provider {
         self.within(&holder.name, release).await
     }
 
+    /// Asks the holder of exclusive lock `name` to let go within `grace` (see
+    /// [`revocation`](crate::revocation)): its guard's
+    /// [`revocation_requested`](crate::LockGuard::revocation_requested) resolves, and once the
+    /// grace is over its lease is not renewed any more, so the lock is free at the lease's end
+    /// at the latest (its holder's lost signal fires first). Unlike
+    /// [`force_release`](Self::force_release), two holders never overlap, whatever the holder
+    /// does. The request has the highest priority (it replaces a waiter's) and keeps the lock
+    /// for nobody. Returns the holder's status, with the request; `None` if nobody holds the
+    /// lock (nothing is written then). Only a document shaped like an exclusive lock's is
+    /// touched.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a grace over 365 days,
+    /// before anything is sent; otherwise as [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the request written.
+    pub async fn request_revocation(
+        &self,
+        name: &str,
+        grace: std::time::Duration,
+    ) -> Result<Option<LockStatus>> {
+        let grace_millis = crate::revocation::grace_millis(&shown_name(name), grace)?;
+        let collection = self.open(&self.collection)?;
+        let request = admin::request_revocation(&collection, name, grace_millis);
+        self.within(name, request).await
+    }
+
     /// **Dangerous**: ends the lease of lock `name` now, whoever holds it, so a stuck lock (for
     /// example one held by a process that hangs but keeps renewing) can be taken by others. The
     /// holder is not asked: its next renewal finds the lease gone and signals `lost`, but until

@@ -1689,3 +1689,68 @@ async fn work_behind_the_traits_is_dropped_when_the_lock_is_lost() {
     assert!(matches!(ran, Err(Error::LockLost { .. })), "{ran:?}");
     assert!(guard.is_lost());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_plays_revocation_as_mongodb_does() {
+    use distributed_lock_mongodb::RevokeRequest;
+    let locks = MemoryLockProvider::new();
+    let name = common::unique("revoke");
+    let holder = locks.create_lock(name.as_str()).acquire().await.unwrap();
+    let asker = {
+        let lock = locks.create_lock(name.as_str());
+        tokio::spawn(async move {
+            lock.acquire_revoking(
+                RevokeRequest::new(Duration::from_millis(300)).priority(4),
+                Duration::from_secs(30),
+            )
+            .await
+        })
+    };
+    let revocation = holder.revocation_requested().await.unwrap();
+    assert_eq!(revocation.priority, 4);
+    assert!(!revocation.by_operator);
+    // A plain attempt fails while the holder is there.
+    let plain = locks.create_lock(name.as_str());
+    assert!(plain.try_acquire().await.unwrap().is_none());
+    // The holder ignores it: lost at the grace's end, and the asker takes it with a larger token.
+    let lost = holder.lost();
+    let guard = tokio::time::timeout(Duration::from_secs(30), asker)
+        .await
+        .expect("the asker gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(lost.is_lost());
+    assert!(guard.fencing_token() > holder.fencing_token());
+    // An operator's request on a free lock writes nothing; on a held one, the holder is told.
+    guard.release().await.unwrap();
+    assert!(
+        locks
+            .request_revocation(&name, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let next = plain.acquire().await.unwrap();
+    let status = locks
+        .request_revocation(&name, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("held");
+    assert!(status.revocation.is_some_and(|r| r.by_operator));
+    assert!(next.revocation_requested().await.unwrap().by_operator);
+    let refused = next.extend(Duration::from_secs(1)).await;
+    assert!(
+        matches!(refused, Err(Error::RevocationRequested { .. })),
+        "{refused:?}"
+    );
+    next.release().await.unwrap();
+    // Only an exclusive lock can be asked.
+    let semaphore = locks.create_semaphore(name.as_str(), 2);
+    let refused = semaphore
+        .acquire_revoking(RevokeRequest::new(Duration::ZERO), Duration::from_secs(1))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+}

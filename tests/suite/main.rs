@@ -50,6 +50,7 @@ mod property_exclusion;
 mod push;
 mod read_preference;
 mod reader_writer;
+mod revocation;
 mod round_trips;
 mod script_copy;
 mod semaphore;
