@@ -60,7 +60,8 @@ impl LockGuard {
 
     /// Resolves when someone asks this holder to let go: a waiter's
     /// [`acquire_revoking`](crate::MongoDistributedLock::acquire_revoking), or an operator's
-    /// [`request_revocation`](crate::Provider::request_revocation). The [`Revocation`] says how
+    /// [`request_revocation`](crate::Provider::request_revocation) (for a semaphore's place,
+    /// [`request_revocation_of`](crate::Provider::request_revocation_of)). The [`Revocation`] says how
     /// much grace is left and the request's priority. Release before the grace runs out: from
     /// then on the lease is not renewed, and the lock is lost at its end at the latest (the
     /// [`lost`](Self::lost) signal fires first).
@@ -92,9 +93,10 @@ impl LockGuard {
     ///
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) if the lock is lost first;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a guard of a semaphore place
-    /// or a writer (only exclusive locks can be asked to let go); [`Error::NoRuntime`](crate::Error::NoRuntime)
-    /// outside a Tokio runtime.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a writer's guard (only an
+    /// exclusive lock's holder and a semaphore's place can be asked to let go: see
+    /// [`Provider::request_revocation_of`](crate::Provider::request_revocation_of));
+    /// [`Error::NoRuntime`](crate::Error::NoRuntime) outside a Tokio runtime.
     ///
     /// # Cancel safety
     /// Cancel safe: reads only.

@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use crate::error::{Error, Result, shown_name};
 use crate::lease::lost::LostSignal;
 use crate::lock::MongoDistributedLock;
+use crate::revocation::Revocation;
 use crate::sync::Mutex;
 use crate::token::FencingToken;
 use crate::traits::{BoxedGuard, DistributedLock};
@@ -54,8 +55,18 @@ pub struct LeaderElection {
     name: String,
     term: Arc<Mutex<Option<Term>>>,
     leading: watch::Receiver<bool>,
+    /// Revocation requests to this instance's terms, watched once someone asks for them.
+    asked: Asked,
     resign: Option<oneshot::Sender<()>>,
     campaign: JoinHandle<Result<()>>,
+}
+
+/// Whether anyone waits for revocation requests (`wanted`: only then does a term watch its
+/// lease for them), and the last request a term was sent, with the term's token.
+#[derive(Clone, Debug)]
+struct Asked {
+    wanted: Arc<watch::Sender<bool>>,
+    requests: Arc<watch::Sender<Option<(FencingToken, Revocation)>>>,
 }
 
 /// The current term: its fencing token and whether its lease is lost.
@@ -96,11 +107,22 @@ impl LeaderElection {
         let term = Arc::new(Mutex::new(None));
         let (leading_tx, leading) = watch::channel(false);
         let (resign, resigned) = oneshot::channel();
-        let campaign = runtime.spawn(campaign(lock, Arc::clone(&term), leading_tx, resigned));
+        let asked = Asked {
+            wanted: Arc::new(watch::channel(false).0),
+            requests: Arc::new(watch::channel(None).0),
+        };
+        let campaign = runtime.spawn(campaign(
+            lock,
+            Arc::clone(&term),
+            leading_tx,
+            resigned,
+            asked.clone(),
+        ));
         Ok(LeaderElection {
             name,
             term,
             leading,
+            asked,
             resign: Some(resign),
             campaign,
         })
@@ -142,6 +164,43 @@ impl LeaderElection {
     /// the leader.
     pub fn lost(&self) -> Option<LostSignal> {
         self.current().map(|(_, lost)| lost)
+    }
+
+    /// Resolves when someone asks this instance to step down while it leads: a waiter's
+    /// [`acquire_revoking`](crate::MongoDistributedLock::acquire_revoking) of the election's
+    /// name, or an operator's [`request_revocation`](crate::Provider::request_revocation) (see
+    /// [`crate::revocation`]). [`resign`](Self::resign) before the grace runs out, or the term
+    /// is lost at its lease's end and the asker is elected. Waits through terms: a request to a
+    /// term that ended before this was called is not reported.
+    ///
+    /// Terms watch for requests only once this was called (one read per
+    /// [`extension_cadence`](crate::LockOptions::extension_cadence), and at once on a change
+    /// event); elections that never call it pay nothing.
+    ///
+    /// # Errors
+    /// [`Error::BackgroundTaskEnded`] if the campaign ended (resigned, or its runtime shut down).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn revocation_requested(&self) -> Result<Revocation> {
+        let mut requests = self.asked.requests.subscribe();
+        self.asked.wanted.send_replace(true);
+        let ended = || Error::BackgroundTaskEnded {
+            operation: crate::error::Operation::Acquire,
+        };
+        loop {
+            let current = self.fencing_token();
+            let found = requests
+                .borrow_and_update()
+                .as_ref()
+                .and_then(|(term, revocation)| {
+                    (Some(*term) == current).then(|| revocation.clone())
+                });
+            if let Some(revocation) = found {
+                return Ok(revocation);
+            }
+            requests.changed().await.map_err(|_| ended())?;
+        }
     }
 
     /// "I am the leader", as a watch channel: `true` when a term starts, `false` as soon as the
@@ -199,6 +258,7 @@ async fn campaign(
     term: Arc<Mutex<Option<Term>>>,
     leading: watch::Sender<bool>,
     mut resigned: oneshot::Receiver<()>,
+    asked: Asked,
 ) -> Result<()> {
     let lapsed = || Error::LockLost {
         name: lock.name().to_owned(),
@@ -223,7 +283,7 @@ async fn campaign(
                 }
             }
         };
-        match lead(lock.as_ref(), guard, &term, &leading, &mut resigned).await {
+        match lead(lock.as_ref(), guard, &term, &leading, &mut resigned, &asked).await {
             Some(outcome) => return outcome,
             None => last_term_lost = true,
         }
@@ -238,6 +298,7 @@ async fn lead(
     term: &Mutex<Option<Term>>,
     leading: &watch::Sender<bool>,
     resigned: &mut oneshot::Receiver<()>,
+    asked: &Asked,
 ) -> Option<Result<()>> {
     let lost = guard.lost();
     *term.lock() = Some(Term {
@@ -246,10 +307,36 @@ async fn lead(
     });
     leading.send_replace(true);
     tracing::info!(lock = %shown_name(lock.name()), term = guard.fencing_token().get(), "elected leader");
-    let resigning = tokio::select! {
-        biased;
-        () = lost.wait() => false,
-        _ = resigned => true,
+    let resigning = {
+        // Once someone waits for requests, the term watches its lease for one (once).
+        let mut wanted = asked.wanted.subscribe();
+        let mut watching = None;
+        let mut told = false;
+        loop {
+            let arm = watching.is_none() && !told;
+            let request = async {
+                match watching.as_mut() {
+                    Some(watching) => watching.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = lost.wait() => break false,
+                _ = &mut *resigned => break true,
+                _ = wanted.wait_for(|wanted| *wanted), if arm => {
+                    watching = Some(guard.revocation_requested());
+                }
+                revocation = request, if !told => {
+                    told = true;
+                    watching = None;
+                    if let Ok(revocation) = revocation {
+                        let term = guard.fencing_token();
+                        asked.requests.send_replace(Some((term, revocation)));
+                    }
+                }
+            }
+        }
     };
     // Not the leader any more before anything else happens.
     *term.lock() = None;

@@ -158,7 +158,12 @@ pub fn revoke_removal(name: &str, wait: &str) -> (Document, Document) {
 /// The filter and pipeline of an operator's revocation request `id` on lock `name`
 /// (`Provider::request_revocation`, `dlock revoke`), with `grace_millis` of grace.
 pub fn operator_revocation(name: &str, id: &str, grace_millis: i64) -> (Document, Vec<Document>) {
-    crate::lease::revoke::operator_request(name, id, grace_millis)
+    crate::lease::revoke::operator_request(
+        name,
+        crate::lease::revoke::Asked::Holder,
+        id,
+        grace_millis,
+    )
 }
 
 /// The filter of a guard's `extend` of the lease `lock_id`: a renewal's, and no live revocation
@@ -372,6 +377,19 @@ pub mod semaphore {
     /// (`Provider::force_release_holder` with an entry of the semaphore's `holders()`).
     pub fn force_release(name: &str, lock_id: &str) -> (Document, Vec<Document>) {
         crate::lease::admin::force_release_lease_command(&places(), name, lock_id)
+    }
+
+    /// The filter and pipeline of an operator's revocation request `id` to the place `lock_id`
+    /// (`Provider::request_revocation_of` with an entry of the semaphore's `holders()`), with
+    /// `grace_millis` of grace.
+    pub fn operator_revocation(
+        name: &str,
+        lock_id: &str,
+        id: &str,
+        grace_millis: i64,
+    ) -> (Document, Vec<Document>) {
+        let place = crate::lease::revoke::Asked::Place(lock_id);
+        crate::lease::revoke::operator_request(name, place, id, grace_millis)
     }
 
     /// The filter and update (of operators, not a pipeline) of an operator's forced release of

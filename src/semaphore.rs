@@ -552,7 +552,7 @@ impl Claim for Places {
             ));
         };
         Ok(Some(Joined {
-            guard: LockGuard::new(lease, FencingToken::new(token)),
+            guard: LockGuard::new(lease, FencingToken::new(token)).pushed_from(target.push_from()),
             places_left: place.places_left,
         }))
     }

@@ -115,16 +115,20 @@ enum Command {
         #[arg(long, short)]
         yes: bool,
     },
-    /// Ask the holder of an exclusive lock to let go (a revocation request).
+    /// Ask the holder of an exclusive lock (or, with `--holder`, one semaphore place) to let go.
     ///
     /// The holder's guard is told (`revocation_requested`); once `--grace` is over its lease is
     /// not renewed any more, so the lock is free at the lease's end at the latest, and the
     /// holder's lost signal fires before anyone else can take it: unlike `release`, two holders
     /// never overlap. The request keeps the lock for nobody. Prints the holder with the request;
-    /// exits 1 if nobody holds the lock.
+    /// exits 1 if nobody holds the lock (or the holder named).
     Revoke {
-        /// The exclusive lock's name.
+        /// The lock's name.
         name: String,
+        /// Only the holder with this lock id (as `list` and `show` print it): an exclusive
+        /// lock's, or a semaphore's place.
+        #[arg(long, value_name = "LOCK_ID")]
+        holder: Option<String>,
         /// How long the holder has to let go (`30s`, `5m`; a bare number is seconds).
         #[arg(long, value_name = "GRACE", value_parser = parse_age, default_value = "30")]
         grace: Duration,
@@ -306,15 +310,36 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             kind,
             yes,
         } => release(&provider, &name, holder.as_deref(), kind, yes, cli.json).await,
-        Command::Revoke { name, grace } => match provider.request_revocation(&name, grace).await? {
-            Some(holder) => {
-                output::holders(&[holder], cli.json, "");
-                Ok(())
+        Command::Revoke {
+            name,
+            holder,
+            grace,
+        } => {
+            let asked = match holder {
+                None => provider.request_revocation(&name, grace).await?,
+                Some(wanted) => {
+                    let holders = provider
+                        .held_locks_matching(&LockFilter::new().with_name(&name))
+                        .await?;
+                    let found = holders
+                        .iter()
+                        .find(|held| held.lock_id.as_deref() == Some(wanted.as_str()));
+                    match found {
+                        Some(found) => provider.request_revocation_of(found, grace).await?,
+                        None => None,
+                    }
+                }
+            };
+            match asked {
+                Some(holder) => {
+                    output::holders(&[holder], cli.json, "");
+                    Ok(())
+                }
+                None => Err(Failure::NotFound(format!(
+                    "lock {name:?} is not held (by that holder): nobody to ask"
+                ))),
             }
-            None => Err(Failure::NotFound(format!(
-                "lock {name:?} is not held: nobody to ask"
-            ))),
-        },
+        }
         Command::Watch { name, kind, every } => {
             if every.is_zero() {
                 return Err(Failure::Usage("--every must be more than zero".to_owned()));

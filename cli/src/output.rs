@@ -222,6 +222,12 @@ fn holder_json(holder: &LockStatus) -> Value {
         "extra": details
             .filter(|details| !details.extra.is_empty())
             .map(|details| Bson::Document(details.extra.clone()).into_relaxed_extjson()),
+        "revocation": holder.revocation.as_ref().map(|revocation| json!({
+            "priority": revocation.priority,
+            "grace_until": date(Some(revocation.grace_until)),
+            "grace_left_ms": millis(Some(revocation.grace_left)),
+            "by_operator": revocation.by_operator,
+        })),
     })
 }
 

@@ -844,3 +844,47 @@ async fn watch_exits_cleanly_when_its_reader_goes_away() {
     );
     guard.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_asks_the_holder_to_let_go_and_a_semaphore_place_by_its_lock_id() {
+    let database = fresh_database("revoke").await;
+    let provider = provider(&database);
+    let guard = provider.create_lock("nightly").acquire().await.unwrap();
+    let asked = dlock_on(
+        &database,
+        &["--json", "revoke", "nightly", "--grace", "60"],
+        "",
+    )
+    .await;
+    assert_eq!(asked.code, 0, "{asked}");
+    let rows = json(&asked);
+    assert_eq!(rows[0]["lock_id"].as_str(), Some(guard.lock_id()));
+    assert_eq!(rows[0]["revocation"]["by_operator"], true, "{asked}");
+    let revocation = tokio::time::timeout(Duration::from_secs(30), guard.revocation_requested())
+        .await
+        .expect("the holder is told")
+        .unwrap();
+    assert!(revocation.by_operator);
+    guard.release().await.unwrap();
+    let nobody = dlock_on(&database, &["revoke", "nightly"], "").await;
+    assert_eq!(nobody.code, 1, "{nobody}");
+
+    // One place of a semaphore, named by its lock id; the other is not asked.
+    let pool = provider.create_semaphore("pool", 2);
+    let first = pool.acquire().await.unwrap();
+    let second = pool.acquire().await.unwrap();
+    let target = first.lock_id().to_owned();
+    let asked = dlock_on(&database, &["revoke", "pool", "--holder", &target], "").await;
+    assert_eq!(asked.code, 0, "{asked}");
+    assert!(first.revocation_requested().await.unwrap().by_operator);
+    let holders = provider.held_locks().await.unwrap();
+    let untouched = holders
+        .iter()
+        .find(|h| h.lock_id.as_deref() == Some(second.lock_id()));
+    assert!(
+        untouched.is_some_and(|h| h.revocation.is_none()),
+        "{holders:?}"
+    );
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+}

@@ -882,6 +882,19 @@ impl Config {
         }
     }
 
+    /// The semaphore of [`Self::a_semaphore_of_two_places`], one of whose places an operator
+    /// asks to let go at any moment (`Provider::request_revocation_of`, a grace of one tick),
+    /// without network faults: that place's renewals stop once the grace is over, and the other
+    /// places' go on (the places of one family are renewed in one command).
+    pub fn an_operator_revokes_a_place() -> Config {
+        Config {
+            faults: 0,
+            operator_revokes: true,
+            horizon: 40,
+            ..Config::a_semaphore_of_two_places()
+        }
+    }
+
     /// The exclusive lock of the default configuration, whose holder an operator asks to let go
     /// at any moment (`Provider::request_revocation`, a grace of one tick, keeping the lock for
     /// nobody), without network faults: the holder's renewals stop once the grace is over.
@@ -2695,7 +2708,11 @@ impl LeaseProtocol {
     fn capped(&self, state: &State, router: u8, lock_id: u8) -> bool {
         let now = self.server_now(state, router).timestamp_millis();
         let lock = state.lock.as_ref();
-        lock.is_some_and(|lock| lock.lock_id == Some(lock_id))
+        let holds = lock.is_some_and(|lock| {
+            lock.lock_id == Some(lock_id)
+                || (lock.holders.iter()).any(|member| member.lock_id == lock_id)
+        });
+        holds
             && lock.and_then(|lock| lock.revoke).is_some_and(|request| {
                 request.expires_at_ms > now
                     && request.target == Some(lock_id)
@@ -3428,7 +3445,7 @@ impl LeaseProtocol {
                 let capped = self.kind_revokes() && self.capped(state, router, lock_id);
                 let lease_live = state.lock.as_ref().is_some_and(|lock| {
                     let now = self.server_now(state, router).timestamp_millis();
-                    lock.lock_id == Some(lock_id) && lock.expires_at_ms.is_some_and(|end| end > now)
+                    lock.end_of(lock_id).is_some_and(|end| end > now)
                 });
                 let live = self
                     .update(state, router, &renew.filter, &renew.update, false)
@@ -3468,9 +3485,24 @@ impl LeaseProtocol {
                     .lock
                     .as_ref()
                     .is_some_and(|lock| lock_ids.iter().any(|&lock_id| lock.stores(lock_id)));
+                // The leases whose renewals a revocation's grace caps, and their ends.
+                let capped: Vec<(u8, Option<i64>)> = (lock_ids.iter())
+                    .filter(|&&lock_id| self.kind_revokes() && self.capped(state, router, lock_id))
+                    .map(|&lock_id| {
+                        (
+                            lock_id,
+                            state.lock.as_ref().and_then(|lock| lock.end_of(lock_id)),
+                        )
+                    })
+                    .collect();
                 let matched = self
                     .update(state, router, &renew.filter, &renew.update, false)
                     .is_some();
+                for (lock_id, before) in capped {
+                    let after = state.lock.as_ref().and_then(|lock| lock.end_of(lock_id));
+                    state.no_renewal_past_grace &= after == before;
+                    state.grace_capped_a_renewal |= after == before;
+                }
                 if matched && !ours {
                     state.touched_only_own = false;
                 }
@@ -4994,9 +5026,29 @@ impl Model for LeaseProtocol {
             }
             Action::OperatorRevokes => {
                 state.may_revoke = false;
-                let (filter, pipeline) =
-                    code::operator_revocation(NAME, OPERATOR_REQUEST, ticks_ms(1));
-                let held = state.lock.as_ref().and_then(|lock| lock.lock_id);
+                let now = self.server_now(&state, 0).timestamp_millis();
+                let (held, (filter, pipeline)) = match self.config.kind {
+                    // The semaphore's first live place.
+                    Kind::Semaphore(_) => {
+                        let place = (state.lock.iter())
+                            .flat_map(|lock| lock.holders.iter())
+                            .find(|member| member.expires_at_ms > now)
+                            .map(|member| member.lock_id);
+                        let name = lock_id_name(place.unwrap_or(0));
+                        let grace = ticks_ms(1);
+                        let asked = code::semaphore::operator_revocation(
+                            NAME,
+                            &name,
+                            OPERATOR_REQUEST,
+                            grace,
+                        );
+                        (place, asked)
+                    }
+                    _ => (
+                        state.lock.as_ref().and_then(|lock| lock.lock_id),
+                        code::operator_revocation(NAME, OPERATOR_REQUEST, ticks_ms(1)),
+                    ),
+                };
                 let asked = self
                     .update(&mut state, 0, &filter, &pipeline, false)
                     .is_some();

@@ -459,6 +459,18 @@ fn an_operator_asks_the_holder_to_let_go() {
 }
 
 #[test]
+fn an_operator_asks_a_semaphore_place_to_let_go() {
+    verify(
+        "an operator revokes a place",
+        Config::an_operator_revokes_a_place(),
+        &[
+            "an operator asks a holder to let go",
+            "a revocation's grace stops the holder's renewals",
+        ],
+    );
+}
+
+#[test]
 fn a_fair_lock_whose_waiter_stops_waiting() {
     verify(
         "a fair waiter leaves",

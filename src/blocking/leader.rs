@@ -76,6 +76,9 @@ impl LeaderElection {
     }
 
     twins! { LeaderElection:
+        /// Blocks until someone asks this instance to step down while it leads; see
+        /// [`crate::LeaderElection::revocation_requested`].
+        fn revocation_requested(&self) -> crate::Revocation;
         /// Steps down, releasing leadership if leading.
         fn resign(self) -> ();
     }

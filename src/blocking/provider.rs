@@ -223,6 +223,9 @@ impl Provider {
         /// Asks the holder of exclusive lock `name` to let go within `grace`; see
         /// [`crate::Provider::request_revocation`].
         fn request_revocation(&self, name: &str, grace: Duration) -> Option<LockStatus>;
+        /// Asks the one holder `holder` describes to let go within `grace`; see
+        /// [`crate::Provider::request_revocation_of`].
+        fn request_revocation_of(&self, holder: &LockStatus, grace: Duration) -> Option<LockStatus>;
         fn held_locks_matching(&self, filter: &LockFilter) -> Vec<LockStatus>;
         /// **Dangerous**: ends the one lease `holder` describes.
         fn force_release_holder(&self, holder: &LockStatus) -> bool;

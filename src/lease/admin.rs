@@ -248,7 +248,14 @@ fn members(row: &Document, field: &str, kind: LockKind) -> Vec<LockStatus> {
     members
         .iter()
         .filter_map(Bson::as_document)
-        .map(|member| of_holder(kind, name.clone(), member, EMBEDDED_ID, now))
+        .map(|member| {
+            let mut status = of_holder(kind, name.clone(), member, EMBEDDED_ID, now);
+            // (A semaphore's request is stored beside its places.)
+            if let (LockKind::Semaphore, Some(lock_id), Some(now)) = (kind, &status.lock_id, now) {
+                status.revocation = revocation_of(row, lock_id, now);
+            }
+            status
+        })
         .filter(LockStatus::is_held)
         .collect()
 }
@@ -296,17 +303,24 @@ pub(crate) async fn force_release(collection: &Collection<Document>, name: &str)
 pub(crate) async fn request_revocation(
     collection: &Collection<Document>,
     name: &str,
+    asked: revoke::Asked<'_>,
     grace_millis: i64,
 ) -> Result<Option<LockStatus>> {
     let id = format!("operator-{}", super::schema::new_lock_id());
-    let (filter, pipeline) = revoke::operator_request(name, &id, grace_millis);
+    let (filter, pipeline) = revoke::operator_request(name, asked, &id, grace_millis);
     let written = collection
         .find_one_and_update(filter, pipeline)
         .return_document(ReturnDocument::After)
         .await?;
-    Ok(match written {
-        Some(_) => status(collection, name).await?,
-        None => None,
+    if written.is_none() {
+        return Ok(None);
+    }
+    Ok(match asked {
+        revoke::Asked::Holder | revoke::Asked::Lease(_) => status(collection, name).await?,
+        revoke::Asked::Place(lock_id) => semaphore_holders(collection, doc! { ID: name })
+            .await?
+            .into_iter()
+            .find(|holder| holder.lock_id.as_deref() == Some(lock_id)),
     })
 }
 

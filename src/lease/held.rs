@@ -179,12 +179,16 @@ impl HeldLease {
         push: Option<&super::PushFrom>,
     ) -> Result<crate::Revocation> {
         let shown = shown_name(&self.name);
-        if self.place.layout != schema::Layout::LockDocument {
-            return Err(Error::InvalidArgument(format!(
-                "revocation_requested on {shown:?}: only an exclusive lock's holder (a leader's, \
-                 a job's) can be asked to let go"
-            )));
-        }
+        let semaphore = match &self.place.layout {
+            schema::Layout::LockDocument => false,
+            schema::Layout::Members(field) if field == schema::HOLDERS => true,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "revocation_requested on {shown:?}: only an exclusive lock's holder (a \
+                     leader's, a job's) and a semaphore's place can be asked to let go"
+                )));
+            }
+        };
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let observation = push.map(|(collection, family, name)| {
             super::Observation::new(&runtime, collection, *family, name)
@@ -192,7 +196,21 @@ impl HeldLease {
         let lost = self.lost();
         loop {
             let lock_id = self.lock_id.as_deref().ok_or_else(|| self.lost_error())?;
-            let read = super::admin::status(&self.place.collection, &self.name);
+            let collection = &self.place.collection;
+            let read = async {
+                let holders: Vec<crate::LockStatus> = match semaphore {
+                    false => (super::admin::status(collection, &self.name).await?)
+                        .into_iter()
+                        .collect(),
+                    true => {
+                        let ours = mongodb::bson::doc! { schema::ID: &self.id };
+                        super::admin::semaphore_holders(collection, ours).await?
+                    }
+                };
+                Ok(holders
+                    .into_iter()
+                    .find(|holder| holder.lock_id.as_deref() == Some(lock_id)))
+            };
             let read = super::admin::within(
                 super::admin::patience(&self.place.options),
                 &self.name,
@@ -204,7 +222,7 @@ impl HeldLease {
                 status = read => status,
             };
             match status {
-                Ok(Some(status)) if status.lock_id.as_deref() == Some(lock_id) => {
+                Ok(Some(status)) => {
                     if let Some(revocation) = status.revocation {
                         return Ok(revocation);
                     }

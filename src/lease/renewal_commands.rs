@@ -206,7 +206,13 @@ pub(crate) async fn extend_one(
     if matched.is_some_and(|matched| matched > 0) {
         return Ok(Extended::Yes);
     }
-    if *layout != super::schema::Layout::LockDocument {
+    // (Only an exclusive lock's lease and a semaphore's place can be asked to let go.)
+    let revocable = match layout {
+        super::schema::Layout::LockDocument => true,
+        super::schema::Layout::Members(field) => field == super::schema::HOLDERS,
+        _ => false,
+    };
+    if !revocable {
         return Ok(Extended::Gone);
     }
     let lock_ids = [lock_id.to_owned()];

@@ -19,8 +19,8 @@
 use mongodb::bson::{Bson, Document, doc};
 
 use super::schema::{
-    EXPIRES_AT, GRACE_UNTIL, ID, LOCK_ID, PRIORITY, REQUEST_ID, RESERVES, REVOKE, SERVED_WAIT,
-    Stored, TARGET, end_releasing, lease_end, marker_lease_millis, new_holder,
+    EMBEDDED_ID, EXPIRES_AT, GRACE_UNTIL, HOLDERS, ID, LOCK_ID, PRIORITY, REQUEST_ID, RESERVES,
+    REVOKE, SERVED_WAIT, Stored, TARGET, end_releasing, lease_end, marker_lease_millis, new_holder,
     not_reserved_for_other, request_live, request_path, standing, targets_holder,
 };
 use crate::options::LockOptions;
@@ -97,26 +97,66 @@ pub(crate) fn revoking_acquire_update(
     stages
 }
 
-/// The filter and pipeline of an operator's request `id` to end the lease that holds lock `name`
-/// within `grace_millis`: written only on a live lease of a document shaped like an exclusive
-/// lock's, and it replaces any request (an operator's has the highest priority), reserving
-/// nothing.
+/// Which lease an operator's request targets.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Asked<'a> {
+    /// Whoever holds the exclusive lock.
+    Holder,
+    /// The exclusive lock's lease with this lock id.
+    Lease(&'a str),
+    /// The semaphore's place with this lock id.
+    Place(&'a str),
+}
+
+/// The filter and pipeline of an operator's request `id` to end the lease `asked` of lock `name`
+/// within `grace_millis`: written only on a live lease, in a document shaped like the lock's
+/// kind, and it replaces any request (an operator's has the highest priority), keeping the lock
+/// for nobody.
 pub(crate) fn operator_request(
     name: &str,
+    asked: Asked<'_>,
     id: &str,
     grace_millis: i64,
 ) -> (Document, Vec<Document>) {
-    let filter = doc! {
-        ID: name,
-        LOCK_ID: { "$type": "string" },
-        "$expr": { "$and": [
-            { "$gt": [format!("${EXPIRES_AT}"), "$$NOW"] },
-            Stored::Exclusive.shape(),
-        ] },
+    let (filter, target): (Document, Bson) = match asked {
+        Asked::Holder | Asked::Lease(_) => {
+            let lock_id: Bson = match asked {
+                Asked::Lease(lock_id) => lock_id.into(),
+                _ => doc! { "$type": "string" }.into(),
+            };
+            let filter = doc! {
+                ID: name,
+                LOCK_ID: lock_id,
+                "$expr": { "$and": [
+                    { "$gt": [format!("${EXPIRES_AT}"), "$$NOW"] },
+                    Stored::Exclusive.shape(),
+                ] },
+            };
+            (filter, format!("${LOCK_ID}").into())
+        }
+        Asked::Place(lock_id) => {
+            let live = doc! { "$filter": {
+                "input": format!("${HOLDERS}"),
+                "as": "m",
+                "cond": { "$and": [
+                    { "$eq": [format!("$$m.{EMBEDDED_ID}"), lock_id] },
+                    { "$gt": [format!("$$m.{EXPIRES_AT}"), "$$NOW"] },
+                ] },
+            } };
+            let filter = doc! {
+                ID: name,
+                format!("{HOLDERS}.{EMBEDDED_ID}"): lock_id,
+                "$expr": { "$and": [
+                    Stored::Semaphore.shape(),
+                    { "$gt": [{ "$size": live }, 0] },
+                ] },
+            };
+            (filter, lock_id.into())
+        }
     };
     let request = doc! {
         REQUEST_ID: id,
-        TARGET: format!("${LOCK_ID}"),
+        TARGET: target,
         GRACE_UNTIL: lease_end(grace_millis),
         EXPIRES_AT: lease_end(grace_millis.saturating_add(OPERATOR_REQUEST_MILLIS)),
         PRIORITY: i32::MAX,

@@ -63,6 +63,36 @@ pub(crate) fn marker_lease_millis(options: &LockOptions) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Expression, inside a `$map` or `$filter` over an array of leases `as: "m"`: the member `m`
+/// may be renewed: no live revocation request targets it whose grace is over (see `revoke`).
+fn member_renewable() -> Document {
+    doc! { "$or": [
+        { "$lte": [request_path(EXPIRES_AT), "$$NOW"] },
+        { "$ne": [request_path(TARGET), format!("$$m.{EMBEDDED_ID}")] },
+        { "$gt": [request_path(GRACE_UNTIL), "$$NOW"] },
+    ] }
+}
+
+/// Expression: the members of array `field` whose id is one of `lock_ids`, whose lease is live
+/// by server time, and which may be renewed (no revocation's grace is over for them): what a
+/// renewal of those leases renews.
+pub(crate) fn renewable_members(field: &str, lock_ids: &[String]) -> Document {
+    doc! { "$filter": {
+        "input": { "$ifNull": [format!("${field}"), []] },
+        "as": "m",
+        "cond": renewable_member(lock_ids),
+    } }
+}
+
+/// Expression, over a member `m`: one of `lock_ids`, live and renewable.
+fn renewable_member(lock_ids: &[String]) -> Document {
+    doc! { "$and": [
+        { "$in": [format!("$$m.{EMBEDDED_ID}"), lock_ids] },
+        { "$gt": [format!("$$m.{EXPIRES_AT}"), "$$NOW"] },
+        member_renewable(),
+    ] }
+}
+
 /// How many places a semaphore holder's lease takes, when more than one.
 pub(crate) const PLACES: &str = "places";
 /// A semaphore's marker of the waiter for several places that waits first: `{id, places,
@@ -369,7 +399,7 @@ impl Layout {
         match self {
             Layout::Members(field) => doc! {
                 ID: { "$in": ids },
-                "$expr": { "$gt": [{ "$size": live_members(field, Some(lock_ids)) }, 0] },
+                "$expr": { "$gt": [{ "$size": renewable_members(field, lock_ids) }, 0] },
             },
             // (No lease whose revocation's grace is over: see `revoke`.)
             Layout::LockDocument => doc! {
@@ -391,8 +421,19 @@ impl Layout {
     pub(crate) fn extend_filter(&self, id: &Bson, lock_id: &str) -> Document {
         let lock_ids = [lock_id.to_owned()];
         let mut filter = self.renew_many_filter(std::slice::from_ref(id), &lock_ids);
-        if *self == Layout::LockDocument {
-            filter.insert("$expr", doc! { "$and": [self.live(), extendable()] });
+        match self {
+            Layout::LockDocument => {
+                filter.insert("$expr", doc! { "$and": [self.live(), extendable()] });
+            }
+            Layout::Members(_) => {
+                let renewable = filter.remove("$expr").unwrap_or(Bson::Boolean(true));
+                let untargeted = doc! { "$or": [
+                    { "$lte": [request_path(EXPIRES_AT), "$$NOW"] },
+                    { "$ne": [request_path(TARGET), lock_id] },
+                ] };
+                filter.insert("$expr", doc! { "$and": [renewable, untargeted] });
+            }
+            _ => {}
         }
         filter
     }
@@ -458,10 +499,7 @@ impl Layout {
                 };
                 let renewed = doc! {
                     "$cond": [
-                        { "$and": [
-                            { "$in": [format!("$$m.{EMBEDDED_ID}"), lock_ids] },
-                            { "$gt": [format!("$$m.{EXPIRES_AT}"), "$$NOW"] },
-                        ] },
+                        renewable_member(lock_ids),
                         { "$mergeObjects": ["$$m", lease] },
                         "$$m",
                     ]
@@ -504,7 +542,7 @@ impl Layout {
             Layout::Members(field) => (
                 doc! { ID: { "$in": ids } },
                 Bson::Document(doc! { "$map": {
-                    "input": live_members(field, Some(lock_ids)),
+                    "input": renewable_members(field, lock_ids),
                     "as": "m",
                     "in": format!("$$m.{EMBEDDED_ID}"),
                 } }),
@@ -721,6 +759,7 @@ impl Stored {
                     WAITING,
                     RESIZED_AT,
                     LINE,
+                    REVOKE,
                 ],
                 is(HOLDERS, &["array"]),
             ),

@@ -204,9 +204,10 @@ impl MemoryGuard {
     /// [`Error::LockLost`] if the lock is lost first; [`Error::InvalidArgument`] for a semaphore's
     /// or a writer's guard.
     pub async fn revocation_requested(&self) -> Result<Revocation> {
-        if self.key().kind != super::Kind::Lock {
+        if self.key().kind == super::Kind::ReaderWriter {
             return Err(Error::InvalidArgument(format!(
-                "revocation_requested on {:?}: only an exclusive lock's holder can be asked to let go",
+                "revocation_requested on {:?}: only an exclusive lock's holder and a semaphore's \
+                 place can be asked to let go",
                 shown_name(self.name())
             )));
         }
@@ -242,14 +243,65 @@ impl MemoryLockProvider {
         name: &str,
         grace: Duration,
     ) -> Result<Option<LockStatus>> {
-        crate::revocation::grace_millis(&shown_name(name), grace)?;
-        let key = Key::lock(name);
+        self.ask_to_let_go(Key::lock(name), None, grace)
+    }
+
+    /// Asks the one holder `holder` describes (an exclusive lock's, or a semaphore's place) to
+    /// let go within `grace`, as
+    /// [`Provider::request_revocation_of`](crate::Provider::request_revocation_of): its status
+    /// with the request, or `None` if that lease is gone.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an entry without a lock id of the double, a
+    /// reader-writer lock's or a document lock's holder, or a grace over 365 days.
+    pub async fn request_revocation_of(
+        &self,
+        holder: &LockStatus,
+        grace: Duration,
+    ) -> Result<Option<LockStatus>> {
+        let shown = shown_name(&holder.name);
+        let acquisition = (holder.lock_id.as_deref())
+            .and_then(|lock_id| lock_id.strip_prefix("memory-")?.parse::<u64>().ok());
+        let kind = match holder.kind {
+            crate::LockKind::Exclusive => super::Kind::Lock,
+            crate::LockKind::Semaphore => super::Kind::Semaphore,
+            kind => {
+                return Err(Error::InvalidArgument(format!(
+                    "request_revocation_of: {shown:?} is held as {kind}; only an exclusive \
+                     lock's holder and a semaphore's place can be asked to let go"
+                )));
+            }
+        };
+        let Some(acquisition) = acquisition else {
+            return Err(Error::InvalidArgument(format!(
+                "request_revocation_of: the entry for lock {shown:?} has no lock id of this double"
+            )));
+        };
+        self.ask_to_let_go(
+            Key::new(kind, holder.name.as_str()),
+            Some(acquisition),
+            grace,
+        )
+    }
+
+    /// An operator's request to the holder `acquisition` of `key` (any holder with `None`).
+    fn ask_to_let_go(
+        &self,
+        key: Key,
+        acquisition: Option<u64>,
+        grace: Duration,
+    ) -> Result<Option<LockStatus>> {
+        crate::revocation::grace_millis(&shown_name(&key.name), grace)?;
         {
             let mut names = self.locks.names.lock();
             let Some(entry) = names.get_mut(&key) else {
                 return Ok(None);
             };
-            let Some(target) = entry.holders.first().map(|holder| holder.acquisition) else {
+            let held = (entry.holders.iter()).map(|holder| holder.acquisition);
+            let Some(target) = held
+                .into_iter()
+                .find(|held| acquisition.is_none_or(|a| a == *held))
+            else {
                 return Ok(None);
             };
             let request = Request {
@@ -262,6 +314,11 @@ impl MemoryLockProvider {
             place(&self.locks, entry, request);
             grace_timer(Arc::clone(&self.locks), key.clone(), target, grace_until);
         }
-        Ok(self.locks.holders(&key, false).into_iter().next())
+        let shown = format!("memory-{}", acquisition.unwrap_or_default());
+        Ok(self
+            .locks
+            .holders(&key, false)
+            .into_iter()
+            .find(|holder| acquisition.is_none() || holder.lock_id.as_deref() == Some(&shown)))
     }
 }

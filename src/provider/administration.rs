@@ -5,6 +5,7 @@ use mongodb::bson::{Document, doc};
 
 use super::Provider;
 use crate::error::{Error, Result, shown_name};
+use crate::lease::revoke::Asked;
 use crate::lease::schema::{HOLDERS, Layout, READERS, Stored};
 use crate::lease::{admin, create_ttl_index};
 use crate::lock_status::{LockFilter, LockKind, LockStatus, Purgeable};
@@ -169,8 +170,50 @@ impl Provider {
     ) -> Result<Option<LockStatus>> {
         let grace_millis = crate::revocation::grace_millis(&shown_name(name), grace)?;
         let collection = self.open(&self.collection)?;
-        let request = admin::request_revocation(&collection, name, grace_millis);
+        let request = admin::request_revocation(&collection, name, Asked::Holder, grace_millis);
         self.within(name, request).await
+    }
+
+    /// Asks the one holder `holder` describes (an entry of [`held_locks`](Self::held_locks):
+    /// an exclusive lock's, or a semaphore's place) to let go within `grace`, as
+    /// [`request_revocation`](Self::request_revocation) does: that lease alone, if it is still
+    /// there (a holder that released or was replaced since the read is left alone). A
+    /// semaphore's place stops being renewed once the grace is over; the other places are not
+    /// touched. Returns the holder's status with the request, `None` if the lease is gone.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), before anything is sent, for
+    /// an entry without a lock id, a reader-writer lock's or a document lock's holder (only an
+    /// exclusive lock's holder and a semaphore's place can be asked), or a grace over 365 days;
+    /// otherwise as [`status`](Self::status).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the request written.
+    pub async fn request_revocation_of(
+        &self,
+        holder: &LockStatus,
+        grace: std::time::Duration,
+    ) -> Result<Option<LockStatus>> {
+        let shown = shown_name(&holder.name);
+        let Some(lock_id) = holder.lock_id.as_deref() else {
+            return Err(Error::InvalidArgument(format!(
+                "request_revocation_of: the entry for lock {shown:?} has no lock id (nobody held it)"
+            )));
+        };
+        let grace_millis = crate::revocation::grace_millis(&shown, grace)?;
+        let (collection, asked) = match holder.kind {
+            LockKind::Exclusive => (&self.collection, Asked::Lease(lock_id)),
+            LockKind::Semaphore => (&self.semaphore_collection, Asked::Place(lock_id)),
+            kind => {
+                return Err(Error::InvalidArgument(format!(
+                    "request_revocation_of: {shown:?} is held as {kind}; only an exclusive \
+                     lock's holder and a semaphore's place can be asked to let go"
+                )));
+            }
+        };
+        let collection = self.open(collection)?;
+        let request = admin::request_revocation(&collection, &holder.name, asked, grace_millis);
+        self.within(&holder.name, request).await
     }
 
     /// **Dangerous**: ends the lease of lock `name` now, whoever holds it, so a stuck lock (for

@@ -8,6 +8,7 @@ use test_support as common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use distributed_lock_mongodb::memory::MemoryLockProvider;
@@ -1744,7 +1745,7 @@ async fn the_double_plays_revocation_as_mongodb_does() {
         "{refused:?}"
     );
     next.release().await.unwrap();
-    // Only an exclusive lock can be asked.
+    // A waiter asks only an exclusive lock's holder; an operator asks one semaphore place.
     let semaphore = locks.create_semaphore(name.as_str(), 2);
     let refused = semaphore
         .acquire_revoking(RevokeRequest::new(Duration::ZERO), Duration::from_secs(1))
@@ -1753,4 +1754,30 @@ async fn the_double_plays_revocation_as_mongodb_does() {
         matches!(refused, Err(Error::InvalidArgument(_))),
         "{refused:?}"
     );
+    let first = semaphore.acquire().await.unwrap();
+    let second = semaphore.acquire().await.unwrap();
+    let entry = semaphore.holders().await.unwrap().remove(0);
+    let asked = locks
+        .request_revocation_of(&entry, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(asked.lock_id, entry.lock_id);
+    // (The double's first poll reads its state: ready at once for the place asked.)
+    let (asked_guard, other) = match first.revocation_requested().now_or_never() {
+        Some(_) => (first, second),
+        None => (second, first),
+    };
+    assert!(
+        asked_guard
+            .revocation_requested()
+            .await
+            .unwrap()
+            .by_operator
+    );
+    tokio::time::timeout(Duration::from_secs(30), asked_guard.lost().wait())
+        .await
+        .expect("the asked place is lost at the grace's end");
+    assert!(!other.is_lost());
+    other.release().await.unwrap();
 }

@@ -8,8 +8,8 @@ use test_support as common;
 use std::time::Duration;
 
 use distributed_lock_mongodb::{
-    Error, Fence, FenceOutcome, LockOptions, MongoDistributedLock, MongoDistributedSemaphore,
-    RevokeRequest,
+    Error, Fence, FenceOutcome, LockOptions, MongoDistributedLock,
+    MongoDistributedReaderWriterLock, RevokeRequest,
 };
 use mongodb::bson::{DateTime, Document, doc};
 use mongodb::{Collection, Database};
@@ -421,14 +421,107 @@ async fn bad_revocations_are_refused_before_anything_is_sent() {
     assert_eq!(log.started_without_streams(), Vec::<String>::new());
     assert!(common::lock_document(&documents, &name).await.is_none());
 
-    // Only an exclusive lock's holder can be asked.
-    let semaphore = MongoDistributedSemaphore::new(common::unique("revoke"), 2, &database)
+    // Only an exclusive lock's holder and a semaphore's place can be asked; a writer cannot.
+    let rw = MongoDistributedReaderWriterLock::new(common::unique("revoke"), &database)
         .with_collection(collection.as_str());
-    let place = semaphore.acquire().await.unwrap();
-    let refused = place.revocation_requested().await;
+    let writer = rw.acquire_write().await.unwrap();
+    let refused = writer.revocation_requested().await;
     assert!(
         matches!(refused, Err(Error::InvalidArgument(_))),
         "{refused:?}"
     );
-    place.release().await.unwrap();
+    writer.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_asked_to_step_down_resigns_and_the_asker_is_elected() {
+    let database = common::database().await;
+    let (provider, _) = common::provider_with_own_collections(&database);
+    let provider = provider.with_options(common::options(10_000, 2_000));
+    let name = common::unique("revoke");
+    let election = provider.create_leader_election(name.as_str()).unwrap();
+    let mut leading = election.watch();
+    tokio::time::timeout(Duration::from_secs(30), leading.wait_for(|leader| *leader))
+        .await
+        .expect("elected")
+        .unwrap();
+    let term = election.fencing_token().unwrap();
+    let asker = {
+        let lock = provider.create_lock(name.as_str());
+        tokio::spawn(async move {
+            lock.acquire_revoking(
+                RevokeRequest::new(Duration::from_secs(60)),
+                Duration::from_secs(60),
+            )
+            .await
+        })
+    };
+    let revocation = tokio::time::timeout(Duration::from_secs(30), election.revocation_requested())
+        .await
+        .expect("the leader is told")
+        .unwrap();
+    assert!(!revocation.by_operator);
+    election.resign().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(30), asker)
+        .await
+        .expect("the asker takes the lock")
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token() > term);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_asks_one_semaphore_place_to_let_go_and_only_that_place_ends() {
+    let database = common::database().await;
+    let (provider, _) = common::provider_with_own_collections(&database);
+    let provider = provider.with_options(common::options(2_000, 500));
+    let pool = provider.create_semaphore(common::unique("revoke"), 2);
+    let first = pool.acquire().await.unwrap();
+    let second = pool.acquire().await.unwrap();
+    let holders = pool.holders().await.unwrap();
+    let entry = holders
+        .iter()
+        .find(|holder| holder.lock_id.as_deref() == Some(first.lock_id()))
+        .unwrap();
+    let asked = provider
+        .request_revocation_of(entry, Duration::from_millis(600))
+        .await
+        .unwrap()
+        .expect("held");
+    assert!(asked.revocation.is_some_and(|r| r.by_operator));
+    let revocation = first.revocation_requested().await.unwrap();
+    assert!(revocation.by_operator);
+    let refused = first.extend(Duration::from_secs(30)).await;
+    assert!(
+        matches!(refused, Err(Error::RevocationRequested { .. })),
+        "{refused:?}"
+    );
+    // Ignored past the grace: that place is lost; the other is renewed on as before.
+    tokio::time::timeout(Duration::from_secs(30), first.lost().wait())
+        .await
+        .expect("the asked place is lost");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!second.is_lost(), "the other place is not asked");
+    let third = pool
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the lost place is free");
+    assert!(third.fencing_token() > second.fencing_token());
+    // A reader-writer lock's holder cannot be asked.
+    let rw = provider.create_reader_writer_lock(common::unique("revoke"));
+    let reader = rw.acquire_read().await.unwrap();
+    let entry = rw.holders().await.unwrap().remove(0);
+    let refused = provider
+        .request_revocation_of(&entry, Duration::from_secs(1))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    reader.release().await.unwrap();
+    third.release().await.unwrap();
+    second.release().await.unwrap();
+    assert!(matches!(first.release().await, Err(Error::LockLost { .. })));
 }
