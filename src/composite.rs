@@ -88,12 +88,29 @@ pub(crate) struct HeldMember {
 pub struct CompositeGuard {
     /// In acquisition order (by collection, then name).
     members: Vec<HeldMember>,
+    /// The tasks bound to every member's lease (lost when any is).
+    bound: crate::lease::bound::Bound,
 }
 
 impl CompositeGuard {
-    /// Members in acquisition order.
-    pub(crate) fn new(members: Vec<HeldMember>) -> Self {
-        CompositeGuard { members }
+    /// Members in acquisition order, won on `runtime`.
+    pub(crate) fn new(members: Vec<HeldMember>, runtime: tokio::runtime::Handle) -> Self {
+        let lost = LostSignal::new(
+            (members.iter())
+                .map(|member| Arc::clone(member.lease.state()))
+                .collect(),
+        );
+        CompositeGuard {
+            members,
+            bound: crate::lease::bound::Bound::new(runtime, lost),
+        }
+    }
+
+    crate::lease::bound::bound_task_methods!();
+
+    /// The tasks bound to every member's lease.
+    fn bound(&self) -> &crate::lease::bound::Bound {
+        &self.bound
     }
 
     /// The members' names, in acquisition order: sorted by the name of their collection, then
@@ -190,6 +207,8 @@ impl CompositeGuard {
     /// # Cancel safety
     /// Cancel safe: members not yet released are released in the background when dropped.
     pub async fn release(mut self) -> Result<()> {
+        // Its bound tasks end first, while every member is still held.
+        self.bound.settle().await;
         let mut first_error = None;
         while let Some(member) = self.members.pop() {
             if let Err(error) = member.lease.release().await {

@@ -89,10 +89,10 @@ pub enum Error {
         name: String,
     },
 
-    /// A guard's `extend` was refused: a revocation request targets the lease (see
-    /// [`MongoDistributedLock::acquire_revoking`](crate::MongoDistributedLock::acquire_revoking)).
-    /// Nothing was written; the lease still ends as it would have. Let the lock go (release it)
-    /// before the request's grace runs out: renewals stop then.
+    /// A guard's `extend` was refused: a revocation request targets the lease and its grace
+    /// still runs (see [`crate::revocation`]; once the grace is over, `extend` returns
+    /// [`Error::LockLost`]). Nothing was written; the lease still ends as it would have. Let the
+    /// lock go (release it) before the grace runs out: renewals stop then.
     #[error(
         "the extension of lock {:?} was refused: its holder was asked to let go",
         shown_name(name)

@@ -75,15 +75,17 @@ impl LockGuard {
     /// # async fn demo(lock: distributed_lock_mongodb::MongoDistributedLock) -> distributed_lock_mongodb::Result<()> {
     /// # async fn one_batch() {}
     /// let guard = lock.acquire().await?;
-    /// let asked = guard.revocation_requested();
-    /// tokio::pin!(asked);
-    /// loop {
-    ///     tokio::select! {
-    ///         revocation = &mut asked => {
-    ///             println!("asked to let go ({:?} of grace left)", revocation?.grace_left);
-    ///             break;
+    /// {
+    ///     let asked = guard.revocation_requested();
+    ///     tokio::pin!(asked);
+    ///     loop {
+    ///         tokio::select! {
+    ///             revocation = &mut asked => {
+    ///                 println!("asked to let go ({:?} of grace left)", revocation?.grace_left);
+    ///                 break;
+    ///             }
+    ///             () = one_batch() => {}
     ///         }
-    ///         () = one_batch() => {}
     ///     }
     /// }
     /// guard.release().await?;
@@ -122,6 +124,13 @@ impl LockGuard {
     pub fn lock_id(&self) -> &str {
         // (A guard's lease is handed back only by its release or drop, which consume it.)
         self.lease.lock_id().unwrap_or_default()
+    }
+
+    crate::lease::bound::bound_task_methods!();
+
+    /// The tasks bound to the lease.
+    pub(crate) fn bound(&self) -> &crate::lease::bound::Bound {
+        self.lease.bound()
     }
 
     /// A signal that turns true when the lock is known or presumed lost, before anyone else can

@@ -7,6 +7,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result, shown_name};
+use crate::lease::bound::Bound;
 use crate::lease::lost::LostSignal;
 use crate::lock::MongoDistributedLock;
 use crate::revocation::Revocation;
@@ -62,18 +63,26 @@ pub struct LeaderElection {
 }
 
 /// Whether anyone waits for revocation requests (`wanted`: only then does a term watch its
-/// lease for them), and the last request a term was sent, with the term's token.
-#[derive(Clone, Debug)]
+/// lease for them), and the last request a term was sent, with the term's token (the campaign
+/// holds the sender: a call waiting for a request ends with the campaign).
+#[derive(Debug)]
 struct Asked {
     wanted: Arc<watch::Sender<bool>>,
-    requests: Arc<watch::Sender<Option<(FencingToken, Revocation)>>>,
+    requests: watch::Receiver<Option<(FencingToken, Revocation)>>,
 }
 
-/// The current term: its fencing token and whether its lease is lost.
+/// [`Asked`], as the campaign sees it.
+struct Asking {
+    wanted: Arc<watch::Sender<bool>>,
+    requests: watch::Sender<Option<(FencingToken, Revocation)>>,
+}
+
+/// The current term: its fencing token, whether its lease is lost, and the tasks bound to it.
 #[derive(Debug)]
 struct Term {
     fencing_token: FencingToken,
     lost: LostSignal,
+    tasks: Arc<Bound>,
 }
 
 impl LeaderElection {
@@ -107,16 +116,22 @@ impl LeaderElection {
         let term = Arc::new(Mutex::new(None));
         let (leading_tx, leading) = watch::channel(false);
         let (resign, resigned) = oneshot::channel();
+        let wanted = Arc::new(watch::channel(false).0);
+        let (requests_tx, requests) = watch::channel(None);
         let asked = Asked {
-            wanted: Arc::new(watch::channel(false).0),
-            requests: Arc::new(watch::channel(None).0),
+            wanted: Arc::clone(&wanted),
+            requests,
+        };
+        let asking = Asking {
+            wanted,
+            requests: requests_tx,
         };
         let campaign = runtime.spawn(campaign(
             lock,
             Arc::clone(&term),
             leading_tx,
             resigned,
-            asked.clone(),
+            asking,
         ));
         Ok(LeaderElection {
             name,
@@ -160,6 +175,38 @@ impl LeaderElection {
         self.current().map(|(fencing_token, _)| fencing_token)
     }
 
+    /// Spawns `task` on the current Tokio runtime, bound to the current term, as a guard's
+    /// [`spawn`](crate::LockGuard::spawn) binds it to a lease: aborted (and
+    /// [`cancellation`](Self::cancellation) fired) when the term is lost; at
+    /// [`resign`](Self::resign) the token fires and the release of leadership waits for the
+    /// term's tasks to end first. `Ok(None)` while not the leader (nothing is spawned).
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    pub fn spawn<F>(&self, task: F) -> Result<Option<tokio::task::JoinHandle<F::Output>>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let Some(tasks) = self.term_tasks() else {
+            return Ok(None);
+        };
+        tasks.spawn(task).map(Some)
+    }
+
+    /// The current term's token: it fires when the term is lost, when leadership is resigned,
+    /// or when the election is dropped; `None` while not the leader.
+    pub fn cancellation(&self) -> Option<crate::CancellationToken> {
+        self.term_tasks().map(|tasks| tasks.cancellation())
+    }
+
+    /// The current term's bound tasks, while it is not lost.
+    fn term_tasks(&self) -> Option<Arc<Bound>> {
+        let term = self.term.lock();
+        let term = term.as_ref().filter(|term| !term.lost.is_lost())?;
+        Some(Arc::clone(&term.tasks))
+    }
+
     /// A signal that turns true when the current term ends (see [`LostSignal`]); `None` while not
     /// the leader.
     pub fn lost(&self) -> Option<LostSignal> {
@@ -171,7 +218,9 @@ impl LeaderElection {
     /// name, or an operator's [`request_revocation`](crate::Provider::request_revocation) (see
     /// [`crate::revocation`]). [`resign`](Self::resign) before the grace runs out, or the term
     /// is lost at its lease's end and the asker is elected. Waits through terms: a request to a
-    /// term that ended before this was called is not reported.
+    /// term that ended before this was called is not reported; a request to the current term
+    /// is, at once, for as long as that term lasts (a loop around this call should resign, or
+    /// wait for the term to end, before calling again).
     ///
     /// Terms watch for requests only once this was called (one read per
     /// [`extension_cadence`](crate::LockOptions::extension_cadence), and at once on a change
@@ -183,7 +232,7 @@ impl LeaderElection {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn revocation_requested(&self) -> Result<Revocation> {
-        let mut requests = self.asked.requests.subscribe();
+        let mut requests = self.asked.requests.clone();
         self.asked.wanted.send_replace(true);
         let ended = || Error::BackgroundTaskEnded {
             operation: crate::error::Operation::Acquire,
@@ -258,7 +307,7 @@ async fn campaign(
     term: Arc<Mutex<Option<Term>>>,
     leading: watch::Sender<bool>,
     mut resigned: oneshot::Receiver<()>,
-    asked: Asked,
+    asked: Asking,
 ) -> Result<()> {
     let lapsed = || Error::LockLost {
         name: lock.name().to_owned(),
@@ -298,12 +347,15 @@ async fn lead(
     term: &Mutex<Option<Term>>,
     leading: &watch::Sender<bool>,
     resigned: &mut oneshot::Receiver<()>,
-    asked: &Asked,
+    asked: &Asking,
 ) -> Option<Result<()>> {
     let lost = guard.lost();
+    let runtime = tokio::runtime::Handle::current();
+    let tasks = Arc::new(Bound::new(runtime, lost.clone()));
     *term.lock() = Some(Term {
         fencing_token: guard.fencing_token(),
         lost: lost.clone(),
+        tasks: Arc::clone(&tasks),
     });
     leading.send_replace(true);
     tracing::info!(lock = %shown_name(lock.name()), term = guard.fencing_token().get(), "elected leader");
@@ -343,8 +395,11 @@ async fn lead(
     leading.send_replace(false);
     if resigning {
         tracing::info!(lock = %shown_name(lock.name()), "resigned leadership");
+        // The term's tasks end first, while leadership still holds.
+        tasks.settle().await;
         Some(guard.release().await)
     } else {
+        tasks.abort_tasks();
         tracing::warn!(lock = %shown_name(lock.name()), "leadership lost; campaigning again");
         drop(guard);
         None

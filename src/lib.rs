@@ -93,6 +93,8 @@ pub use rw_lock::{
 };
 pub use semaphore::{DEFAULT_SEMAPHORE_COLLECTION, MongoDistributedSemaphore};
 pub use token::FencingToken;
+/// The token a guard's [`cancellation`](LockGuard::cancellation) returns (tokio-util's).
+pub use tokio_util::sync::CancellationToken;
 pub use traits::{
     BoxedCompositeGuard, BoxedDocumentGuard, BoxedGuard, BoxedReadGuard, BoxedUpgradeableReadGuard,
     DistributedCompositeGuard, DistributedDocumentGuard, DistributedDocumentLock, DistributedLock,

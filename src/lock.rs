@@ -300,6 +300,8 @@ impl MongoDistributedLock {
     ///   this wait takes it with the next fencing token, so the old holder's fenced writes are
     ///   refused.
     /// - A [`min_hold`](LockOptions::min_hold) window is a promise about the work: it is kept.
+    /// - A zero `timeout` makes one attempt and asks nothing (a request lives only while a wait
+    ///   renews it).
     ///
     /// Costs what a wait costs (one `findAndModify` per attempt, which carries the request),
     /// plus one `update` to take the request out if the wait ends without the lock. Callers that

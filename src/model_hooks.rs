@@ -124,7 +124,7 @@ pub fn revoking_attempt_update(
 }
 
 /// The update pipeline of a release `releasing` that hands the lock to the revoking waiter
-/// `waiter` of the wait `wait`.
+/// `waiter` of the wait `wait`: its attempt's, after the releasing lease ends.
 pub fn revoking_transfer_update(
     waiter: &str,
     options: &LockOptions,
@@ -134,19 +134,10 @@ pub fn revoking_transfer_update(
     grace_millis: i64,
     priority: i32,
 ) -> Vec<Document> {
-    let ask = crate::lease::revoke::Ask {
-        grace_millis,
-        priority,
-    };
-    crate::lease::revoke::revoking_acquire_update(
-        waiter,
-        options,
-        details,
-        wait,
-        ask,
-        true,
-        Some(releasing),
-    )
+    let mut pipeline =
+        revoking_attempt_update(waiter, options, details, wait, grace_millis, priority);
+    pipeline.insert(0, schema::end_releasing(releasing));
+    pipeline
 }
 
 /// The filter and update that take the request of the revoking wait `wait` out of lock `name`'s

@@ -65,6 +65,13 @@ impl<T> DocumentGuard<T> {
         self.lease.lock_id().unwrap_or_default()
     }
 
+    crate::lease::bound::bound_task_methods!();
+
+    /// The tasks bound to the lease.
+    pub(crate) fn bound(&self) -> &crate::lease::bound::Bound {
+        self.lease.bound()
+    }
+
     /// A signal that turns true when the lock is known or presumed lost (see
     /// [`LockGuard::lost`](crate::LockGuard::lost)).
     pub fn lost(&self) -> LostSignal {

@@ -312,16 +312,33 @@ pub(crate) async fn request_revocation(
         .find_one_and_update(filter, pipeline)
         .return_document(ReturnDocument::After)
         .await?;
-    if written.is_none() {
-        return Ok(None);
+    let place = |lock_id: &str| {
+        let lock_id = lock_id.to_owned();
+        async move {
+            Ok::<_, Error>(
+                semaphore_holders(collection, doc! { ID: name })
+                    .await?
+                    .into_iter()
+                    .find(|holder| holder.lock_id.as_deref() == Some(lock_id.as_str())),
+            )
+        }
+    };
+    match (written, asked) {
+        (Some(_), revoke::Asked::Holder | revoke::Asked::Lease(_)) => {
+            status(collection, name).await
+        }
+        (Some(_), revoke::Asked::Place(lock_id)) => place(lock_id).await,
+        (None, revoke::Asked::Place(lock_id)) => match place(lock_id).await? {
+            // Held, so another place's request stands.
+            Some(_) => Err(Error::InvalidArgument(format!(
+                "request_revocation_of: another place of semaphore {:?} is being asked to let go \
+                 (one request per semaphore at a time); ask again once that one is over",
+                shown_name(name)
+            ))),
+            None => Ok(None),
+        },
+        (None, _) => Ok(None),
     }
-    Ok(match asked {
-        revoke::Asked::Holder | revoke::Asked::Lease(_) => status(collection, name).await?,
-        revoke::Asked::Place(lock_id) => semaphore_holders(collection, doc! { ID: name })
-            .await?
-            .into_iter()
-            .find(|holder| holder.lock_id.as_deref() == Some(lock_id)),
-    })
 }
 
 /// The update of [`force_release`]: the lease ends as its holder's release would, keeping a

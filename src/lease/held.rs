@@ -13,6 +13,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::bound::Bound;
 use super::family::Family;
 use super::lost::LostSignal;
 use super::metrics;
@@ -42,6 +43,8 @@ pub(crate) struct HeldLease {
     /// For the hold-time metric.
     kind: LockKind,
     held_since: Instant,
+    /// The tasks bound to it (the guards' `spawn`).
+    bound: Bound,
 }
 
 /// The longest a guard's `extend` may extend a lease by (as every duration option).
@@ -76,6 +79,10 @@ impl HeldLease {
             held_since: Instant::now(),
             id: lease.id.clone(),
             place: place.clone(),
+            bound: Bound::new(
+                runtime.clone(),
+                LostSignal::new(vec![Arc::clone(&lease.state)]),
+            ),
             renewal_loop: family.hold(runtime, place, lease),
         };
         if held.is_lost() {
@@ -101,6 +108,11 @@ impl HeldLease {
 
     pub(crate) fn lost(&self) -> LostSignal {
         LostSignal::new(vec![Arc::clone(&self.state)])
+    }
+
+    /// The tasks bound to this lease (the guards' `spawn`).
+    pub(crate) fn bound(&self) -> &Bound {
+        &self.bound
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -461,6 +473,8 @@ impl HeldLease {
     /// Stops renewing and ends the lease (see [`request_release`]). A lease its loop no longer
     /// has because it was lost (its family shut down) reports that.
     pub(crate) async fn release(mut self) -> Result<()> {
+        // Its tasks end first, while the lease still holds.
+        self.bound.settle().await;
         let lock_id = self.hand_back();
         match request_release(&self.renewal_loop, lock_id).await {
             Err(Error::BackgroundTaskEnded { .. }) if self.state.is_lost() => {

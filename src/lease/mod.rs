@@ -37,6 +37,7 @@
 // The engine's interface to the rest of the crate: these modules, and the items of this one.
 pub(crate) mod acquire;
 pub(crate) mod admin;
+pub(crate) mod bound;
 pub(crate) mod claim;
 pub(crate) mod family;
 pub(crate) mod held;

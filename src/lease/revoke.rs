@@ -143,12 +143,27 @@ pub(crate) fn operator_request(
                     { "$gt": [format!("$$m.{EXPIRES_AT}"), "$$NOW"] },
                 ] },
             } };
+            // One request per semaphore at a time: not while a live one asks another live place.
+            let other_asked = doc! { "$filter": {
+                "input": format!("${HOLDERS}"),
+                "as": "m",
+                "cond": { "$and": [
+                    { "$eq": [format!("$$m.{EMBEDDED_ID}"), request_path(TARGET)] },
+                    { "$ne": [format!("$$m.{EMBEDDED_ID}"), lock_id] },
+                    { "$gt": [format!("$$m.{EXPIRES_AT}"), "$$NOW"] },
+                ] },
+            } };
+            let free_to_ask = doc! { "$or": [
+                { "$lte": [request_path(EXPIRES_AT), "$$NOW"] },
+                { "$eq": [{ "$size": other_asked }, 0] },
+            ] };
             let filter = doc! {
                 ID: name,
                 format!("{HOLDERS}.{EMBEDDED_ID}"): lock_id,
                 "$expr": { "$and": [
                     Stored::Semaphore.shape(),
                     { "$gt": [{ "$size": live }, 0] },
+                    free_to_ask,
                 ] },
             };
             (filter, lock_id.into())

@@ -64,7 +64,9 @@ impl WaitingMarker {
     pub(crate) fn saw(&self, document: &Document) {
         let head = match self.field {
             LINE => line::head(document),
-            REVOKE => revoke::request_id(document),
+            // (Only its own request makes it first: another's, an operator's or a lapsed one
+            // names no local waiter, and would leave the local ones unwoken.)
+            REVOKE => revoke::request_id(document).filter(|id| *id == self.id),
             _ => return,
         };
         handoff::saw_line(&self.target.waiters, head.clone());

@@ -269,11 +269,14 @@ impl MemoryLock {
                 }
             });
         }
+        let lost = LostSignal::new(vec![Arc::clone(&state)]);
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
         Ok(Some(MemoryGuard {
             key: self.key.clone(),
             locks: Arc::clone(&self.locks),
             acquisition,
             fencing_token,
+            bound: crate::lease::bound::Bound::new(runtime, lost),
             state,
             lease_end,
             hold_end,
@@ -457,6 +460,8 @@ pub struct MemoryGuard {
     hold_end: Option<Instant>,
     /// Its lock's options.
     options: Arc<LockOptions>,
+    /// The tasks bound to its lease (`spawn`).
+    bound: crate::lease::bound::Bound,
 }
 
 impl fmt::Debug for MemoryGuard {
@@ -560,7 +565,15 @@ impl MemoryGuard {
     /// [`Error::LockLost`](crate::Error::LockLost) if the lock was lost before (it is freed all the same, if still
     /// taken).
     pub async fn release(self) -> Result<()> {
+        // Its bound tasks end first, while the lock is still held.
+        self.bound.settle().await;
         self.end()
+    }
+
+    crate::lease::bound::bound_task_methods!();
+
+    fn bound(&self) -> &crate::lease::bound::Bound {
+        &self.bound
     }
 
     /// Ends the hold: `LockLost` if it had been lost.

@@ -236,8 +236,11 @@ impl Locks {
         if !claim.reads() {
             entry.last_token += 1;
         }
-        // (As the new holder's document replaces the old: the request goes.)
-        entry.revoke = None;
+        // (As the new holder's document replaces the old: the request goes. A semaphore's
+        // request stays beside the other places.)
+        if key.kind == Kind::Lock {
+            entry.revoke = None;
+        }
         if ask.wait.is_some() && entry.mark.map(|(wait, _)| wait) == ask.wait {
             entry.mark = None;
         }

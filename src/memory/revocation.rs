@@ -16,6 +16,9 @@ use crate::error::{Error, Result, shown_name};
 use crate::lock_status::LockStatus;
 use crate::{Revocation, RevokeRequest};
 
+/// The target of a request placed while nobody holds the lock (acquisitions count from 1).
+const NOBODY: u64 = 0;
+
 /// A request stored with a lock's name.
 #[derive(Clone, Debug)]
 pub(super) struct Request {
@@ -55,9 +58,11 @@ impl Request {
 /// keeps it, unless a standing request of another wait ranks as high or higher. A request with
 /// a new target starts its grace, and a timer that ends the target's hold when it runs out.
 pub(super) fn ask(locks: &Locks, entry: &mut Name, wait: u64, asked: RevokeRequest) {
-    let Some(target) = entry.holders.first().map(|holder| holder.acquisition) else {
-        return; // kept by a `min_hold` window: nobody to ask
-    };
+    // Kept by a `min_hold` window: nobody to ask, but the lock is kept for the asker after it.
+    let target = entry
+        .holders
+        .first()
+        .map_or(NOBODY, |holder| holder.acquisition);
     if let Some(stored) = &entry.revoke {
         let standing = stored.target == target || stored.wait.is_some();
         if stored.wait == Some(wait) && stored.target == target {
@@ -201,8 +206,8 @@ impl MemoryGuard {
     /// [`LockGuard::revocation_requested`](crate::LockGuard::revocation_requested) does.
     ///
     /// # Errors
-    /// [`Error::LockLost`] if the lock is lost first; [`Error::InvalidArgument`] for a semaphore's
-    /// or a writer's guard.
+    /// [`Error::LockLost`] if the lock is lost first; [`Error::InvalidArgument`] for a
+    /// reader-writer lock's guard.
     pub async fn revocation_requested(&self) -> Result<Revocation> {
         if self.key().kind == super::Kind::ReaderWriter {
             return Err(Error::InvalidArgument(format!(
@@ -304,6 +309,18 @@ impl MemoryLockProvider {
             else {
                 return Ok(None);
             };
+            // One request per semaphore at a time, as on MongoDB.
+            let other_asked = (entry.revoke.as_ref()).is_some_and(|request| {
+                request.target != target
+                    && (entry.holders.iter()).any(|holder| holder.acquisition == request.target)
+            });
+            if key.kind == super::Kind::Semaphore && other_asked {
+                return Err(Error::InvalidArgument(format!(
+                    "request_revocation_of: another place of semaphore {:?} is being asked to let \
+                     go (one request per semaphore at a time); ask again once that one is over",
+                    shown_name(&key.name)
+                )));
+            }
             let request = Request {
                 wait: None,
                 target,

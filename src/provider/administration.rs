@@ -185,7 +185,8 @@ impl Provider {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), before anything is sent, for
     /// an entry without a lock id, a reader-writer lock's or a document lock's holder (only an
     /// exclusive lock's holder and a semaphore's place can be asked), or a grace over 365 days;
-    /// otherwise as [`status`](Self::status).
+    /// and, nothing written, for a semaphore's place while a live request asks another of its
+    /// places (one request per semaphore at a time); otherwise as [`status`](Self::status).
     ///
     /// # Cancel safety
     /// Dropping the future may or may not leave the request written.

@@ -154,7 +154,11 @@ impl Provider {
                 None => return Ok(Err(member)),
             }
         }
-        Ok(Ok(CompositeGuard::new(std::mem::take(&mut held.0))))
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        Ok(Ok(CompositeGuard::new(
+            std::mem::take(&mut held.0),
+            runtime,
+        )))
     }
 }
 

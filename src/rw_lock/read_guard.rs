@@ -35,6 +35,13 @@ impl ReadGuard {
         self.lease.lock_id().unwrap_or_default()
     }
 
+    crate::lease::bound::bound_task_methods!();
+
+    /// The tasks bound to the lease.
+    pub(crate) fn bound(&self) -> &crate::lease::bound::Bound {
+        self.lease.bound()
+    }
+
     /// A signal that turns true when the read lock is known or presumed lost; see
     /// [`LockGuard::lost`](crate::LockGuard::lost).
     pub fn lost(&self) -> LostSignal {

@@ -92,6 +92,13 @@ impl UpgradeableReadGuard {
         self.writer.as_ref()
     }
 
+    crate::lease::bound::bound_task_methods!();
+
+    /// The tasks bound to the read lease (which outlives an upgrade's write lease).
+    fn bound(&self) -> &crate::lease::bound::Bound {
+        self.read.bound()
+    }
+
     /// A signal that turns true when the read lease, or the write lease held when this is
     /// called, is known or presumed lost (see [`LockGuard::lost`]).
     pub fn lost(&self) -> LostSignal {
@@ -227,6 +234,8 @@ impl UpgradeableReadGuard {
     /// # Cancel safety
     /// Cancel safe, as [`LockGuard::release`].
     pub async fn release(self) -> Result<()> {
+        // Its bound tasks end first, while both leases still hold.
+        self.bound().settle().await;
         let UpgradeableReadGuard { writer, read, .. } = self;
         let written = match writer {
             Some(writer) => writer.release().await,

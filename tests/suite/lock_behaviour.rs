@@ -1781,3 +1781,52 @@ async fn the_double_plays_revocation_as_mongodb_does() {
     assert!(!other.is_lost());
     other.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doubles_and_a_leaders_bound_tasks_end_with_the_lease() {
+    let locks = MemoryLockProvider::new();
+    // A guard of the double: aborted when the lease runs out.
+    let guard = locks.create_lock("bound").acquire().await.unwrap();
+    let token = guard.cancellation();
+    let task = guard.spawn(std::future::pending::<()>()).unwrap();
+    assert!(locks.expire("bound"));
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert!(token.is_cancelled());
+    drop(guard);
+
+    // A leader's term: aborted when the term is lost, awaited when leadership is resigned.
+    let election = locks.create_leader_election("bound-leader").unwrap();
+    assert!(leads(&election, Duration::from_secs(10)).await);
+    let endless = election
+        .spawn(std::future::pending::<()>())
+        .unwrap()
+        .expect("leading");
+    let (lost, term) = (election.lost().unwrap(), election.fencing_token().unwrap());
+    assert!(locks.expire("bound-leader"));
+    assert!(lost.is_lost());
+    assert!(
+        endless.await.unwrap_err().is_cancelled(),
+        "aborted with its term"
+    );
+    let again = common::eventually(Duration::from_secs(10), || async {
+        election.fencing_token().is_some_and(|next| next > term)
+    })
+    .await;
+    assert!(again, "a new term after the loss");
+    let token = election.cancellation().expect("leading");
+    let wound_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::clone(&wound_down);
+    election
+        .spawn(async move {
+            token.cancelled().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+        .unwrap()
+        .expect("leading");
+    election.resign().await.unwrap();
+    assert!(
+        wound_down.load(std::sync::atomic::Ordering::SeqCst),
+        "resign waited for it"
+    );
+}

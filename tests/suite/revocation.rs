@@ -33,6 +33,19 @@ fn lock(
         .with_options(options)
 }
 
+/// Lock `name` in `collection` with `options`, acquired.
+async fn held(
+    database: &Database,
+    collection: &str,
+    name: &str,
+    options: LockOptions,
+) -> distributed_lock_mongodb::LockGuard {
+    lock(database, collection, name, options)
+        .acquire()
+        .await
+        .unwrap()
+}
+
 /// The request stored in lock `name`'s document, if any.
 async fn request(documents: &Collection<Document>, name: &str) -> Option<Document> {
     let document = common::lock_document(documents, name).await?;
@@ -55,10 +68,7 @@ async fn a_holder_sees_the_request_and_the_asker_gets_the_lock_when_it_lets_go()
     let database = common::database().await;
     let (collection, documents, name) = fresh(&database);
     let options = common::options(10_000, 2_000);
-    let holder = lock(&database, &collection, &name, options.clone())
-        .acquire()
-        .await
-        .unwrap();
+    let holder = held(&database, &collection, &name, options.clone()).await;
     let asker = {
         let lock = lock(&database, &collection, &name, options.clone());
         let request = RevokeRequest::new(Duration::from_secs(60)).priority(3);
@@ -152,10 +162,7 @@ async fn a_holder_that_ignores_the_request_loses_the_lock_and_its_fenced_writes_
     let database = common::database().await;
     let (collection, _, name) = fresh(&database);
     let options = common::options(2_000, 500);
-    let holder = lock(&database, &collection, &name, options.clone())
-        .acquire()
-        .await
-        .unwrap();
+    let holder = held(&database, &collection, &name, options.clone()).await;
     let lost = holder.lost();
     let asker = lock(&database, &collection, &name, options);
     let guard = asker
@@ -175,27 +182,17 @@ async fn a_holder_that_ignores_the_request_loses_the_lock_and_its_fenced_writes_
         .insert_one(doc! { "_id": "acct", "balance": 100 })
         .await
         .unwrap();
-    let fence = Fence::new();
-    let applied = fence
-        .update_one(
-            &accounts,
-            doc! { "_id": "acct" },
-            doc! { "$inc": { "balance": 1 } },
-            guard.fencing_token(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(applied, FenceOutcome::Applied);
-    let late = fence
-        .update_one(
-            &accounts,
-            doc! { "_id": "acct" },
-            doc! { "$set": { "balance": 0 } },
-            holder.fencing_token(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(late, FenceOutcome::Stale);
+    let write = |token| {
+        let accounts = accounts.clone();
+        async move {
+            let update = doc! { "$inc": { "balance": 1 } };
+            (Fence::new().update_one(&accounts, doc! { "_id": "acct" }, update, token))
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(write(guard.fencing_token()).await, FenceOutcome::Applied);
+    assert_eq!(write(holder.fencing_token()).await, FenceOutcome::Stale);
     assert!(matches!(
         holder.release().await,
         Err(Error::LockLost { .. })
@@ -208,10 +205,7 @@ async fn a_request_of_higher_priority_replaces_a_standing_one() {
     let database = common::database().await;
     let (collection, documents, name) = fresh(&database);
     let options = common::options(10_000, 2_000);
-    let holder = lock(&database, &collection, &name, options.clone())
-        .acquire()
-        .await
-        .unwrap();
+    let holder = held(&database, &collection, &name, options.clone()).await;
     let ask = |priority: i32| {
         let lock = lock(&database, &collection, &name, options.clone());
         tokio::spawn(async move {
@@ -350,10 +344,7 @@ async fn a_wait_that_asks_costs_one_command_per_attempt_and_one_to_withdraw_its_
     let (database, log) = common::counting_database().await;
     let (collection, documents, name) = fresh(&database);
     let options = common::options(10_000, 2_000);
-    let holder = lock(&database, &collection, &name, options.clone())
-        .acquire()
-        .await
-        .unwrap();
+    let holder = held(&database, &collection, &name, options.clone()).await;
     let asker = lock(&database, &collection, &name, options);
     log.clear();
     let waited = asker
@@ -490,6 +481,18 @@ async fn an_operator_asks_one_semaphore_place_to_let_go_and_only_that_place_ends
         .unwrap()
         .expect("held");
     assert!(asked.revocation.is_some_and(|r| r.by_operator));
+    // One request per semaphore at a time: the other place is not asked meanwhile.
+    let other = holders
+        .iter()
+        .find(|holder| holder.lock_id.as_deref() == Some(second.lock_id()))
+        .unwrap();
+    let refused = provider
+        .request_revocation_of(other, Duration::from_secs(60))
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidArgument(message)) if message.contains("one request")),
+        "{refused:?}"
+    );
     let revocation = first.revocation_requested().await.unwrap();
     assert!(revocation.by_operator);
     let refused = first.extend(Duration::from_secs(30)).await;
@@ -524,4 +527,91 @@ async fn an_operator_asks_one_semaphore_place_to_let_go_and_only_that_place_ends
     third.release().await.unwrap();
     second.release().await.unwrap();
     assert!(matches!(first.release().await, Err(Error::LockLost { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_ends_a_revoking_wait_and_its_request_goes() {
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let options = common::options(10_000, 2_000);
+    let holder = held(&database, &collection, &name, options.clone()).await;
+    let provider = distributed_lock_mongodb::Provider::new(&database)
+        .with_collection(collection.as_str())
+        .with_options(options);
+    let waiting = {
+        let lock = provider.create_lock(name.as_str());
+        tokio::spawn(async move {
+            lock.acquire_revoking(
+                RevokeRequest::new(Duration::from_secs(60)),
+                Duration::from_secs(60),
+            )
+            .await
+        })
+    };
+    request_of_priority(&documents, &name, 0).await;
+    tokio::time::timeout(Duration::from_secs(30), provider.shutdown())
+        .await
+        .expect("shut down");
+    let ended = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the wait ends")
+        .unwrap();
+    assert!(matches!(ended, Err(Error::ShutDown)), "{ended:?}");
+    let withdrawn = common::eventually(Duration::from_secs(10), || async {
+        request(&documents, &name).await.is_none()
+    })
+    .await;
+    assert!(withdrawn, "{:?}", request(&documents, &name).await);
+    // The holder was asked, and is not any more: it renews and extends as before.
+    holder.extend(Duration::from_secs(20)).await.unwrap();
+    holder.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_min_hold_window_is_kept_and_the_asker_gets_the_lock_after_it() {
+    const WINDOW: Duration = Duration::from_millis(1_500);
+    let database = common::database().await;
+    let (collection, documents, name) = fresh(&database);
+    let windowed = common::options(10_000, 2_000)
+        .to_builder()
+        .min_hold(WINDOW)
+        .build()
+        .unwrap();
+    let holder = held(&database, &collection, &name, windowed).await;
+    let plain = lock(
+        &database,
+        &collection,
+        &name,
+        common::options(10_000, 2_000),
+    );
+    let window_end = plain
+        .status()
+        .await
+        .unwrap()
+        .unwrap()
+        .min_hold_until
+        .unwrap();
+    let asker = {
+        let lock = plain.clone();
+        tokio::spawn(async move {
+            lock.acquire_revoking(RevokeRequest::new(Duration::ZERO), Duration::from_secs(60))
+                .await
+        })
+    };
+    holder.revocation_requested().await.unwrap();
+    // Let go at once: the window still keeps the lock taken, for everyone.
+    holder.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(30), asker)
+        .await
+        .expect("the asker gets the lock")
+        .unwrap()
+        .unwrap();
+    // (Server times, both: the window is kept by the server's clock.)
+    let taken_at = plain.status().await.unwrap().unwrap().acquired_at.unwrap();
+    assert!(
+        taken_at >= window_end,
+        "taken at {taken_at}, inside the window that ends at {window_end}"
+    );
+    assert!(request(&documents, &name).await.is_none());
+    guard.release().await.unwrap();
 }

@@ -409,3 +409,111 @@ async fn a_document_lock_is_lost_at_max_hold_and_no_longer_renewed() {
     assert!(job.is_lost());
     next.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bound_tasks_are_aborted_and_the_token_fires_when_the_lock_is_lost() {
+    let (lock, collection) = common::fresh_lock("bound-lost", short_lease()).await;
+    let guard = lock.acquire().await.unwrap();
+    let token = guard.cancellation();
+    let (work, dropped) = endless_work();
+    let task = guard.spawn(work).unwrap();
+    let database = common::database().await;
+    delete(&database, collection.name(), lock.name()).await;
+    tokio::time::timeout(NOTICED_WITHIN, guard.lost().wait())
+        .await
+        .expect("the loss is noticed");
+    tokio::time::timeout(NOTICED_WITHIN, token.cancelled())
+        .await
+        .expect("the token fires");
+    let ended = tokio::time::timeout(NOTICED_WITHIN, task)
+        .await
+        .expect("the task ends");
+    assert!(ended.unwrap_err().is_cancelled(), "aborted");
+    assert!(dropped.load(Ordering::SeqCst));
+    // A task spawned once the lock is lost is aborted at once.
+    let (late, late_dropped) = endless_work();
+    let late = guard.spawn(late).unwrap();
+    assert!(late.await.unwrap_err().is_cancelled());
+    assert!(late_dropped.load(Ordering::SeqCst));
+    assert!(matches!(guard.release().await, Err(Error::LockLost { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_tells_bound_tasks_to_stop_and_waits_for_them_while_the_lock_is_held() {
+    let (lock, collection) = common::fresh_lock("bound-release", short_lease()).await;
+    let guard = lock.acquire().await.unwrap();
+    let other = MongoDistributedLock::new(lock.name(), &common::database().await)
+        .with_collection(collection.name())
+        .with_options(short_lease());
+    let finished = Arc::new(AtomicBool::new(false));
+    let (token, done, rival) = (guard.cancellation(), Arc::clone(&finished), other.clone());
+    let wind_down = guard
+        .spawn(async move {
+            token.cancelled().await;
+            // Winding down, after the release began: the lock is still held meanwhile.
+            let busy = rival.try_acquire().await.unwrap().is_none();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            done.store(true, Ordering::SeqCst);
+            busy
+        })
+        .unwrap();
+    guard.release().await.unwrap();
+    assert!(
+        finished.load(Ordering::SeqCst),
+        "the release waited for the task"
+    );
+    assert!(wind_down.await.unwrap(), "held while its task wound down");
+    assert!(
+        other.try_acquire().await.unwrap().is_some(),
+        "released after"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_tasks_ends_bound_tasks_at_once_and_so_does_dropping_the_guard() {
+    let (lock, _collection) = common::fresh_lock("bound-abort", short_lease()).await;
+    let guard = lock.acquire().await.unwrap();
+    let (work, dropped) = endless_work();
+    let task = guard.spawn(work).unwrap();
+    guard.abort_tasks();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert!(dropped.load(Ordering::SeqCst));
+    assert!(guard.cancellation().is_cancelled());
+    // The release does not wait for aborted tasks.
+    tokio::time::timeout(NOTICED_WITHIN, guard.release())
+        .await
+        .expect("released at once")
+        .unwrap();
+
+    let guard = lock.acquire().await.unwrap();
+    let (work, dropped) = endless_work();
+    let task = guard.spawn(work).unwrap();
+    drop(guard);
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert!(dropped.load(Ordering::SeqCst));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_and_a_document_locks_guards_bind_tasks_too() {
+    let database = common::database().await;
+    let rw = MongoDistributedReaderWriterLock::new(common::unique("bound-rw"), &database)
+        .with_collection(common::unique("bound-rw"))
+        .with_options(short_lease());
+    let reader = rw.acquire_read().await.unwrap();
+    let (work, dropped) = endless_work();
+    let task = reader.spawn(work).unwrap();
+    reader.abort_tasks();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert!(dropped.load(Ordering::SeqCst));
+    reader.release().await.unwrap();
+
+    let collection = common::unique("bound-docs");
+    let documents = database.collection::<Document>(&collection);
+    documents.insert_one(doc! { "_id": 1 }).await.unwrap();
+    let locks = DocumentLock::new(&documents).with_options(short_lease());
+    let guard = locks.lock(doc! { "_id": 1 }).await.unwrap();
+    let token = guard.cancellation();
+    let waited = guard.spawn(async move { token.cancelled().await }).unwrap();
+    guard.release().await.unwrap();
+    waited.await.unwrap();
+}
