@@ -108,6 +108,8 @@ impl CompositeGuard {
 
     crate::lease::bound::bound_task_methods!();
 
+    crate::lease::bound::progress_method!(guard => guard.members.iter().map(|member| &member.lease));
+
     /// The tasks bound to every member's lease.
     fn bound(&self) -> &crate::lease::bound::Bound {
         &self.bound

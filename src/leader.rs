@@ -83,6 +83,8 @@ struct Term {
     fencing_token: FencingToken,
     lost: LostSignal,
     tasks: Arc<Bound>,
+    /// Told of the leader's progress, which the term passes on to its guard.
+    progressed: Arc<tokio::sync::Notify>,
 }
 
 impl LeaderElection {
@@ -198,6 +200,21 @@ impl LeaderElection {
     /// or when the election is dropped; `None` while not the leader.
     pub fn cancellation(&self) -> Option<crate::CancellationToken> {
         self.term_tasks().map(|tasks| tasks.cancellation())
+    }
+
+    /// Reports that the leader's work is making progress, as a guard's
+    /// [`progress`](crate::LockGuard::progress): with
+    /// [`max_idle`](crate::LockOptionsBuilder::max_idle), a term whose work reports none for
+    /// `max_idle` is lost (and another instance elected). Returns whether this instance leads.
+    pub fn progress(&self) -> bool {
+        let term = self.term.lock();
+        match term.as_ref().filter(|term| !term.lost.is_lost()) {
+            Some(term) => {
+                term.progressed.notify_one();
+                true
+            }
+            None => false,
+        }
     }
 
     /// The current term's bound tasks, while it is not lost.
@@ -352,10 +369,12 @@ async fn lead(
     let lost = guard.lost();
     let runtime = tokio::runtime::Handle::current();
     let tasks = Arc::new(Bound::new(runtime, lost.clone()));
+    let progressed = Arc::new(tokio::sync::Notify::new());
     *term.lock() = Some(Term {
         fencing_token: guard.fencing_token(),
         lost: lost.clone(),
         tasks: Arc::clone(&tasks),
+        progressed: Arc::clone(&progressed),
     });
     leading.send_replace(true);
     tracing::info!(lock = %shown_name(lock.name()), term = guard.fencing_token().get(), "elected leader");
@@ -376,6 +395,9 @@ async fn lead(
                 biased;
                 () = lost.wait() => break false,
                 _ = &mut *resigned => break true,
+                () = progressed.notified() => {
+                    guard.progress();
+                }
                 _ = wanted.wait_for(|wanted| *wanted), if arm => {
                     watching = Some(guard.revocation_requested());
                 }

@@ -41,6 +41,7 @@ pub struct LockOptions {
     write_concern: WriteConcern,
     max_clock_skew: Duration,
     max_hold: Option<Duration>,
+    max_idle: Option<Duration>,
     min_hold: Option<Duration>,
     /// Set by the builder; `None`: half of what a renewal normally leaves.
     renewal_warning: Option<f64>,
@@ -60,6 +61,7 @@ impl Default for LockOptions {
             write_concern: WriteConcern::majority(),
             max_clock_skew: default_clock_skew(DEFAULT_EXPIRY),
             max_hold: None,
+            max_idle: None,
             min_hold: None,
             renewal_warning: None,
             automatic_ttl_index: true,
@@ -101,6 +103,7 @@ impl LockOptions {
             write_concern: Some(self.write_concern.clone()),
             max_clock_skew: Some(self.max_clock_skew),
             max_hold: self.max_hold,
+            max_idle: self.max_idle,
             min_hold: self.min_hold,
             renewal_warning: self.renewal_warning,
             manual_ttl_index: !self.automatic_ttl_index,
@@ -157,6 +160,12 @@ impl LockOptions {
     /// this long renewal stops and `lost` fires. `None` (the default): no limit.
     pub fn max_hold(&self) -> Option<Duration> {
         self.max_hold
+    }
+
+    /// How long the holder's work may go without reporting progress (see
+    /// [`LockOptionsBuilder::max_idle`]). `None` (the default): no limit.
+    pub fn max_idle(&self) -> Option<Duration> {
+        self.max_idle
     }
 
     /// The shortest a lock stays taken on the server once acquired, by the server's clock (see
@@ -259,6 +268,7 @@ pub struct LockOptionsBuilder {
     write_concern: Option<WriteConcern>,
     max_clock_skew: Option<Duration>,
     max_hold: Option<Duration>,
+    max_idle: Option<Duration>,
     min_hold: Option<Duration>,
     renewal_warning: Option<f64>,
     manual_ttl_index: bool,
@@ -342,6 +352,29 @@ impl LockOptionsBuilder {
     /// ```
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Progress-based liveness: the lease is renewed only while the holder's work reports
+    /// progress (`progress()` on its guard) at least every `max_idle`, counted from the
+    /// acquiring request's send. A holder whose work stalls (a hung task, a deadlock, a loop
+    /// that no longer advances) while its process keeps renewing loses the lock `max_idle` after
+    /// its last progress: `lost` fires (loss reason `max_idle`, also the metric's label), the
+    /// lease is no longer renewed, and others can take the lock once the last renewal's lease
+    /// ends on the server, at most `expiry` later. Defaults to no limit; between 1 ms and 365
+    /// days.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distributed_lock_mongodb::LockOptions;
+    ///
+    /// // A worker that finishes a batch every few seconds when healthy.
+    /// let options = LockOptions::builder().max_idle(Duration::from_secs(60)).build()?;
+    /// assert_eq!(options.max_idle(), Some(Duration::from_secs(60)));
+    /// # Ok::<(), distributed_lock_mongodb::Error>(())
+    /// ```
+    pub fn max_idle(mut self, max_idle: Duration) -> Self {
+        self.max_idle = Some(max_idle);
         self
     }
 
@@ -531,6 +564,15 @@ impl LockOptionsBuilder {
                 )));
             }
             options.max_hold = Some(whole_millis(max_hold));
+        }
+
+        if let Some(max_idle) = self.max_idle {
+            if max_idle < Duration::from_millis(1) || max_idle > MAX_DURATION {
+                return Err(invalid(format!(
+                    "max_idle must be between 1 ms and 365 days, got {max_idle:?}"
+                )));
+            }
+            options.max_idle = Some(whole_millis(max_idle).max(Duration::from_millis(1)));
         }
 
         if let Some(fraction) = self.renewal_warning {

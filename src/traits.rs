@@ -129,6 +129,24 @@ pub trait DistributedLockGuard: Send + Sync + Debug {
     /// As [`LockGuard::extend`](crate::LockGuard::extend).
     fn extend(&self, by: Duration) -> BoxFuture<'_, Result<()>>;
 
+    /// Reports progress of the holder's work; see
+    /// [`LockGuard::progress`](crate::LockGuard::progress).
+    fn progress(&self) -> bool;
+
+    /// Spawns `task` bound to the lease; see [`LockGuard::spawn`](crate::LockGuard::spawn).
+    ///
+    /// # Errors
+    /// As [`LockGuard::spawn`](crate::LockGuard::spawn).
+    fn spawn(&self, task: BoxFuture<'static, ()>) -> Result<tokio::task::JoinHandle<()>>;
+
+    /// The token that fires when the lock is lost, at the release, and at `abort_tasks`; see
+    /// [`LockGuard::cancellation`](crate::LockGuard::cancellation).
+    fn cancellation(&self) -> crate::CancellationToken;
+
+    /// Aborts the tasks bound to the lease; see
+    /// [`LockGuard::abort_tasks`](crate::LockGuard::abort_tasks).
+    fn abort_tasks(&self);
+
     /// Resolves when someone asks this holder to let go; see
     /// [`LockGuard::revocation_requested`](crate::LockGuard::revocation_requested).
     ///
@@ -966,6 +984,25 @@ macro_rules! impl_distributed_lock_guard {
                 &self,
             ) -> futures::future::BoxFuture<'_, $crate::error::Result<$crate::Revocation>> {
                 Box::pin(<$guard>::revocation_requested(self))
+            }
+
+            fn spawn(
+                &self,
+                task: futures::future::BoxFuture<'static, ()>,
+            ) -> $crate::error::Result<tokio::task::JoinHandle<()>> {
+                <$guard>::spawn(self, task)
+            }
+
+            fn cancellation(&self) -> $crate::CancellationToken {
+                <$guard>::cancellation(self)
+            }
+
+            fn progress(&self) -> bool {
+                <$guard>::progress(self)
+            }
+
+            fn abort_tasks(&self) {
+                <$guard>::abort_tasks(self)
             }
 
             $crate::traits::forward_guard!($guard);

@@ -254,6 +254,12 @@ pub struct Caller {
     /// wait's marker), which caps the holder's renewals once the grace is over and keeps the
     /// lock for this wait once it is free.
     pub revokes: Option<u8>,
+    /// Its lock's `max_idle`, in ticks: the lease is renewed only while its work reports
+    /// progress that often.
+    pub max_idle: Option<u8>,
+    /// With `max_idle`, whether its work reports progress at every tick it holds (else its work
+    /// stalls at once: it never reports any).
+    pub progresses: bool,
 }
 
 /// What the checker explores.
@@ -391,6 +397,8 @@ impl Default for Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
                 Caller {
                     process: 0,
@@ -408,6 +416,8 @@ impl Default for Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
                 Caller {
                     process: 1,
@@ -425,6 +435,8 @@ impl Default for Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
             ],
             faults: 1,
@@ -473,6 +485,8 @@ impl Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
                 Caller {
                     process: 1,
@@ -490,6 +504,8 @@ impl Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
             ],
             slow_replies: true,
@@ -565,6 +581,8 @@ impl Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
                 Caller {
                     process: 0,
@@ -582,6 +600,8 @@ impl Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
                 Caller {
                     process: 1,
@@ -599,6 +619,8 @@ impl Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
             ],
             faults: 0,
@@ -733,6 +755,8 @@ impl Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
                 Caller {
                     process: 1,
@@ -750,6 +774,8 @@ impl Config {
                     upgrades: None,
                     fair: false,
                     revokes: None,
+                    max_idle: None,
+                    progresses: false,
                 },
             ],
             ..Config::a_caller_leaves()
@@ -902,6 +928,25 @@ impl Config {
         Config {
             faults: 0,
             operator_revokes: true,
+            horizon: 40,
+            ..Config::default()
+        }
+    }
+
+    /// Callers whose lock has a `max_idle` of two ticks: the long holder of process 0, whose work
+    /// stalls at once (it reports no progress), and the caller of process 1, which holds five
+    /// ticks and reports progress at every tick, with one fault: "a holder whose work
+    /// stalls holds no longer than max_idle" (counted from the send of the request that won its
+    /// lease), while a holder that reports progress keeps its lease past it.
+    pub fn a_holder_whose_work_stalls() -> Config {
+        let mut callers = Config::default().callers;
+        for caller in &mut callers {
+            caller.max_idle = Some(2);
+        }
+        callers[2].progresses = true;
+        callers[2].hold_ticks = 5;
+        Config {
+            callers,
             horizon: 40,
             ..Config::default()
         }
@@ -1244,7 +1289,10 @@ impl LeaseProtocol {
                 .iter()
                 .map(|caller| {
                     let options = options(caller.min_hold);
-                    let builder = options.to_builder().fair(caller.fair);
+                    let mut builder = options.to_builder().fair(caller.fair);
+                    if let Some(ticks) = caller.max_idle {
+                        builder = builder.max_idle(Duration::from_millis(ticks_ms(ticks) as u64));
+                    }
                     match caller.extends {
                         Some(_) => builder.auto_renew(false).build(),
                         None => builder.build(),
@@ -1793,6 +1841,25 @@ impl LeaseProtocol {
     }
 
     /// The options of `client`'s lock.
+    /// Whether every caller whose work stalls (a `max_idle` and no progress) believes it holds
+    /// only until `max_idle` after the send of the request that won its lease.
+    fn stalled_holders_let_go(&self, state: &State) -> bool {
+        (0..state.clients.len()).all(|client| {
+            let caller = &self.config.callers[client];
+            let (Some(ticks), false) = (caller.max_idle, caller.progresses) else {
+                return true;
+            };
+            match &state.clients[client].phase {
+                Phase::Holding(hold) if state.believes_it_holds(client) => {
+                    let At(now) = state.at();
+                    let At(won_at) = hold.won_at;
+                    now < won_at + ticks_ms(ticks)
+                }
+                _ => true,
+            }
+        })
+    }
+
     /// Whether a caller of the lock revokes (only then are the revocation checks computed, so
     /// that they split no states elsewhere).
     fn kind_revokes(&self) -> bool {
@@ -1891,6 +1958,8 @@ pub struct Hold {
     pub since: u8,
     /// Its lease-checked transaction, while open.
     pub transaction: Option<Transacting>,
+    /// When the request that won it was sent (from then on `max_idle` counts).
+    pub won_at: At,
 }
 
 /// A holder's open lease-checked transaction, as the crate's `HeldLease::transaction` runs it.
@@ -2470,6 +2539,10 @@ pub struct State {
     pub asker_took_the_lock: bool,
     /// An operator's request reached a holder.
     pub operator_asked_a_holder: bool,
+    /// A holder whose work reports progress held past `max_idle` after its acquisition.
+    pub progress_kept_a_lease: bool,
+    /// A holder whose work stalls lost its lease.
+    pub stalled_holder_lost: bool,
     /// A wait that ended without the lock took its place out of the line (a coverage flag).
     pub place_given_up: bool,
     /// Every lock document stored held at most one upgradeable reader's lease.
@@ -4103,6 +4176,7 @@ impl LeaseProtocol {
             short_next: false,
             since: now,
             transaction,
+            won_at: request.at(),
         });
         // The holder writes to the protected resource at once, with its token (a reader has none
         // and does not write; a document lock's holder writes with its commit, and may write a
@@ -4134,6 +4208,8 @@ impl LeaseProtocol {
     /// whose commit is sent waits for the commit's outcome (the crate's `commit` does not watch
     /// the lease), and its holder is done.
     fn lost(&self, state: &mut State, client: usize) {
+        let caller = &self.config.callers[client];
+        state.stalled_holder_lost |= caller.max_idle.is_some() && !caller.progresses;
         if let Phase::Holding(hold) = &state.clients[client].phase {
             let lock_id = hold.lock_id;
             let renewal_in_flight = hold
@@ -4284,6 +4360,14 @@ impl LeaseProtocol {
                 },
                 _ => None,
             };
+            // A caller whose work makes progress reports it at every tick it holds.
+            if self.config.callers[client].progresses
+                && let Phase::Holding(hold) = &mut state.clients[client].phase
+            {
+                let held = hold.lease.progressed(&self.options[client], at);
+                let idle = self.config.callers[client].max_idle.map_or(0, ticks_ms);
+                state.progress_kept_a_lease |= held && at.0 >= hold.won_at.0 + idle;
+            }
             match state.clients[client].phase.clone() {
                 Phase::Idle { at: due } if due <= now => {
                     let lock_id = state.next_lock_id;
@@ -4838,6 +4922,8 @@ impl LeaseProtocol {
             reservation_kept_a_free_lock: false,
             asker_took_the_lock: false,
             operator_asked_a_holder: false,
+            progress_kept_a_lease: false,
+            stalled_holder_lost: false,
             place_given_up: false,
             one_upgradeable_reader: true,
             upgrade_waited_for_a_reader: false,
@@ -5229,7 +5315,11 @@ impl Model for LeaseProtocol {
 type Condition = (&'static str, fn(&LeaseProtocol, &State) -> bool);
 
 /// What every state must keep, in the order [`broken`] looks for a counterexample.
-pub const SAFETY: [Condition; 18] = [
+pub const SAFETY: [Condition; 19] = [
+    (
+        "a holder whose work stalls holds no longer than max_idle",
+        |protocol, state| protocol.stalled_holders_let_go(state),
+    ),
     (
         "a fair lock serves its waiters in line order",
         |_, state| state.served_in_line_order,
@@ -5327,7 +5417,15 @@ pub const LIVENESS: &str = "every caller is served";
 
 /// What some runs reach, so that the model is seen to explore it (each configuration's test
 /// names the ones it must reach).
-pub const COVERAGE: [Condition; 40] = [
+pub const COVERAGE: [Condition; 42] = [
+    (
+        "a holder whose work reports progress holds past max_idle",
+        |_, state| state.progress_kept_a_lease,
+    ),
+    (
+        "a holder whose work stalls loses its lease to max_idle",
+        |_, state| state.stalled_holder_lost,
+    ),
     ("an operator asks a holder to let go", |_, state| {
         state.operator_asked_a_holder
     }),

@@ -471,6 +471,18 @@ fn an_operator_asks_a_semaphore_place_to_let_go() {
 }
 
 #[test]
+fn a_holder_whose_work_stalls_and_one_whose_work_progresses() {
+    verify(
+        "a holder whose work stalls",
+        Config::a_holder_whose_work_stalls(),
+        &[
+            "a holder whose work reports progress holds past max_idle",
+            "a holder whose work stalls loses its lease to max_idle",
+        ],
+    );
+}
+
+#[test]
 fn a_fair_lock_whose_waiter_stops_waiting() {
     verify(
         "a fair waiter leaves",

@@ -147,6 +147,12 @@ where
         self.inner.is_lost()
     }
 
+    /// Reports that the holder's work is making progress, for
+    /// [`max_idle`](crate::LockOptionsBuilder::max_idle); see [`crate::LockGuard::progress`].
+    pub fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+
     /// Blocks until the lock is known or presumed lost, for at most `timeout`: whether it was
     /// lost.
     ///

@@ -49,6 +49,12 @@ impl LockGuard {
         self.inner.is_lost()
     }
 
+    /// Reports that the holder's work is making progress, for
+    /// [`max_idle`](crate::LockOptionsBuilder::max_idle); see [`crate::LockGuard::progress`].
+    pub fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+
     /// The lock's [`LostSignal`]: its [`is_lost`](LostSignal::is_lost) works on any thread; its
     /// async `wait` needs a Tokio runtime (see [`wait_lost`](Self::wait_lost) otherwise).
     pub fn lost(&self) -> LostSignal {
@@ -114,6 +120,12 @@ impl UpgradeableReadGuard {
         self.inner.is_lost()
     }
 
+    /// Reports that the holder's work is making progress, for
+    /// [`max_idle`](crate::LockOptionsBuilder::max_idle); see [`crate::LockGuard::progress`].
+    pub fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+
     /// The [`LostSignal`] of the leases held now; see
     /// [`UpgradeableReadGuard::lost`](crate::UpgradeableReadGuard::lost).
     pub fn lost(&self) -> LostSignal {
@@ -171,6 +183,12 @@ impl ReadGuard {
     /// Whether the read lock is known or presumed lost.
     pub fn is_lost(&self) -> bool {
         self.inner.is_lost()
+    }
+
+    /// Reports that the holder's work is making progress, for
+    /// [`max_idle`](crate::LockOptionsBuilder::max_idle); see [`crate::LockGuard::progress`].
+    pub fn progress(&self) -> bool {
+        self.inner.progress()
     }
 
     /// The read lock's [`LostSignal`]; see [`LockGuard::lost`].
@@ -232,6 +250,12 @@ impl CompositeGuard {
     /// Whether any member is known or presumed lost.
     pub fn is_lost(&self) -> bool {
         self.inner.is_lost()
+    }
+
+    /// Reports that the holder's work is making progress, for
+    /// [`max_idle`](crate::LockOptionsBuilder::max_idle); see [`crate::LockGuard::progress`].
+    pub fn progress(&self) -> bool {
+        self.inner.progress()
     }
 
     /// A signal that turns true when any member is lost; see [`LockGuard::lost`].

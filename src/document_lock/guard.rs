@@ -67,6 +67,8 @@ impl<T> DocumentGuard<T> {
 
     crate::lease::bound::bound_task_methods!();
 
+    crate::lease::bound::progress_method!(guard => [&guard.lease]);
+
     /// The tasks bound to the lease.
     pub(crate) fn bound(&self) -> &crate::lease::bound::Bound {
         self.lease.bound()

@@ -204,3 +204,24 @@ macro_rules! bound_task_methods {
     };
 }
 pub(crate) use bound_task_methods;
+
+/// A guard's `progress`, for a guard whose leases are `$lease` (each a
+/// [`HeldLease`](super::held::HeldLease), in an iterator).
+macro_rules! progress_method {
+    ($guard:ident => $leases:expr) => {
+        /// Reports that the holder's work is making progress: with
+        /// [`max_idle`](crate::LockOptionsBuilder::max_idle), the lease is renewed only while
+        /// this is called at least every `max_idle`; a holder whose work stalls loses the lock
+        /// (`lost` fires, loss reason `max_idle`). Cheap (no command is sent); without `max_idle`
+        /// it does nothing. Returns whether the lock is still held.
+        pub fn progress(&self) -> bool {
+            let $guard = self;
+            let mut held = true;
+            for lease in $leases {
+                held &= lease.progress();
+            }
+            held
+        }
+    };
+}
+pub(crate) use progress_method;

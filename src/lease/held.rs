@@ -110,6 +110,12 @@ impl HeldLease {
         LostSignal::new(vec![Arc::clone(&self.state)])
     }
 
+    /// The holder's work reported progress ([`LockOptions::max_idle`](crate::LockOptions::max_idle)):
+    /// the guards' `progress`. Whether the lease is still held.
+    pub(crate) fn progress(&self) -> bool {
+        self.state.progressed(&self.place.options)
+    }
+
     /// The tasks bound to this lease (the guards' `spawn`).
     pub(crate) fn bound(&self) -> &Bound {
         &self.bound

@@ -108,6 +108,8 @@ pub(crate) enum Loss {
     LateConfirmation,
     /// `max_hold` has passed.
     MaxHold,
+    /// The holder's work reported no progress for `max_idle`.
+    MaxIdle,
     /// The provider was shut down.
     ShutDown,
     /// The renewal loop ended (its runtime shut down, or it panicked).
@@ -130,6 +132,10 @@ impl Loss {
             }
             Loss::LateConfirmation => "the renewal was confirmed after the lease's deadline",
             Loss::MaxHold => "max_hold has passed: the lease is no longer renewed",
+            Loss::MaxIdle => {
+                "the holder's work reported no progress for max_idle: the lease is no longer \
+                 renewed"
+            }
             Loss::ShutDown => "the provider was shut down",
             Loss::LoopEnded => "the renewal loop has ended",
             Loss::ClockJump => {
@@ -139,14 +145,15 @@ impl Loss {
         }
     }
 
-    /// The `reason` label: `gone`, `deadline`, `expired`, `max_hold`, `shutdown`, `loop_ended`
-    /// or `clock_jump`.
+    /// The `reason` label: `gone`, `deadline`, `expired`, `max_hold`, `max_idle`, `shutdown`,
+    /// `loop_ended` or `clock_jump`.
     pub(crate) fn label(self) -> &'static str {
         match self {
             Loss::Gone | Loss::GoneAtRelease => "gone",
             Loss::Deadline | Loss::LateConfirmation => "deadline",
             Loss::Expired => "expired",
             Loss::MaxHold => "max_hold",
+            Loss::MaxIdle => "max_idle",
             Loss::ShutDown => "shutdown",
             Loss::LoopEnded => "loop_ended",
             Loss::ClockJump => "clock_jump",

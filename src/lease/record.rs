@@ -140,11 +140,13 @@ impl Lease {
         }
     }
 
-    /// Why a lease whose deadline has passed is lost: `max_hold` if its hold is over, else
-    /// `otherwise`.
+    /// Why a lease whose deadline has passed is lost: `max_hold` if its hold is over, `max_idle`
+    /// if its work stalled, else `otherwise`.
     pub(crate) fn overdue(&self, otherwise: Loss) -> Loss {
         if self.state.hold_ended() {
             Loss::MaxHold
+        } else if self.state.idle_ended() {
+            Loss::MaxIdle
         } else {
             otherwise
         }

@@ -77,6 +77,16 @@ impl LeaseState {
         self.lease().hold_ended(clock::now())
     }
 
+    /// Whether the holder's work went `max_idle` without reporting progress.
+    pub(crate) fn idle_ended(&self) -> bool {
+        self.lease().idle_ended(clock::now())
+    }
+
+    /// The holder's work reported progress just now: see [`Lease::progressed`].
+    pub(crate) fn progressed(&self, options: &LockOptions) -> bool {
+        self.lease().progressed(options, clock::now())
+    }
+
     fn lease(&self) -> MutexGuard<'_, Lease<Instant>> {
         self.inner.lock()
     }

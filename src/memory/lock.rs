@@ -248,19 +248,28 @@ impl MemoryLock {
             .options
             .max_hold()
             .and_then(|hold| now.checked_add(hold));
-        if lease_end.is_some() || hold_end.is_some() {
+        // Moved on by each report of progress.
+        let idle_end = (self.options.max_idle())
+            .and_then(|idle| now.checked_add(idle))
+            .map(|end| Arc::new(Mutex::new(end)));
+        if lease_end.is_some() || hold_end.is_some() || idle_end.is_some() {
             let (locks, key) = (Arc::clone(&self.locks), self.key.clone());
-            let (state, lease_end) = (Arc::clone(&state), lease_end.clone());
+            let (state, lease_end, idle_end) =
+                (Arc::clone(&state), lease_end.clone(), idle_end.clone());
             tokio::spawn(async move {
                 loop {
-                    let end = [lease_end.as_ref().map(|end| *end.lock()), hold_end];
+                    let moving =
+                        |end: &Option<Arc<Mutex<Instant>>>| end.as_ref().map(|e| *e.lock());
+                    let end = [moving(&lease_end), hold_end, moving(&idle_end)];
                     let Some(end) = end.into_iter().flatten().min() else {
                         return;
                     };
                     tokio::time::sleep_until(end).await;
-                    // Extended meanwhile: wait on.
-                    if lease_end.as_ref().is_some_and(|lease| *lease.lock() > end)
+                    // Extended (or progressed) meanwhile: wait on.
+                    let later = |end_now: Option<Instant>| end_now.is_none_or(|e| e > end);
+                    if later(moving(&lease_end))
                         && hold_end.is_none_or(|hold| hold > end)
+                        && later(moving(&idle_end))
                     {
                         continue;
                     }
@@ -280,6 +289,7 @@ impl MemoryLock {
             state,
             lease_end,
             hold_end,
+            idle_end,
             options: Arc::clone(&self.options),
         }))
     }
@@ -458,6 +468,8 @@ pub struct MemoryGuard {
     lease_end: Option<Arc<Mutex<Instant>>>,
     /// When `max_hold` ends it.
     hold_end: Option<Instant>,
+    /// With `max_idle`: when it ends unless the work reports progress.
+    idle_end: Option<Arc<Mutex<Instant>>>,
     /// Its lock's options.
     options: Arc<LockOptions>,
     /// The tasks bound to its lease (`spawn`).
@@ -571,6 +583,19 @@ impl MemoryGuard {
     }
 
     crate::lease::bound::bound_task_methods!();
+
+    /// Reports that the holder's work is making progress, as
+    /// [`LockGuard::progress`](crate::LockGuard::progress): with `max_idle`, the lease ends
+    /// `max_idle` after the last report. Returns whether the lock is still held.
+    pub fn progress(&self) -> bool {
+        if let (Some(idle_end), Some(max_idle)) = (&self.idle_end, self.options.max_idle())
+            && !self.state.is_lost()
+        {
+            let mut end = idle_end.lock();
+            *end = (*end).max(Instant::now() + max_idle);
+        }
+        !self.state.is_lost()
+    }
 
     fn bound(&self) -> &crate::lease::bound::Bound {
         &self.bound

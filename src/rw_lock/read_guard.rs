@@ -37,9 +37,16 @@ impl ReadGuard {
 
     crate::lease::bound::bound_task_methods!();
 
+    crate::lease::bound::progress_method!(guard => [&guard.lease]);
+
     /// The tasks bound to the lease.
     pub(crate) fn bound(&self) -> &crate::lease::bound::Bound {
         self.lease.bound()
+    }
+
+    /// Its lease.
+    pub(crate) fn held(&self) -> &crate::lease::held::HeldLease {
+        &self.lease
     }
 
     /// A signal that turns true when the read lock is known or presumed lost; see

@@ -94,6 +94,13 @@ impl UpgradeableReadGuard {
 
     crate::lease::bound::bound_task_methods!();
 
+    crate::lease::bound::progress_method!(guard => guard.leases());
+
+    /// Its leases: the read lease, and the write lease while upgraded.
+    fn leases(&self) -> impl Iterator<Item = &crate::lease::held::HeldLease> {
+        std::iter::once(self.read.held()).chain(self.writer.as_ref().map(LockGuard::held))
+    }
+
     /// The tasks bound to the read lease (which outlives an upgrade's write lease).
     fn bound(&self) -> &crate::lease::bound::Bound {
         self.read.bound()

@@ -143,6 +143,7 @@ behaviours!(
     a_held_lock_is_not_lost_and_a_released_one_never_fires,
     names_are_independent,
     contenders_hold_the_lock_one_at_a_time,
+    bound_tasks_are_awaited_at_release_and_aborted_by_abort_tasks,
 );
 
 behaviours!(
@@ -158,6 +159,7 @@ behaviours!(
     dropping_the_guard_frees_the_lock,
     a_waiter_gets_the_lock_when_the_holder_releases,
     a_held_lock_is_not_lost_and_a_released_one_never_fires,
+    bound_tasks_are_awaited_at_release_and_aborted_by_abort_tasks,
     names_are_independent,
     contenders_hold_the_lock_one_at_a_time,
     a_name_over_a_mib_is_refused,
@@ -651,6 +653,33 @@ async fn a_held_lock_is_not_lost_and_a_released_one_never_fires(locks: Locks) {
     assert!(!lost.is_lost());
     let fired = tokio::time::timeout(Duration::from_millis(100), lost.wait()).await;
     assert!(fired.is_err(), "a released lock is not lost");
+}
+
+async fn bound_tasks_are_awaited_at_release_and_aborted_by_abort_tasks(locks: Locks) {
+    let guard = locks.create_lock("bound").acquire().await.unwrap();
+    let token = guard.cancellation();
+    let wound_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::clone(&wound_down);
+    let task = guard
+        .spawn(Box::pin(async move {
+            token.cancelled().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        }))
+        .unwrap();
+    guard.release().await.unwrap();
+    assert!(
+        wound_down.load(std::sync::atomic::Ordering::SeqCst),
+        "the release waited for the bound task"
+    );
+    task.await.unwrap();
+
+    let guard = locks.create_lock("bound").acquire().await.unwrap();
+    let endless = guard.spawn(Box::pin(std::future::pending::<()>())).unwrap();
+    guard.abort_tasks();
+    assert!(endless.await.unwrap_err().is_cancelled());
+    assert!(guard.cancellation().is_cancelled());
+    guard.release().await.unwrap();
 }
 
 async fn every_guard_extends_a_held_lease_and_refuses_a_bad_length(locks: Locks) {
@@ -1829,4 +1858,41 @@ async fn the_doubles_and_a_leaders_bound_tasks_end_with_the_lease() {
         wound_down.load(std::sync::atomic::Ordering::SeqCst),
         "resign waited for it"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_and_a_leader_play_max_idle() {
+    const MAX_IDLE: Duration = Duration::from_secs(1);
+    let options = LockOptions::builder().max_idle(MAX_IDLE).build().unwrap();
+    let locks = MemoryLockProvider::new().with_options(options);
+    let guard = locks.create_lock("idle").acquire().await.unwrap();
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < MAX_IDLE * 2 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(guard.progress(), "held while the work progresses");
+    }
+    tokio::time::timeout(Duration::from_secs(30), guard.lost().wait())
+        .await
+        .expect("a stalled holder loses the lock");
+    assert!(!locks.is_held("idle"));
+
+    // A leader whose work stalls loses its term; another term follows.
+    let election = locks.create_leader_election("idle-leader").unwrap();
+    assert!(leads(&election, Duration::from_secs(10)).await);
+    let term = election.fencing_token().unwrap();
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < MAX_IDLE * 2 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(election.progress());
+    }
+    assert_eq!(
+        election.fencing_token(),
+        Some(term),
+        "the same term while it progresses"
+    );
+    let lost = election.lost().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), lost.wait())
+        .await
+        .expect("a stalled term is lost");
+    election.resign().await.ok();
 }

@@ -517,3 +517,51 @@ async fn a_readers_and_a_document_locks_guards_bind_tasks_too() {
     guard.release().await.unwrap();
     waited.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_work_stalls_loses_the_lock_at_max_idle_and_progress_keeps_it() {
+    // Long enough that a loaded machine's scheduling never looks like a stall.
+    const MAX_IDLE: Duration = Duration::from_secs(3);
+    let options = short_lease()
+        .to_builder()
+        .max_idle(MAX_IDLE)
+        .build()
+        .unwrap();
+    let (lock, collection) = common::fresh_lock("idle", options).await;
+    let guard = lock.acquire().await.unwrap();
+    let started = Instant::now();
+    // Work that makes progress keeps the lease past max_idle (renewals go on every 400 ms).
+    while started.elapsed() < MAX_IDLE + Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(guard.progress(), "held while the work progresses");
+    }
+    // The work stalls: the lock is lost once max_idle has passed since the last progress.
+    let stalled = Instant::now();
+    tokio::time::timeout(MAX_IDLE + NOTICED_WITHIN, guard.lost().wait())
+        .await
+        .expect("a stalled holder loses the lock");
+    assert!(stalled.elapsed() >= MAX_IDLE - Duration::from_millis(200));
+    assert!(!guard.progress(), "progress after the loss revives nothing");
+    // Another instance takes over once the last renewal's lease has ended on the server.
+    let other = MongoDistributedLock::new(lock.name(), &common::database().await)
+        .with_collection(collection.name())
+        .with_options(short_lease());
+    let next = other
+        .acquire_timeout(Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert!(matches!(guard.release().await, Err(Error::LockLost { .. })));
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_idle_out_of_range_is_refused() {
+    for max_idle in [Duration::ZERO, Duration::from_secs(366 * 24 * 60 * 60)] {
+        let refused = LockOptions::builder().max_idle(max_idle).build();
+        assert!(
+            matches!(&refused, Err(Error::InvalidOptions(message)) if message.contains("max_idle")),
+            "{refused:?}"
+        );
+    }
+}

@@ -36,6 +36,12 @@ pub struct Lease<I> {
     /// The end of the hold allowed by [`LockOptions::max_hold`]: no confirmation extends the
     /// deadline past it.
     hold_until: Option<I>,
+    /// With [`LockOptions::max_idle`]: `max_idle` after the holder last reported progress (or
+    /// after the acquiring request's send): no deadline is past it.
+    idle_until: Option<I>,
+    /// The deadline the confirmations alone allow (within the hold); the deadline is the
+    /// earlier of it and `idle_until`.
+    confirmed_until: Option<I>,
     /// The request that confirmed the lease last (`None` for a lease without a deadline).
     confirmed: Option<Sent<I>>,
 }
@@ -46,11 +52,15 @@ impl<I: Moment> Lease<I> {
     /// that deadline yields a lease lost from the start.
     pub fn won(options: &LockOptions, request: Sent<I>, now: I) -> Lease<I> {
         let hold_until = options.max_hold().map(|max_hold| request.0 + max_hold);
+        let idle_until = options.max_idle().map(|max_idle| request.0 + max_idle);
+        let confirmed_until = capped(request.0 + options.lease_lifetime(), hold_until);
         let mut lease = Lease {
             phase: Phase::Held {
-                lost_at: Some(capped(request.0 + options.lease_lifetime(), hold_until)),
+                lost_at: Some(capped(confirmed_until, idle_until)),
             },
             hold_until,
+            idle_until,
+            confirmed_until: Some(confirmed_until),
             confirmed: Some(request),
         };
         lease.settle(now);
@@ -62,6 +72,8 @@ impl<I: Moment> Lease<I> {
         Lease {
             phase: Phase::Held { lost_at: None },
             hold_until: None,
+            idle_until: None,
+            confirmed_until: None,
             confirmed: None,
         }
     }
@@ -74,6 +86,8 @@ impl<I: Moment> Lease<I> {
                 lost_at: Some(capped(lost_at, hold_until)),
             },
             hold_until,
+            idle_until: None,
+            confirmed_until: Some(capped(lost_at, hold_until)),
             confirmed: None,
         }
     }
@@ -163,14 +177,40 @@ impl<I: Moment> Lease<I> {
                 lost_at: Some(current),
             } => {
                 let extended = capped(until, self.hold_until);
+                let confirmed_until = self.confirmed_until.map_or(extended, |c| c.max(extended));
+                self.confirmed_until = Some(confirmed_until);
                 self.phase = Phase::Held {
-                    lost_at: Some(current.max(extended)),
+                    lost_at: Some(current.max(capped(confirmed_until, self.idle_until))),
                 };
                 self.confirmed = self.confirmed.max(Some(request));
                 true
             }
             Phase::Lost { .. } | Phase::Released => false,
         }
+    }
+
+    /// The holder's work reported progress `now` ([`LockOptions::max_idle`]): the deadline may
+    /// run to `now + max_idle`, as far as the confirmations allow, unless it has passed (a lease
+    /// whose work stalled past `max_idle` is lost for good). Returns whether the lease is still
+    /// held.
+    pub fn progressed(&mut self, options: &LockOptions, now: I) -> bool {
+        let phase = self.settle(now);
+        let (Some(max_idle), Phase::Held { lost_at }) = (options.max_idle(), phase) else {
+            return matches!(phase, Phase::Held { .. });
+        };
+        let idle_until = (self.idle_until).map_or(now + max_idle, |i| i.max(now + max_idle));
+        self.idle_until = Some(idle_until);
+        if let (Some(current), Some(confirmed_until)) = (lost_at, self.confirmed_until) {
+            self.phase = Phase::Held {
+                lost_at: Some(current.max(confirmed_until.min(idle_until))),
+            };
+        }
+        true
+    }
+
+    /// Whether the work went `max_idle` without reporting progress, `now`.
+    pub fn idle_ended(&self, now: I) -> bool {
+        self.idle_until.is_some_and(|idle_until| now >= idle_until)
     }
 
     /// Marks the lease lost (unless released); returns whether this is the first report of the

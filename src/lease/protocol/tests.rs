@@ -99,6 +99,54 @@ fn a_loss_is_due_to_be_reported_until_it_is_reported() {
 }
 
 #[test]
+fn max_idle_caps_the_deadline_until_the_work_reports_progress() {
+    let options = LockOptions::builder()
+        .expiry(Duration::from_secs(1))
+        .extension_cadence(Duration::from_millis(200))
+        .max_clock_skew(Duration::from_millis(190))
+        .max_idle(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let mut lease = Lease::won(&options, Sent::now(Ms(0)), Ms(10));
+    assert_eq!(
+        lease.lost_at(Ms(10)),
+        Some(Ms(500)),
+        "not 800: idle from the send"
+    );
+    // A renewal alone does not move it past the idle limit.
+    assert!(lease.confirmed(&options, Sent::now(Ms(200)), Ms(210)));
+    assert_eq!(lease.lost_at(Ms(210)), Some(Ms(500)));
+    // Progress does, as far as the confirmations allow.
+    assert!(lease.progressed(&options, Ms(300)));
+    assert_eq!(
+        lease.lost_at(Ms(300)),
+        Some(Ms(800)),
+        "the earlier of 200 + 800 (confirmed) and 300 + 500 (idle)"
+    );
+    assert!(lease.confirmed(&options, Sent::now(Ms(400)), Ms(410)));
+    assert_eq!(
+        lease.lost_at(Ms(410)),
+        Some(Ms(800)),
+        "the earlier of 400 + 800 and 800"
+    );
+    assert!(!lease.idle_ended(Ms(799)));
+    // Stalled: lost at the idle limit, for good.
+    assert!(lease.is_lost(Ms(800)));
+    assert!(lease.idle_ended(Ms(800)));
+    assert!(!lease.progressed(&options, Ms(801)));
+    assert!(!lease.confirmed(&options, Sent::now(Ms(790)), Ms(802)));
+    // Without max_idle, progress changes nothing.
+    let plain = LockOptions::builder()
+        .expiry(options.expiry())
+        .build()
+        .unwrap();
+    let mut lease = Lease::won(&plain, Sent::now(Ms(0)), Ms(10));
+    let before = lease.lost_at(Ms(10));
+    assert!(lease.progressed(&plain, Ms(20)));
+    assert_eq!(lease.lost_at(Ms(20)), before);
+}
+
+#[test]
 fn max_hold_caps_every_deadline_and_unbounded_leases_have_none() {
     let options = LockOptions::builder()
         .expiry(Duration::from_secs(1))
