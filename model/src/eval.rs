@@ -319,8 +319,19 @@ fn operator_expression(
                 _ => order != Ordering::Less,
             })
         }
-        "$and" => boolean(arguments().iter().all(truthy)),
-        "$or" => boolean(arguments().iter().any(truthy)),
+        // MongoDB's `$and` and `$or` stop at the first false (true) argument
+        // (https://www.mongodb.com/docs/manual/reference/operator/aggregation/and/, .../or/):
+        // so does the model, which saves it evaluating the rest (expressions have no effects).
+        "$and" => boolean(
+            array(argument)
+                .iter()
+                .all(|each| truthy(&evaluate(each, document, now))),
+        ),
+        "$or" => boolean(
+            array(argument)
+                .iter()
+                .any(|each| truthy(&evaluate(each, document, now))),
+        ),
         "$not" => boolean(!truthy(&arguments()[0])),
         "$ifNull" => arguments()
             .into_iter()
